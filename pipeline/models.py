@@ -1,0 +1,378 @@
+"""The domain: what flows between the stages and what the store keeps.
+
+Pure pydantic, no I/O. Every model that crosses a process boundary (stream entry,
+RQ argument, store payload) forbids unknown fields, so a typo or a message from a
+newer schema fails loudly instead of being half-read.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+DEFAULT_MAX_TEXT_BYTES = 32 * 1024
+SUBJECT_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
+
+Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
+
+
+class Wire(BaseModel):
+    """Base of every model that travels: strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Kind(str, Enum):
+    message = "message"
+    session_end = "session_end"
+    task_complete = "task_complete"
+    feedback = "feedback"
+
+
+class Role(str, Enum):
+    user = "user"
+    assistant = "assistant"
+    tool = "tool"
+    system = "system"
+
+
+class Dir(str, Enum):
+    preferences = "preferences"
+    entities = "entities"
+    events = "events"
+    patterns = "patterns"
+    tools = "tools"
+    skills = "skills"
+    system = "system"
+    general = "general"
+
+
+class MType(str, Enum):
+    session_context = "session_context"
+    task_state = "task_state"
+    temp_preference = "temp_preference"
+    preference = "preference"
+    fact = "fact"
+    event = "event"
+    decision = "decision"
+    rule = "rule"
+    skill = "skill"
+    pattern = "pattern"
+    insight = "insight"
+    # Not in the original type list: what happened in a session, kept verbatim with
+    # provenance. It must not decay like session_context (48 h) or it would be gone
+    # before anyone asks "what did we talk about last month".
+    episode = "episode"
+
+
+class Source(str, Enum):
+    explicit = "explicit"
+    explicit_correction = "explicit_correction"
+    inferred = "inferred"
+    repeated = "repeated"
+    derived = "derived"
+    tool = "tool"
+
+
+class Status(str, Enum):
+    active = "active"
+    contested = "contested"
+    superseded = "superseded"
+    archived = "archived"
+    pending_review = "pending_review"
+    deleted = "deleted"
+
+
+class Tier(str, Enum):
+    short_term = "short_term"
+    long_term = "long_term"
+    archive = "archive"
+
+
+# What a search may return: everything else is history or held for review.
+SEARCHABLE_STATUSES = (Status.active, Status.contested)
+
+
+# ---------------------------------------------------------------------------
+# Events: what agents publish.
+
+
+class ChatEvent(Wire):
+    """One thing an agent saw or said. Validated in the client and again in the trigger worker.
+
+    The text limit comes from validation context (`max_text_bytes`) so that it stays a
+    setting without this module reading settings.
+    """
+
+    event_id: str = Field(min_length=1, max_length=256)
+    subject: Subject
+    agent_id: str | None = None
+    session_id: str = Field(min_length=1, max_length=256)
+    kind: Kind
+    role: Role | None = None
+    text: str = ""
+    ts: datetime
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("ts")
+    @classmethod
+    def _aware(cls, ts: datetime) -> datetime:
+        if ts.tzinfo is None or ts.utcoffset() is None:
+            raise ValueError("ts must be timezone-aware (e.g. 2026-01-05T09:00:00+00:00)")
+        return ts
+
+    @field_validator("text")
+    @classmethod
+    def _not_oversize(cls, text: str, info: ValidationInfo) -> str:
+        limit = (info.context or {}).get("max_text_bytes", DEFAULT_MAX_TEXT_BYTES)
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise ValueError(f"text is {size} bytes, over the limit of {limit}; split it, it is never truncated")
+        return text
+
+    @model_validator(mode="after")
+    def _message_shape(self) -> ChatEvent:
+        if self.kind is Kind.message and (self.role is None or not self.text.strip()):
+            raise ValueError("a message event needs a role and a non-empty text")
+        return self
+
+
+class Turn(Wire):
+    """A message as the trigger keeps it: gated, redacted, with its provenance."""
+
+    event_id: str
+    role: Role
+    text: str
+    ts: datetime
+    speaker: str | None = None
+
+
+class TriggerReason(str, Enum):
+    realtime = "realtime"
+    session_end = "session_end"
+    task_complete = "task_complete"
+    explicit_write = "explicit_write"
+
+
+class ExtractTask(Wire):
+    """trigger → extract: some turns, and why they are worth reading now."""
+
+    subject: Subject
+    session_id: str
+    reason: TriggerReason
+    signals: list[str] = Field(default_factory=list)
+    turns: list[Turn]
+    ts: datetime
+    outcome: str | None = None
+    external_ref: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Candidates and writes.
+
+
+class Candidate(Wire):
+    """extract → resolve: one self-contained statement that may become a memory."""
+
+    subject: Subject
+    session_id: str | None = None
+    mtype: MType
+    dir: Dir
+    key: str = Field(min_length=1, max_length=200)
+    content: str = Field(min_length=1)
+    confidence: float = Field(ge=0.0, le=1.0)
+    importance: float = Field(default=0.5, ge=0.0, le=1.0)
+    source: Source
+    evidence: str = ""
+    source_event_ids: list[str] = Field(min_length=1)
+    ts: datetime
+    expires_at: datetime | None = None
+    pinned: bool = False
+    tag_version: int = 1
+    external_ref: str | None = None
+    # How many times upsert sent this candidate back because it was built on a stale version.
+    retries: int = 0
+
+
+class Memory(Wire):
+    """A point in the store: the payload of one version of one memory."""
+
+    id: str
+    subject: Subject
+    uri: str
+    dir: Dir
+    mtype: MType
+    key: str
+    content: str
+    confidence: float = Field(ge=0.0, le=1.0)
+    importance: float = Field(default=0.5, ge=0.0, le=1.0)
+    source: Source
+    status: Status = Status.active
+    tier: Tier = Tier.short_term
+    created_at: datetime
+    updated_at: datetime
+    last_accessed_at: datetime | None = None
+    access_count: int = 0
+    strength: float = 1.0
+    pinned: bool = False
+    expires_at: datetime | None = None
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    version: int = 1
+    # Revision of this point's payload: every patch must name the revision it was built on.
+    rev: int = 1
+    supersedes: str | None = None
+    superseded_by: str | None = None
+    conflicts_with: list[str] = Field(default_factory=list)
+    source_event_ids: list[str] = Field(default_factory=list)
+    session_ids: list[str] = Field(default_factory=list)
+    evidence: str = ""
+    tag_version: int = 1
+    external_ref: str | None = None
+
+
+class PutOp(Wire):
+    """Write a new point. Its id is deterministic, so writing it twice is one point."""
+
+    op: Literal["put"] = "put"
+    memory: Memory
+
+
+class PatchOp(Wire):
+    """Change fields of an existing point, only if it is still at `expected_rev`.
+
+    `add_*` lists are unions, so a redelivered patch adds nothing twice.
+    """
+
+    op: Literal["patch"] = "patch"
+    id: str
+    expected_rev: int
+    set: dict[str, Any] = Field(default_factory=dict)
+    add_source_event_ids: list[str] = Field(default_factory=list)
+    add_session_ids: list[str] = Field(default_factory=list)
+    why: str
+
+
+WriteOp = Annotated[PutOp | PatchOp, Field(discriminator="op")]
+
+
+class Action(str, Enum):
+    add = "add"
+    duplicate = "duplicate"
+    supersede = "supersede"
+    contest = "contest"
+    review = "review"
+    complement = "complement"
+
+
+class WriteBatch(Wire):
+    """resolve → upsert: what one candidate changes, applied together or sent back."""
+
+    subject: Subject
+    action: Action
+    why: str
+    candidate: Candidate
+    ops: list[WriteOp]
+    # The embedding of the candidate's content, for the PutOp (computed once in resolve).
+    vector: list[float] | None = None
+
+
+class Change(Wire):
+    """An entry of the `changes` feed: who, what, before → after, why."""
+
+    memory_id: str
+    subject: Subject
+    action: str
+    why: str
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    at: datetime
+    source_event_ids: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Reading.
+
+Strategy = Literal["exact_match", "semantic", "bm25"]
+
+
+class Route(Wire):
+    text: str
+    dirs: list[Dir] = Field(default_factory=list)
+    strategy: Strategy = "semantic"
+    weight: float = Field(default=1.0, ge=0.0, le=10.0)
+
+
+class QueryPlan(Wire):
+    intent: str
+    routes: list[Route] = Field(min_length=1)
+    source: Literal["heuristic", "llm"] = "heuristic"
+    fallback: bool = False
+
+
+class SearchRequest(Wire):
+    subject: Subject
+    query: str = Field(min_length=1, max_length=DEFAULT_MAX_TEXT_BYTES)
+    k: int = Field(default=5, ge=1, le=200)
+    now: datetime | None = None
+    dirs: list[Dir] | None = None
+    mtypes: list[MType] | None = None
+
+
+class Hit(Wire):
+    id: str
+    content: str
+    dir: Dir
+    mtype: MType
+    key: str
+    status: Status
+    tier: Tier
+    confidence: float
+    score: float
+    scores: dict[str, float] = Field(default_factory=dict)
+    source_event_ids: list[str] = Field(default_factory=list)
+    created_at: datetime
+    contested: bool = False
+
+
+class SearchResult(Wire):
+    """What a search says. `status` tells "found nothing" (empty) from "could not look" (failed)."""
+
+    subject: str
+    query: str
+    status: Literal["ok", "empty", "failed"]
+    hits: list[Hit] = Field(default_factory=list)
+    plan: QueryPlan | None = None
+    fallback: bool = False
+    error: str | None = None
+    latency_ms: float = 0.0
+
+
+class PackedPrompt(Wire):
+    system: str
+    preferences: list[str] = Field(default_factory=list)
+    rules: list[str] = Field(default_factory=list)
+    memories: list[str] = Field(default_factory=list)
+    used_ids: list[str] = Field(default_factory=list)
+    tokens: int = 0
+
+
+class Trace(Wire):
+    """An entry of the `traces` feed: how one search was answered."""
+
+    subject: str
+    query: str  # redacted, at most 200 characters
+    intent: str
+    source: str
+    dirs: list[str] = Field(default_factory=list)
+    candidates: list[dict[str, Any]] = Field(default_factory=list)
+    chosen: list[str] = Field(default_factory=list)
+    fallback: bool = False
+    status: str
+    error: str | None = None
+    latency_ms: float
+    now: datetime

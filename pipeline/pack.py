@@ -1,0 +1,62 @@
+"""Assembling a prompt from hits, within a token budget.
+
+Order (seed 000): the system prompt, the user's preferences inside the system part
+(MUST when confidence ≥ 0.9, SHOULD below), the rules, then the relevant memories with
+their date. One memory per key (the first, i.e. best-ranked, wins). Whatever does not
+fit the budget is left out whole, never cut mid-sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pipeline.models import Dir, Hit, MType, PackedPrompt
+
+MUST_CONFIDENCE = 0.9
+PREFERENCE_TYPES = (MType.preference, MType.temp_preference)
+
+
+def line_for(hit: Hit) -> tuple[str, str]:
+    """(section, line) for one hit."""
+    if hit.mtype in PREFERENCE_TYPES:
+        strength = "MUST" if hit.confidence >= MUST_CONFIDENCE else "SHOULD"
+        return "preferences", f"- The user {strength} be served this way: {hit.content}"
+    if hit.mtype is MType.rule or hit.dir is Dir.system:
+        return "rules", f"- {hit.content}"
+    return "memories", f"- [{hit.created_at.date().isoformat()}] {hit.content}"
+
+
+def one_per_key(hits: Sequence[Hit]) -> list[Hit]:
+    seen: set[str] = set()
+    kept = []
+    for hit in hits:
+        if hit.key not in seen:
+            seen.add(hit.key)
+            kept.append(hit)
+    return kept
+
+
+def pack(hits: Sequence[Hit], system_prompt: str, budget_tokens: int,
+         count_tokens: Callable[[str], int]) -> PackedPrompt:
+    sections: dict[str, list[str]] = {"preferences": [], "rules": [], "memories": []}
+    used: list[str] = []
+    spent = count_tokens(system_prompt) if system_prompt else 0
+    for hit in one_per_key(hits):
+        section, line = line_for(hit)
+        cost = count_tokens(line)
+        if spent + cost > budget_tokens:
+            continue
+        spent += cost
+        sections[section].append(line)
+        used.append(hit.id)
+    return PackedPrompt(system=render_system(system_prompt, sections), preferences=sections["preferences"],
+                        rules=sections["rules"], memories=sections["memories"], used_ids=used, tokens=spent)
+
+
+def render_system(system_prompt: str, sections: dict[str, list[str]]) -> str:
+    parts = [system_prompt] if system_prompt else []
+    titles = {"preferences": "User preferences", "rules": "Rules", "memories": "Relevant memories"}
+    for name, title in titles.items():
+        if sections[name]:
+            parts.append(f"## {title}\n" + "\n".join(sections[name]))
+    return "\n\n".join(parts)

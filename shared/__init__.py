@@ -1,0 +1,1 @@
+"""What every memflow process shares: settings, codec, streams, store adapters, embedder, client."""

@@ -1,0 +1,48 @@
+"""memflow's error tree.
+
+    MemflowError
+    ├── InvalidInput        the caller sent something we refuse (names the field); also ValueError
+    ├── Permanent           a message that can never succeed: straight to its DLQ
+    │   └── DecodeError     bad JSON, wrong schema version, failed validation
+    ├── Retryable           a passing fault: leave the message pending and try again
+    │   ├── StoreUnavailable    Qdrant (server or shard) did not answer
+    │   └── StaleVersion    a patch was built on an old revision
+    └── RpcError            a search/pack/forget call did not complete
+"""
+
+from __future__ import annotations
+
+
+class MemflowError(Exception):
+    """Base of every error memflow raises on purpose."""
+
+
+class InvalidInput(MemflowError, ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class Permanent(MemflowError):
+    """Retrying cannot help: the message goes to the dead-letter stream at once."""
+
+
+class DecodeError(Permanent):
+    pass
+
+
+class Retryable(MemflowError):
+    """A passing fault: the message stays pending and is delivered again."""
+
+
+class StoreUnavailable(Retryable):
+    pass
+
+
+class StaleVersion(Retryable):
+    pass
+
+
+class RpcError(MemflowError):
+    pass

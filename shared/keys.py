@@ -1,0 +1,58 @@
+"""Every Redis key and stream name memflow uses, in one place.
+
+All of them hang off one prefix so that two deployments, or two test runs, can share
+a Redis without seeing each other's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STAGES = ("trigger", "extract", "resolve", "upsert")
+# The stream a stage reads from: each stage is named after what it does, each stream
+# after what it carries.
+INPUT_STREAM = {"trigger": "events", "extract": "extract", "resolve": "resolve", "upsert": "upsert"}
+# The field of a stream entry that holds the orjson message.
+FIELD = "m"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "memflow:"
+
+    def stream(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def input_of(self, stage: str) -> str:
+        return self.stream(INPUT_STREAM[stage])
+
+    def group(self, stage: str) -> str:
+        # One consumer group per stage; its name is the stage's.
+        return stage
+
+    def dlq(self, stage: str) -> str:
+        return f"{self.prefix}dlq:{stage}"
+
+    def autoclaim_cursor(self, stage: str) -> str:
+        # XAUTOCLAIM is a scan: keeping the cursor lets every consumer continue where
+        # the last sweep stopped instead of re-reading the head of the PEL.
+        return f"{self.prefix}autoclaim:{stage}"
+
+    def session_buffer(self, subject: str, session_id: str) -> str:
+        return f"{self.prefix}session:{subject}:{session_id}"
+
+    @property
+    def changes(self) -> str:
+        return self.stream("changes")
+
+    @property
+    def traces(self) -> str:
+        return self.stream("traces")
+
+    @property
+    def query_queue(self) -> str:
+        return f"{self.prefix.rstrip(':')}-query"
+
+    @property
+    def jobs_queue(self) -> str:
+        return f"{self.prefix.rstrip(':')}-jobs"

@@ -1,0 +1,70 @@
+"""One settings object for every process, read from MEMFLOW_* variables.
+
+The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because they
+are the contract the design and the docker-compose file use.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMFLOW_", extra="ignore")
+
+    # Redis: unset means "start a redis-server of our own" (memflow up only).
+    redis_url: str | None = None
+    stream_prefix: str = "memflow:"
+
+    # Qdrant: a server when qdrant_url is set, else an Edge shard under data_dir.
+    qdrant_url: str | None = None
+    qdrant_api_key: SecretStr | None = None
+    collection: str = "memflow"
+    data_dir: Path = Path(".memflow")
+
+    # Embeddings: a sentence-transformers name or path; empty means the packaged MiniLM.
+    model: str = ""
+    encode_batch: int = 64
+
+    # Consumer loop.
+    max_deliveries: int = Field(default=5, ge=1)
+    reclaim_idle_ms: int = Field(default=60_000, ge=10)
+    block_ms: int = Field(default=1_000, ge=1)
+    read_count: int = Field(default=64, ge=1)
+    retry_base_s: float = 0.05
+    retry_max_s: float = 5.0
+
+    # Input limits.
+    max_text_bytes: int = 32 * 1024
+    session_buffer_ttl_s: int = 7 * 24 * 3600
+    session_buffer_max_turns: int = 500
+
+    # Resolve.
+    duplicate_threshold: float = 0.92
+    neighbour_threshold: float = 0.7
+    max_resolve_retries: int = 3
+
+    # Search.
+    search_k: int = 5
+    search_timeout_s: float = 10.0
+    rpc_timeout_s: float = 30.0
+    candidate_pool: int = 50
+
+    # Feeds.
+    changes_maxlen: int = 100_000
+    traces_maxlen: int = 100_000
+
+    # Scheduler.
+    timezone: str = "UTC"
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,266 @@
+"""The one consumer loop every stage runs on.
+
+A stage supplies `(stage name, input model, handler)`. The loop:
+- creates the stage's consumer group (ignoring only BUSYGROUP);
+- reclaims entries left pending by a dead or failing consumer with XAUTOCLAIM (cursor
+  kept in Redis; `min_idle_time` longer than any handler takes);
+- reads new entries with XREADGROUP, decodes them, and hands the batch to the handler;
+- for each entry that succeeded, XADDs what the handler emits and XACKs the entry in
+  one MULTI, so an entry is acknowledged exactly when its output is durable;
+- sends an entry that can never succeed (bad JSON, failed validation, a `Permanent`
+  error) to `dlq:<stage>` at once, and one that keeps failing there after
+  `max_deliveries` deliveries — again in one MULTI with the XACK;
+- leaves a failing entry pending otherwise (it is redelivered after `reclaim_idle_ms`),
+  backing off while a whole batch fails (Redis or Qdrant down);
+- stops between batches when asked: a batch in hand is finished or left pending,
+  never half-applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+import redis
+from pydantic import BaseModel
+
+from shared.codec import decode, encode
+from shared.errors import DecodeError, Permanent
+from shared.keys import FIELD, Keys
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A message a handler wants added to a stream when its input is acknowledged."""
+
+    stream: str
+    message: BaseModel
+    # Capped feeds (changes, traces) are trimmed approximately; work streams never.
+    maxlen: int | None = None
+
+
+# Per input entry, in order: what to emit, or the exception that entry failed with.
+Outcome = list[Emit] | BaseException
+BatchHandler = Callable[[Sequence[M]], Sequence[Outcome]]
+
+
+def per_item(handle: Callable[[M], list[Emit]]) -> BatchHandler[M]:
+    """Turn a one-message handler into a batch handler that isolates each message's failure."""
+
+    def run(items: Sequence[M]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for item in items:
+            try:
+                outcomes.append(handle(item))
+            # A consumer loop must outlive any one bad message: the error is kept and the
+            # message retried, then dead-lettered, never swallowed.
+            except Exception as exc:  # noqa: BLE001
+                outcomes.append(exc)
+        return outcomes
+
+    return run
+
+
+def backoff_s(failures: int, base_s: float, max_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(max, base * 2^failures)]."""
+    return rand() * min(max_s, base_s * (2 ** min(failures, 30)))
+
+
+@dataclass
+class Entry:
+    id: str
+    raw: bytes | None
+    deliveries: int = 1
+
+
+@dataclass
+class ConsumerConfig:
+    max_deliveries: int = 5
+    reclaim_idle_ms: int = 60_000
+    block_ms: int = 1_000
+    count: int = 64
+    retry_base_s: float = 0.05
+    retry_max_s: float = 5.0
+    decode_context: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamConsumer(Generic[M]):
+    def __init__(self, client: redis.Redis, keys: Keys, stage: str, model: type[M],
+                 handler: BatchHandler[M], config: ConsumerConfig, name: str | None = None) -> None:
+        self.client, self.keys, self.stage, self.model = client, keys, stage, model
+        self.handler, self.config = handler, config
+        self.stream = keys.input_of(stage)
+        self.group = keys.group(stage)
+        self.name = name or f"{stage}-{random.getrandbits(32):08x}"
+        self._failures = 0
+        self._next_reclaim = 0.0
+
+    def ensure_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop` is set. Redis outages are waited out, not raised."""
+        self.ensure_group()
+        log.info("consumer %s reading %s as group %s", self.name, self.stream, self.group)
+        while not stop.is_set():
+            try:
+                failed = self.step()
+            except redis.ConnectionError as exc:
+                log.warning("consumer %s: redis unavailable (%s)", self.name, exc)
+                failed = True
+            self._failures = self._failures + 1 if failed else 0
+            if failed:
+                stop.wait(backoff_s(self._failures, self.config.retry_base_s, self.config.retry_max_s))
+
+    def step(self) -> bool:
+        """Reclaim, read, process one batch. True when every entry of a non-empty batch failed."""
+        entries = self._reclaim_due() or self._read()
+        if not entries:
+            return False
+        return self._process(entries)
+
+    # -- reading -------------------------------------------------------------
+
+    def _read(self) -> list[Entry]:
+        reply = self.client.xreadgroup(self.group, self.name, {self.stream: ">"},
+                                       count=self.config.count, block=self.config.block_ms)
+        if not reply:
+            return []
+        return [Entry(_text(eid), fields.get(FIELD.encode())) for eid, fields in reply[0][1]]
+
+    def _reclaim_due(self) -> list[Entry]:
+        # Nothing can be reclaimable before it has been idle reclaim_idle_ms, so a sweep
+        # every half of that (at most every second) finds everything in time.
+        now = time.monotonic()
+        if now < self._next_reclaim:
+            return []
+        entries = self._reclaim()
+        if not entries:
+            self._next_reclaim = now + min(1.0, self.config.reclaim_idle_ms / 2000)
+        return entries
+
+    def _reclaim(self) -> list[Entry]:
+        cursor_key = self.keys.autoclaim_cursor(self.stage)
+        start = self.client.get(cursor_key) or b"0-0"
+        next_id, claimed, deleted = self.client.xautoclaim(
+            self.stream, self.group, self.name, self.config.reclaim_idle_ms,
+            start_id=_text(start), count=self.config.count)
+        self.client.set(cursor_key, next_id)
+        if deleted:
+            self.client.xack(self.stream, self.group, *deleted)
+        entries = [Entry(_text(eid), fields.get(FIELD.encode()))
+                   for eid, fields in claimed if fields is not None]
+        self._attach_deliveries(entries)
+        return self._give_up_on_exhausted(entries)
+
+    def _attach_deliveries(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            info = self.client.xpending_range(self.stream, self.group, entry.id, entry.id, 1)
+            entry.deliveries = int(info[0]["times_delivered"]) if info else 1
+
+    def _give_up_on_exhausted(self, entries: list[Entry]) -> list[Entry]:
+        alive = []
+        for entry in entries:
+            if entry.deliveries > self.config.max_deliveries:
+                last = self.client.hget(self._errors_key, entry.id)
+                reason = f"gave up after {entry.deliveries - 1} deliveries: {_text(last or b'unknown error')}"
+                self._dead_letter(entry, reason, entry.deliveries - 1)
+            else:
+                alive.append(entry)
+        return alive
+
+    # -- processing ----------------------------------------------------------
+
+    def _process(self, entries: list[Entry]) -> bool:
+        decoded: list[tuple[Entry, M]] = []
+        for entry in entries:
+            try:
+                decoded.append((entry, decode(entry.raw, self.model, self.config.decode_context)))
+            except DecodeError as exc:
+                self._dead_letter(entry, f"undecodable: {exc}", entry.deliveries)
+        if not decoded:
+            return False
+        outcomes = self.handler([item for _, item in decoded])
+        failed = [self._settle(entry, outcome) for (entry, _), outcome in zip(decoded, outcomes, strict=True)]
+        return all(failed)
+
+    def _settle(self, entry: Entry, outcome: Outcome) -> bool:
+        """Acknowledge, dead-letter or leave pending. True when the entry failed."""
+        if not isinstance(outcome, BaseException):
+            self._ack_with(entry, outcome)
+            return False
+        if isinstance(outcome, Permanent):
+            self._dead_letter(entry, f"{type(outcome).__name__}: {outcome}", entry.deliveries)
+            return True
+        reason = f"{type(outcome).__name__}: {outcome}"
+        log.warning("stage %s entry %s failed (delivery %d): %s", self.stage, entry.id, entry.deliveries, reason)
+        self.client.hset(self._errors_key, entry.id, reason[:2000])
+        return True
+
+    def _ack_with(self, entry: Entry, emits: list[Emit]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        for emit in emits:
+            kwargs: dict[str, Any] = {"maxlen": emit.maxlen, "approximate": True} if emit.maxlen else {}
+            pipe.xadd(emit.stream, {FIELD: encode(emit.message)}, **kwargs)
+        pipe.xack(self.stream, self.group, entry.id)
+        pipe.hdel(self._errors_key, entry.id)
+        pipe.execute()
+
+    def _dead_letter(self, entry: Entry, reason: str, attempts: int) -> None:
+        log.error("stage %s entry %s dead-lettered: %s", self.stage, entry.id, reason)
+        record = {"payload": entry.raw if entry.raw is not None else b"", "error": reason,
+                  "attempts": attempts, "source": self.stream, "source_id": entry.id,
+                  "stage": self.stage, "at": time.time()}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.keys.dlq(self.stage), {k: _field(v) for k, v in record.items()})
+        pipe.xack(self.stream, self.group, entry.id)
+        pipe.hdel(self._errors_key, entry.id)
+        pipe.execute()
+
+    @property
+    def _errors_key(self) -> str:
+        # The last error of each pending entry, so the DLQ can say why it finally gave up.
+        return f"{self.keys.prefix}errors:{self.stage}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _field(value: Any) -> bytes | str | int | float:
+    if isinstance(value, (bytes, str, int, float)):
+        return value
+    return orjson.dumps(value)
+
+
+def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(entries not yet read, entries read but not acknowledged) for each stage's group."""
+    out: dict[str, tuple[int, int]] = {}
+    for stage in stages:
+        stream = keys.input_of(stage)
+        length = client.xlen(stream)
+        groups = {_text(g["name"]): g for g in client.xinfo_groups(stream)} if length else {}
+        group = groups.get(keys.group(stage))
+        if group is None:
+            out[stage] = (length, 0)
+            continue
+        lag = group.get("lag")
+        if lag is None:  # Redis cannot count it (entries were deleted): compare ids instead
+            last = client.xinfo_stream(stream)["last-generated-id"]
+            lag = 0 if _text(group["last-delivered-id"]) == _text(last) else 1
+        out[stage] = (int(lag), int(group["pending"]))
+    return out

@@ -1,0 +1,89 @@
+"""Fixtures on real services: one redis-server for the session, a fresh key prefix and
+data dir per test, the real embedding model loaded once, the real Qdrant engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from pathlib import Path
+
+import pytest
+
+from shared.client import MemoryClient
+from shared.embedder import Embedder
+from shared.keys import STAGES
+from shared.redis_server import RedisServer, start_redis
+from shared.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    return Embedder()
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
+    # A prefix of its own isolates every test on the shared server (never FLUSHALL).
+    return Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=tmp_path,
+                    reclaim_idle_ms=300, block_ms=50, retry_base_s=0.01, retry_max_s=0.2)
+
+
+@dataclass
+class System:
+    ctx: Any
+    client: MemoryClient
+    stop: threading.Event
+    threads: list[threading.Thread]
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=15)
+        self.ctx.close()
+
+
+def start_system(settings: Settings, embedder: Embedder, stages: tuple[str, ...] = STAGES,
+                 query: bool = True) -> System:
+    # Imported here so that the stream tests run without the whole worker stack.
+    from workers.query import build_worker
+    from workers.runtime import Context, start_consumers
+
+    ctx = Context.from_settings(settings)
+    ctx._embedder = embedder
+    stop = threading.Event()
+    threads = start_consumers(ctx, stages, stop)
+    if query:
+        worker = build_worker(ctx, stop)
+        thread = threading.Thread(target=worker.work, kwargs={"logging_level": "WARNING"}, daemon=True)
+        thread.start()
+        threads.append(thread)
+    return System(ctx, MemoryClient(settings), stop, threads)
+
+
+@pytest.fixture
+def system(settings: Settings, embedder: Embedder) -> Iterator[System]:
+    running = start_system(settings, embedder)
+    yield running
+    running.shutdown()
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> object:
+    """Poll a condition until it holds (tests wait on conditions, never on fixed sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,187 @@
+"""The consumer loop on a real redis-server: ack, retry, reclaim, dead-letter, stop."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+
+from pipeline.models import Wire
+from shared import dlq
+from shared.codec import encode
+from shared.connections import connect
+from shared.errors import Permanent
+from shared.keys import FIELD, Keys
+from shared.settings import Settings
+from shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, backoff_s, per_item
+from tests.conftest import wait_for
+
+
+class Note(Wire):
+    n: int
+
+
+@pytest.fixture
+def client(settings: Settings) -> redis.Redis:
+    return connect(settings.redis_url or "")
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.stream_prefix)
+
+
+def config(**overrides: object) -> ConsumerConfig:
+    base = {"max_deliveries": 3, "reclaim_idle_ms": 100, "block_ms": 20, "count": 10,
+            "retry_base_s": 0.001, "retry_max_s": 0.01}
+    return ConsumerConfig(**(base | overrides))  # type: ignore[arg-type]
+
+
+def send(client: redis.Redis, keys: Keys, *values: int) -> None:
+    for n in values:
+        client.xadd(keys.input_of("extract"), {FIELD: encode(Note(n=n))})
+
+
+@pytest.fixture
+def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
+    started: list[tuple[threading.Event, threading.Thread]] = []
+    yield started
+    for stop, thread in started:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def run(consumer: StreamConsumer[Note], started: list[tuple[threading.Event, threading.Thread]]) -> None:
+    stop = threading.Event()
+    consumer.ensure_group()
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    started.append((stop, thread))
+
+
+def test_success_emits_and_acks_together(client, keys, running) -> None:
+    out = keys.stream("resolve")
+    consumer = StreamConsumer(client, keys, "extract", Note, per_item(lambda m: [Emit(out, Note(n=m.n * 10))]),
+                              config())
+    run(consumer, running)
+    send(client, keys, 1, 2, 3)
+    wait_for(lambda: client.xlen(out) == 3, what="three emitted messages")
+    wait_for(lambda: backlog(client, keys, ["extract"])["extract"] == (0, 0), what="all acknowledged")
+    assert sorted(int(f[FIELD.encode()].decode().split('"n":')[1].rstrip("}")) for _, f in client.xrange(out)) \
+        == [10, 20, 30]
+
+
+def test_transient_failure_is_retried_then_succeeds(client, keys, running) -> None:
+    attempts: Counter[int] = Counter()
+
+    def flaky(m: Note) -> list[Emit]:
+        attempts[m.n] += 1
+        if attempts[m.n] < 3:
+            raise ConnectionError("store briefly down")
+        return []
+
+    run(StreamConsumer(client, keys, "extract", Note, per_item(flaky), config(max_deliveries=5)), running)
+    send(client, keys, 7)
+    wait_for(lambda: attempts[7] == 3 and backlog(client, keys, ["extract"])["extract"] == (0, 0),
+             what="third delivery acknowledged")
+    assert client.xlen(keys.dlq("extract")) == 0
+
+
+def test_poison_message_goes_to_dlq_after_budget_and_stream_keeps_flowing(client, keys, running) -> None:
+    seen: list[int] = []
+
+    def handle(m: Note) -> list[Emit]:
+        if m.n == 13:
+            raise RuntimeError("cannot handle 13")
+        seen.append(m.n)
+        return []
+
+    run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config(max_deliveries=3)), running)
+    send(client, keys, 13, 1)
+    wait_for(lambda: 1 in seen, what="the message after the poison one")
+    wait_for(lambda: client.xlen(keys.dlq("extract")) == 1, what="dead letter")
+    [letter] = dlq.list_dead(client, keys, "extract")
+    assert letter.attempts == 3
+    assert "cannot handle 13" in letter.error
+    assert b'"n":13' in letter.payload
+    assert backlog(client, keys, ["extract"])["extract"] == (0, 0)
+
+
+def test_permanent_errors_and_bad_json_skip_the_retries(client, keys, running) -> None:
+    def handle(m: Note) -> list[Emit]:
+        raise Permanent("this can never work")
+
+    run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config(max_deliveries=50)), running)
+    client.xadd(keys.input_of("extract"), {FIELD: b"{not json"})
+    client.xadd(keys.input_of("extract"), {FIELD: b'{"v": 1, "n": 1, "extra": 2}'})
+    send(client, keys, 5)
+    wait_for(lambda: client.xlen(keys.dlq("extract")) == 3, what="three dead letters")
+    errors = [d.error for d in dlq.list_dead(client, keys, "extract")]
+    assert "invalid JSON" in errors[0]
+    assert "extra" in errors[1]
+    assert "this can never work" in errors[2]
+
+
+def test_replay_puts_dead_letters_back_on_their_stream(client, keys, running) -> None:
+    fixed = threading.Event()
+    handled: list[int] = []
+
+    def handle(m: Note) -> list[Emit]:
+        if not fixed.is_set():
+            raise Permanent("bug")
+        handled.append(m.n)
+        return []
+
+    run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config()), running)
+    send(client, keys, 4)
+    wait_for(lambda: client.xlen(keys.dlq("extract")) == 1, what="dead letter")
+    fixed.set()
+    assert dlq.replay(client, keys, "extract") == 1
+    wait_for(lambda: handled == [4], what="replayed message handled")
+    assert client.xlen(keys.dlq("extract")) == 0
+
+
+def test_entries_of_a_dead_consumer_are_reclaimed(client, keys, running) -> None:
+    stream = keys.input_of("extract")
+    client.xgroup_create(stream, "extract", id="0", mkstream=True)
+    send(client, keys, 1, 2)
+    # A consumer that read both entries and died before acknowledging them.
+    client.xreadgroup("extract", "dead-consumer", {stream: ">"}, count=10)
+    handled: list[int] = []
+    run(StreamConsumer(client, keys, "extract", Note, per_item(lambda m: handled.append(m.n) or []), config()),
+        running)
+    wait_for(lambda: sorted(handled) == [1, 2], what="reclaimed entries handled")
+    wait_for(lambda: backlog(client, keys, ["extract"])["extract"] == (0, 0), what="acknowledged")
+
+
+def test_stop_finishes_the_batch_in_hand(client, keys) -> None:
+    stop = threading.Event()
+    gate, handled = threading.Event(), []
+
+    def slow(items: Sequence[Note]) -> list[Outcome]:
+        gate.wait(5)
+        handled.extend(m.n for m in items)
+        return [[] for _ in items]
+
+    consumer = StreamConsumer(client, keys, "extract", Note, slow, config())
+    consumer.ensure_group()
+    send(client, keys, 1, 2)
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(lambda: backlog(client, keys, ["extract"])["extract"][1] == 2, what="batch in hand")
+    stop.set()
+    gate.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert handled == [1, 2]
+    assert backlog(client, keys, ["extract"])["extract"] == (0, 0)
+
+
+def test_backoff_is_bounded_and_grows() -> None:
+    assert backoff_s(0, 0.1, 5.0, rand=lambda: 1.0) == pytest.approx(0.1)
+    assert backoff_s(3, 0.1, 5.0, rand=lambda: 1.0) == pytest.approx(0.8)
+    assert backoff_s(60, 0.1, 5.0, rand=lambda: 1.0) == 5.0
+    assert backoff_s(3, 0.1, 5.0, rand=lambda: 0.0) == 0.0

@@ -1,0 +1,225 @@
+"""The `memflow` command line. Human-readable by default, `--json` for scripts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from shared import dlq as dead
+from shared.client import MemoryClient
+from shared.connections import connect, require_url
+from shared.errors import MemflowError
+from shared.keys import STAGES, Keys
+from shared.settings import Settings, get_settings
+from workers.process import QUERY, own_redis, run_stages, spawn_stage, stop_children, temporary_data_dir
+
+app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _settings() -> Settings:
+    settings = get_settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return settings
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+# -- processes -------------------------------------------------------------------
+
+
+@app.command()
+def worker(stages: Annotated[list[str], typer.Argument(help=f"Any of {', '.join(STAGES)}, {QUERY}.")]) -> None:
+    """Run stages in this process until SIGTERM/SIGINT."""
+    unknown = set(stages) - set(STAGES) - {QUERY}
+    if unknown:
+        raise typer.BadParameter(f"unknown stage(s): {', '.join(sorted(unknown))}")
+    run_stages(_settings(), stages)
+
+
+@app.command("query-worker")
+def query_worker() -> None:
+    """Run the RQ query worker (search, pack, forget, inspect, feedback)."""
+    run_stages(_settings(), [QUERY])
+
+
+@app.command()
+def up() -> None:
+    """Run the whole system on this machine: Redis (started if MEMFLOW_REDIS_URL is unset), every stage,
+    the query worker. The stages that hold the store share this process (an Edge shard has one owner)."""
+    with own_redis(_settings()) as settings:
+        children = [spawn_stage(settings, stage) for stage in ("trigger", "extract")]
+        typer.echo(f"memflow up: redis {settings.redis_url}, prefix {settings.stream_prefix}, "
+                   f"store {settings.qdrant_url or settings.data_dir}")
+        try:
+            run_stages(settings, ["resolve", "upsert", QUERY])
+        finally:
+            stop_children(children)
+
+
+# -- talking to a running system ---------------------------------------------------
+
+
+@app.command()
+def publish(subject: str, text: str, session: str = "cli", role: str = "user", kind: str = "message",
+            event_id: Annotated[str | None, typer.Option(help="Defaults to a new uuid.")] = None,
+            ts: Annotated[str | None, typer.Option(help="ISO time with zone; defaults to now.")] = None) -> None:
+    """Publish one event."""
+    client = MemoryClient(_settings())
+    event = {"event_id": event_id or str(uuid.uuid4()), "subject": subject, "session_id": session, "kind": kind,
+             "role": role if kind == "message" else None, "text": text, "ts": ts or datetime.now(UTC)}
+    try:
+        typer.echo(client.publish(event))
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@app.command()
+def search(subject: str, query: str, k: int = 5, now: str | None = None, as_json: JsonFlag = False) -> None:
+    """Search one subject's memories."""
+    result = MemoryClient(_settings()).search(subject, query, k, now=datetime.fromisoformat(now) if now else None)
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+        return
+    typer.echo(f"{result.status}: {len(result.hits)} hit(s) in {result.latency_ms:.1f} ms"
+               + (f" — {result.error}" if result.error else ""))
+    for i, hit in enumerate(result.hits, 1):
+        flag = " [contested]" if hit.contested else ""
+        typer.echo(f"{i:>2}. {hit.score:.4f} {hit.dir.value}/{hit.mtype.value}{flag}  {hit.content}")
+
+
+@app.command()
+def inspect(subject: str, as_json: JsonFlag = False) -> None:
+    """A subject's memories with their state, and the pipeline's backlog."""
+    report = MemoryClient(_settings()).inspect(subject)
+    if as_json:
+        _print_json(report)
+        return
+    _print_memories(report["memories"])
+    typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report["backlog"].items()))
+
+
+def _print_memories(memories: list[dict[str, Any]]) -> None:
+    for m in memories:
+        typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} "
+                   f"key={m['key']} v{m['version']} conf={m['confidence']:.2f}  {m['content']}")
+    typer.echo(f"{len(memories)} memories")
+
+
+# -- dead letters --------------------------------------------------------------------
+
+
+def _dlq_target() -> tuple[Any, Keys]:
+    settings = _settings()
+    return connect(require_url(settings.redis_url)), Keys(settings.stream_prefix)
+
+
+@dlq_app.command("list")
+def dlq_list(stage: str, as_json: JsonFlag = False) -> None:
+    client, keys = _dlq_target()
+    entries = dead.list_dead(client, keys, stage)
+    if as_json:
+        _print_json([{**e.__dict__, "payload": e.payload.decode(errors="replace")} for e in entries])
+        return
+    for e in entries:
+        typer.echo(f"{e.id}  attempts={e.attempts}  {e.error}")
+    typer.echo(f"{len(entries)} dead letter(s) in {keys.dlq(stage)}")
+
+
+@dlq_app.command("show")
+def dlq_show(stage: str, entry_id: str) -> None:
+    client, keys = _dlq_target()
+    entry = dead.show(client, keys, stage, entry_id)
+    if entry is None:
+        raise typer.BadParameter(f"no dead letter {entry_id} in {keys.dlq(stage)}")
+    _print_json({**entry.__dict__, "payload": entry.payload.decode(errors="replace")})
+
+
+@dlq_app.command("replay")
+def dlq_replay(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
+    """Put dead letters (all, or the ids given) back on their stream."""
+    client, keys = _dlq_target()
+    typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None)}")
+
+
+@dlq_app.command("drop")
+def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
+    client, keys = _dlq_target()
+    typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None)}")
+
+
+# -- the demo ------------------------------------------------------------------------
+
+DEMO_TURNS = [
+    ("user", "Hi! I'm planning the Atlas project rollout this quarter."),
+    ("assistant", "Great, how can I help with Atlas?"),
+    ("user", "I prefer short answers with bullet points, please."),
+    ("user", "Remember: never deploy on Fridays."),
+    ("user", "We decided to use PostgreSQL 16 for the Atlas database."),
+    ("user", "我不喜欢冗长的解释，回答请尽量简短。"),
+]
+DEMO_QUERIES = ["how should answers be formatted?", "which database does Atlas use?", "when must we not deploy?"]
+
+
+@app.command()
+def demo() -> None:
+    """Start everything in a temporary directory, hold a short conversation, show what was remembered."""
+    with temporary_data_dir(_settings()) as tmp_settings, own_redis(tmp_settings) as settings:
+        stop = threading.Event()
+        runner = threading.Thread(target=_demo_backend, args=(settings, stop), daemon=True)
+        runner.start()
+        try:
+            _demo_conversation(MemoryClient(settings))
+        finally:
+            stop.set()
+            runner.join(timeout=30)
+
+
+def _demo_backend(settings: Settings, stop: threading.Event) -> None:
+    from workers.query import build_worker
+    from workers.runtime import Context, start_consumers
+
+    ctx = Context.from_settings(settings)
+    threads = start_consumers(ctx, STAGES, stop)
+    build_worker(ctx, stop).work(logging_level="WARNING")
+    for thread in threads:
+        thread.join(timeout=30)
+    ctx.close()
+
+
+def _demo_conversation(client: MemoryClient) -> None:
+    subject, start = "demo-user", datetime.now(UTC) - timedelta(minutes=10)
+    typer.echo("== an agent publishes a conversation")
+    for i, (role, text) in enumerate(DEMO_TURNS):
+        client.publish({"event_id": f"demo-{i}", "subject": subject, "session_id": "s1", "kind": "message",
+                        "role": role, "text": text, "ts": start + timedelta(seconds=10 * i)})
+        typer.echo(f"   {role:>9}: {text}")
+    client.publish({"event_id": "demo-end", "subject": subject, "session_id": "s1", "kind": "session_end",
+                    "ts": start + timedelta(minutes=5)})
+    typer.echo("== waiting for trigger → extract → resolve → upsert ...")
+    if not client.wait_idle(timeout_s=120):
+        raise SystemExit("the pipeline did not go idle within 120 s")
+    typer.echo("== memories written")
+    _print_memories(client.inspect(subject)["memories"])
+    for query in DEMO_QUERIES:
+        result = client.search(subject, query, k=3)
+        typer.echo(f"== search {query!r}: {result.status}, {result.latency_ms:.1f} ms")
+        for hit in result.hits:
+            typer.echo(f"   {hit.score:.4f} {hit.dir.value}/{hit.mtype.value}  {hit.content}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,84 @@
+"""Running stages as processes: one process, several stages, one stop.
+
+`run_stages` is what `memflow worker ...` and `memflow up` run: each stream stage is a
+consumer thread; "query" is the RQ query worker in the main thread (RQ's signal
+handling wants it there). SIGTERM/SIGINT finish the batches in hand and return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from shared.redis_server import start_redis
+from shared.settings import Settings
+from workers.query import build_worker
+from workers.runtime import Context, start_consumers, stop_on_signals
+
+log = logging.getLogger(__name__)
+QUERY = "query"
+
+
+def run_stages(settings: Settings, stages: Sequence[str]) -> None:
+    ctx = Context.from_settings(settings)
+    stop = threading.Event()
+    stop_on_signals(stop)
+    threads = start_consumers(ctx, [s for s in stages if s != QUERY], stop)
+    try:
+        if QUERY in stages:
+            build_worker(ctx, stop).work(logging_level=settings.log_level)
+        else:
+            while not stop.wait(1.0):
+                if not all(t.is_alive() for t in threads):
+                    raise SystemExit("a stage thread died; see the log")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        ctx.close()
+
+
+@contextlib.contextmanager
+def own_redis(settings: Settings) -> Iterator[Settings]:
+    """The settings, with a redis-server of our own when none is configured."""
+    if settings.redis_url:
+        yield settings
+        return
+    server = start_redis(settings.data_dir / "redis")
+    log.info("started redis-server at %s", server.url)
+    try:
+        yield settings.model_copy(update={"redis_url": server.url})
+    finally:
+        server.stop()
+
+
+def spawn_stage(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
+    """A child `memflow worker <stage>` sharing our settings (and our Redis)."""
+    env = dict(os.environ)
+    env["MEMFLOW_REDIS_URL"] = settings.redis_url or ""
+    env["MEMFLOW_STREAM_PREFIX"] = settings.stream_prefix
+    env["MEMFLOW_DATA_DIR"] = str(settings.data_dir)
+    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", stage], env=env)
+
+
+def stop_children(children: Sequence[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+@contextlib.contextmanager
+def temporary_data_dir(settings: Settings) -> Iterator[Settings]:
+    with tempfile.TemporaryDirectory(prefix="memflow-demo-") as tmp:
+        yield settings.model_copy(update={"data_dir": Path(tmp), "redis_url": None})

@@ -1,0 +1,179 @@
+"""The query worker: search, pack, forget, inspect and feedback as RQ jobs.
+
+It runs as an RQ `SimpleWorker` (no fork per job: forking a process that holds torch
+deadlocks, and the model and the store are loaded once). Job functions find the
+process's context in `CONTEXT`, set by `serve()` before the worker starts; arguments
+and results are plain JSON (RQ's JSONSerializer), validated by the same models.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from rq import Queue, SimpleWorker
+from rq.serializers import JSONSerializer
+from rq.worker.base import StopRequested
+
+from pipeline.gate import redact
+from pipeline.models import (
+    SEARCHABLE_STATUSES, Change, Memory, QueryPlan, Route, SearchRequest, SearchResult, Status, Trace,
+)
+from pipeline.pack import pack as build_prompt
+from pipeline.score import rank
+from shared.codec import encode
+from shared.errors import MemflowError
+from shared.keys import FIELD, STAGES
+from shared.store import MemoryFilter, Scored
+from shared.streams import backlog
+from workers.runtime import Context
+
+log = logging.getLogger(__name__)
+CONTEXT: Context | None = None
+
+
+def _ctx() -> Context:
+    if CONTEXT is None:
+        raise MemflowError("the query worker has no context: start it with `memflow query-worker` or `up`")
+    return CONTEXT
+
+
+# -- search ------------------------------------------------------------------
+
+
+def search(request: dict[str, Any]) -> dict[str, Any]:
+    req = SearchRequest.model_validate(request)
+    now = req.now or datetime.now(UTC)
+    started = time.perf_counter()
+    plan = QueryPlan(intent="general_chat", routes=[Route(text=req.query, dirs=req.dirs or [])])
+    try:
+        scored, fallback = retrieve(_ctx(), req)
+        hits = rank([(s.memory, s.score) for s in scored], now, req.k)
+        result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
+                              plan=plan, fallback=fallback)
+    except MemflowError as exc:
+        scored, result = [], SearchResult(subject=req.subject, query=req.query, status="failed", plan=plan,
+                                          error=f"{type(exc).__name__}: {exc}")
+    result.latency_ms = (time.perf_counter() - started) * 1000
+    record_trace(_ctx(), req, result, scored, now)
+    return result.model_dump(mode="json")
+
+
+def retrieve(ctx: Context, req: SearchRequest) -> tuple[list[Scored], bool]:
+    """Hybrid (dense + BM25, fused by RRF in the engine) within the subject; a scoped
+    search that finds nothing falls back to the whole subject rather than saying "nothing"."""
+    vector = ctx.embedder.encode([req.query])[0]
+    pool = max(ctx.settings.candidate_pool, req.k * 4)
+
+    def run(dirs: list[Any] | None) -> list[Scored]:
+        flt = MemoryFilter(req.subject, dirs=dirs, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
+        return ctx.store.query(flt, mode="hybrid", dense=vector, text=req.query, limit=pool)
+
+    scored = run(req.dirs)
+    if scored or not req.dirs:
+        return scored, False
+    return run(None), True
+
+
+def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[Scored],
+                 now: datetime) -> None:
+    trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=result.plan.intent if result.plan
+                  else "", source="heuristic", dirs=[d.value for d in req.dirs or []],
+                  candidates=[{"id": s.memory.id, "score": round(s.score, 6)} for s in scored[:20]],
+                  chosen=[h.id for h in result.hits], fallback=result.fallback, status=result.status,
+                  error=result.error, latency_ms=result.latency_ms, now=now)
+    ctx.client.xadd(ctx.keys.traces, {FIELD: encode(trace)}, maxlen=ctx.settings.traces_maxlen, approximate=True)
+
+
+def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: str | None) -> dict[str, Any]:
+    """A prompt for `query`; packing counts as adoption of every memory it used."""
+    ctx = _ctx()
+    when = datetime.fromisoformat(now) if now else datetime.now(UTC)
+    req = SearchRequest(subject=subject, query=query, k=20, now=when)
+    scored, _ = retrieve(ctx, req)
+    hits = rank([(s.memory, s.score) for s in scored], when, req.k)
+    packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
+    feedback(subject, packed.used_ids, when.isoformat())
+    return packed.model_dump(mode="json")
+
+
+# -- adoption, forgetting, inspection -------------------------------------------
+
+
+def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
+    """Count memories as adopted (used in an answer): access_count + 1, per subject."""
+    ctx = _ctx()
+    when = datetime.fromisoformat(at) if at else datetime.now(UTC)
+    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
+    for memory in found:
+        ctx.store.set_fields(memory.id, {"access_count": memory.access_count + 1,
+                                         "last_accessed_at": when.isoformat()})
+    return len(found)
+
+
+def forget(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> int:
+    """Soft-delete (status deleted, announced on `changes`), then purge from the index.
+
+    After it returns no search can return these memories: they are not in the index.
+    """
+    ctx = _ctx()
+    targets = _forget_targets(ctx, subject, memory_ids, contains)
+    now = datetime.now(UTC)
+    for memory in targets:
+        ctx.store.set_fields(memory.id, {"status": Status.deleted.value})
+        change = Change(memory_id=memory.id, subject=subject, action="forget", why="forget requested",
+                        before={"status": memory.status.value}, after={"status": "deleted"}, at=now)
+        ctx.client.xadd(ctx.keys.changes, {FIELD: encode(change)}, maxlen=ctx.settings.changes_maxlen,
+                        approximate=True)
+    ctx.store.delete([m.id for m in targets])
+    return len(targets)
+
+
+def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
+    if ids is None and not contains:
+        raise MemflowError("forget needs memory ids or a `contains` text")
+    found = ctx.store.get(MemoryFilter(subject, ids=ids))
+    if contains:
+        found = [m for m in found if contains.lower() in m.content.lower()]
+    return found
+
+
+def inspect(subject: str) -> dict[str, Any]:
+    ctx = _ctx()
+    memories = ctx.store.get(MemoryFilter(subject))
+    memories.sort(key=lambda m: (m.created_at, m.id))
+    return {"subject": subject, "memories": [m.model_dump(mode="json") for m in memories],
+            "backlog": {stage: list(v) for stage, v in backlog(ctx.client, ctx.keys, STAGES).items()}}
+
+
+# -- the worker ----------------------------------------------------------------
+
+
+class QueryWorker(SimpleWorker):
+    """A SimpleWorker that can also run in a thread and be stopped with an Event."""
+
+    def __init__(self, *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stop_event = stop or threading.Event()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            super()._install_signal_handlers()
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        super().heartbeat(*args, **kwargs)
+        # Called on every turn of RQ's dequeue loop (at most dequeue_timeout apart).
+        if self._stop_event.is_set():
+            raise StopRequested()
+
+
+def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWorker:
+    global CONTEXT
+    CONTEXT = ctx
+    ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
+    queue = Queue(ctx.keys.query_queue, connection=ctx.client, serializer=JSONSerializer)
+    # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
+    return QueryWorker([queue], connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop)

@@ -1,0 +1,59 @@
+"""resolve: `resolve` → `upsert`. Places a candidate against what the subject already has.
+
+Embeds the batch once, reads each candidate's neighbours (same key, or same dir and
+dense similarity ≥ neighbour_threshold), and lets `pipeline.resolve.decide` choose:
+duplicate, add, supersede, contest or review. It writes nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from pipeline.models import Candidate, Status
+from pipeline.resolve import Neighbour, decide
+from shared.store import MemoryFilter, Store
+from shared.streams import Emit, Outcome, StreamConsumer
+from workers.runtime import Context
+
+# What a newcomer is compared with: history (superseded, archived, deleted) is not.
+LIVE = (Status.active, Status.contested, Status.pending_review)
+NEIGHBOURS = 10
+
+
+def build(ctx: Context) -> StreamConsumer[Candidate]:
+    return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate, partial(handle, ctx), ctx.consumer_config())
+
+
+def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
+    try:
+        vectors = ctx.embedder.encode([c.content for c in candidates])
+    except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
+        return [exc for _ in candidates]
+    outcomes: list[Outcome] = []
+    for candidate, vector in zip(candidates, vectors, strict=True):
+        try:
+            outcomes.append(resolve_one(ctx, candidate, vector))
+        except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
+            outcomes.append(exc)
+    return outcomes
+
+
+def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
+    neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.neighbour_threshold)
+    batch = decide(candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold)
+    if not batch.ops:
+        return []
+    return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update={"vector": vector}))]
+
+
+def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:
+    same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key], statuses=LIVE),
+                           mode="dense", dense=vector, limit=NEIGHBOURS)
+    near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=LIVE),
+                       mode="dense", dense=vector, limit=NEIGHBOURS)
+    found = {s.memory.id: Neighbour(s.memory, s.score) for s in same_key}
+    for s in near:
+        if s.score >= threshold:
+            found.setdefault(s.memory.id, Neighbour(s.memory, s.score))
+    return sorted(found.values(), key=lambda n: n.similarity, reverse=True)

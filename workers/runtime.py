@@ -1,0 +1,102 @@
+"""What a memflow process is made of: settings, Redis, and (lazily) the store and the model.
+
+Stages that touch the store (resolve, upsert, query) must share one process in the
+embedded mode, because an Edge shard is opened by one process; the context builds the
+store and the embedder once and hands the same ones to every stage in the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from shared.connections import connect, require_url
+from shared.embedder import Embedder
+from shared.keys import Keys
+from shared.settings import Settings
+from shared.store import Store, open_store
+from shared.streams import ConsumerConfig, StreamConsumer
+
+log = logging.getLogger(__name__)
+
+STORE_STAGES = ("resolve", "upsert")
+LIGHT_STAGES = ("trigger", "extract")
+
+
+@dataclass
+class Context:
+    settings: Settings
+    client: redis.Redis
+    keys: Keys
+    _store: Store | None = None
+    _embedder: Embedder | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Context:
+        return cls(settings, connect(require_url(settings.redis_url)), Keys(settings.stream_prefix))
+
+    @property
+    def embedder(self) -> Embedder:
+        with self._lock:
+            if self._embedder is None:
+                self._embedder = Embedder(self.settings.model, self.settings.encode_batch)
+            return self._embedder
+
+    @property
+    def store(self) -> Store:
+        dim = self.embedder.dim
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self.settings, dim)
+            return self._store
+
+    def consumer_config(self) -> ConsumerConfig:
+        s = self.settings
+        return ConsumerConfig(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms,
+                              block_ms=s.block_ms, count=s.read_count, retry_base_s=s.retry_base_s,
+                              retry_max_s=s.retry_max_s, decode_context={"max_text_bytes": s.max_text_bytes})
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
+    from workers import extract, resolve, trigger, upsert
+
+    builders = {"trigger": trigger.build, "extract": extract.build, "resolve": resolve.build,
+                "upsert": upsert.build}
+    if stage not in builders:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(builders)}")
+    return builders[stage](ctx)
+
+
+def start_consumers(ctx: Context, stages: Sequence[str], stop: threading.Event) -> list[threading.Thread]:
+    """One thread per stage, each its own consumer in its stage's group."""
+    threads = []
+    for stage in stages:
+        consumer = build_consumer(ctx, stage)
+        consumer.ensure_group()
+        thread = threading.Thread(target=consumer.run, args=(stop,), name=f"memflow-{stage}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT ask every loop to finish its batch and return."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("signal %s: stopping after the current batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

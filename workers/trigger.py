@@ -1,0 +1,87 @@
+"""trigger: `events` → `extract`. Decides when something is worth reading.
+
+Every message passes the gate (filler dropped, secrets redacted, injections refused)
+and is kept in the session's buffer; a user statement with a realtime signal
+(preference, correction, rule, "remember", decision) goes to extraction at once;
+`session_end` and `task_complete` send the whole buffered session.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from pipeline.gate import gate
+from pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
+from pipeline.triggers import realtime_signals
+from shared.codec import decode, encode
+from shared.streams import Emit, StreamConsumer, per_item
+from workers.runtime import Context
+
+log = logging.getLogger(__name__)
+# A closed session's buffer outlives its session_end by this much, so that a
+# redelivered session_end still finds its turns.
+CLOSED_BUFFER_TTL_S = 3600
+
+
+def build(ctx: Context) -> StreamConsumer[ChatEvent]:
+    return StreamConsumer(ctx.client, ctx.keys, "trigger", ChatEvent, per_item(partial(handle, ctx)),
+                          ctx.consumer_config())
+
+
+def handle(ctx: Context, event: ChatEvent) -> list[Emit]:
+    if event.kind is Kind.message:
+        return on_message(ctx, event)
+    if event.kind in (Kind.session_end, Kind.task_complete):
+        return on_close(ctx, event)
+    return []  # feedback: adoption is recorded by the query worker's `feedback` call
+
+
+def on_message(ctx: Context, event: ChatEvent) -> list[Emit]:
+    assert event.role is not None  # guaranteed by ChatEvent's validation
+    verdict = gate(event.text, event.role)
+    if not verdict.keep:
+        log.info("event %s dropped by the gate: %s", event.event_id, verdict.reason)
+        return []
+    turn = Turn(event_id=event.event_id, role=event.role, text=verdict.text, ts=event.ts,
+                speaker=event.meta.get("speaker"))
+    if event.meta.get("explicit"):
+        return [_emit(ctx, event, TriggerReason.explicit_write, [turn], external_ref=event.meta.get("external_ref"))]
+    buffer_turn(ctx, event, turn)
+    signals = realtime_signals(turn.text) if event.role is Role.user else []
+    return [_emit(ctx, event, TriggerReason.realtime, [turn], signals=signals)] if signals else []
+
+
+def on_close(ctx: Context, event: ChatEvent) -> list[Emit]:
+    turns = buffered_turns(ctx, event)
+    if event.kind is Kind.task_complete and event.text.strip():
+        verdict = gate(event.text, Role.assistant)
+        if verdict.keep:
+            turns.append(Turn(event_id=event.event_id, role=Role.assistant, text=verdict.text, ts=event.ts))
+    ctx.client.expire(ctx.keys.session_buffer(event.subject, event.session_id), CLOSED_BUFFER_TTL_S)
+    if not turns:
+        return []
+    reason = TriggerReason.session_end if event.kind is Kind.session_end else TriggerReason.task_complete
+    return [_emit(ctx, event, reason, turns, outcome=event.meta.get("outcome"))]
+
+
+def buffer_turn(ctx: Context, event: ChatEvent, turn: Turn) -> None:
+    # A hash keyed by event id: a redelivered or re-published event overwrites itself.
+    key = ctx.keys.session_buffer(event.subject, event.session_id)
+    pipe = ctx.client.pipeline(transaction=True)
+    pipe.hset(key, event.event_id, encode(turn))
+    pipe.expire(key, ctx.settings.session_buffer_ttl_s)
+    pipe.execute()
+
+
+def buffered_turns(ctx: Context, event: ChatEvent) -> list[Turn]:
+    raw = ctx.client.hvals(ctx.keys.session_buffer(event.subject, event.session_id))
+    turns = sorted((decode(r, Turn) for r in raw), key=lambda t: (t.ts, t.event_id))
+    return turns[-ctx.settings.session_buffer_max_turns:]
+
+
+def _emit(ctx: Context, event: ChatEvent, reason: TriggerReason, turns: list[Turn], *,
+          signals: list[str] | None = None, outcome: str | None = None, external_ref: str | None = None) -> Emit:
+    task = ExtractTask(subject=event.subject, session_id=event.session_id, reason=reason, signals=signals or [],
+                       turns=turns, ts=event.ts, outcome=outcome, external_ref=external_ref)
+    return Emit(ctx.keys.stream("extract"), task)

@@ -20,7 +20,15 @@ from rq.worker.base import StopRequested
 
 from pipeline.gate import redact
 from pipeline.models import (
-    SEARCHABLE_STATUSES, Change, Memory, QueryPlan, Route, SearchRequest, SearchResult, Status, Trace,
+    SEARCHABLE_STATUSES,
+    Change,
+    Memory,
+    QueryPlan,
+    Route,
+    SearchRequest,
+    SearchResult,
+    Status,
+    Trace,
 )
 from pipeline.pack import pack as build_prompt
 from pipeline.score import rank

@@ -1,0 +1,1 @@
+"""Quality evaluation and performance benchmarks."""

@@ -1,0 +1,50 @@
+"""kill -9 a real stage process with messages in flight: nothing lost, nothing doubled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+from shared.settings import Settings
+from tests.conftest import start_system, wait_for
+
+N = 60
+
+
+def spawn(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, MEMFLOW_REDIS_URL=settings.redis_url or "", MEMFLOW_STREAM_PREFIX=settings.stream_prefix,
+               MEMFLOW_RECLAIM_IDLE_MS=str(settings.reclaim_idle_ms), MEMFLOW_BLOCK_MS=str(settings.block_ms),
+               MEMFLOW_DATA_DIR=str(settings.data_dir), MEMFLOW_LOG_LEVEL="WARNING")
+    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", stage], env=env)
+
+
+def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Settings, embedder) -> None:
+    system = start_system(settings, embedder, stages=("resolve", "upsert"))
+    procs = [spawn(settings, "trigger"), spawn(settings, "extract")]
+    try:
+        t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+        for i in range(N):
+            system.client.publish({"event_id": f"k{i}", "subject": "crash", "session_id": "s1", "kind": "message",
+                                   "role": "user", "text": f"Remember: code word zq{i}x belongs to project {i}.",
+                                   "ts": t0 + timedelta(seconds=i)})
+        extract_stream = system.ctx.keys.stream("extract")
+        wait_for(lambda: system.ctx.client.xlen(extract_stream) >= 3, what="the trigger to be mid-way")
+        os.kill(procs[0].pid, signal.SIGKILL)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[0].wait()
+        procs[1].wait()
+        procs += [spawn(settings, "trigger"), spawn(settings, "extract")]
+        assert system.client.wait_idle(timeout_s=90)
+
+        contents = [m["content"] for m in system.client.inspect("crash")["memories"]]
+        for i in range(N):
+            assert sum(f"zq{i}x" in c for c in contents) == 1, f"code word {i}: {contents}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+        system.shutdown()

@@ -1,0 +1,163 @@
+"""The whole pipeline on a real redis-server and a real Edge shard: event in, memory out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from pipeline.models import SCHEMA_VERSION
+from shared.errors import InvalidInput
+from shared.keys import FIELD, STAGES
+from tests.conftest import System, wait_for
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def say(system: System, subject: str, event_id: str, text: str, *, session: str = "s1",
+        role: str = "user", at: datetime = T0) -> None:
+    system.client.publish({"event_id": event_id, "subject": subject, "session_id": session, "kind": "message",
+                           "role": role, "text": text, "ts": at})
+
+
+def end(system: System, subject: str, session: str = "s1", at: datetime = T0 + timedelta(minutes=30)) -> None:
+    system.client.publish({"event_id": f"end-{subject}-{session}", "subject": subject, "session_id": session,
+                           "kind": "session_end", "ts": at})
+
+
+def memories(system: System, subject: str) -> list[dict]:
+    return system.client.inspect(subject)["memories"]
+
+
+def test_a_stated_preference_is_found_after_passing_every_stage(system: System) -> None:
+    say(system, "alice", "e1", "I prefer short answers with bullet points.")
+    end(system, "alice")
+    assert system.client.wait_idle(timeout_s=60)
+
+    result = system.client.search("alice", "how should answers be formatted?", k=5, now=T0 + timedelta(days=1))
+    assert result.status == "ok"
+    top = result.hits[0]
+    assert "short answers" in top.content
+    assert "e1" in top.source_event_ids
+    assert top.status.value == "active"
+    # Every stage's group read something and acknowledged all of it.
+    for stage in STAGES:
+        groups = system.ctx.client.xinfo_groups(system.ctx.keys.input_of(stage))
+        assert groups and groups[0]["entries-read"] > 0, stage
+        assert groups[0]["pending"] == 0, stage
+    changes = system.ctx.client.xrange(system.ctx.keys.changes)
+    assert any(top.id.encode() in fields[FIELD.encode()] for _, fields in changes)
+
+
+def test_publishing_the_same_event_twice_yields_one_memory(system: System) -> None:
+    for _ in range(2):
+        say(system, "bob", "dup-1", "Remember: the staging database is called kestrel-7.")
+    assert system.client.wait_idle(timeout_s=60)
+    found = [m for m in memories(system, "bob") if "kestrel-7" in m["content"]]
+    assert len(found) == 1
+    assert found[0]["source_event_ids"] == ["dup-1"]
+
+
+def test_session_turns_become_episodes_with_provenance(system: System) -> None:
+    say(system, "carol", "c1", "I went to a pottery class in Lisbon yesterday.", at=T0)
+    say(system, "carol", "c2", "That sounds lovely, what did you make?", role="assistant", at=T0 + timedelta(seconds=5))
+    end(system, "carol")
+    assert system.client.wait_idle(timeout_s=60)
+    result = system.client.search("carol", "pottery class", k=5, now=T0 + timedelta(days=2))
+    assert result.status == "ok"
+    assert any("c1" in h.source_event_ids and "pottery" in h.content for h in result.hits)
+
+
+def test_a_search_never_crosses_subjects(system: System) -> None:
+    say(system, "tenant-a", "a1", "Remember: my locker code word is heliotrope.")
+    assert system.client.wait_idle(timeout_s=60)
+    assert system.client.search("tenant-a", "locker code word", now=T0 + timedelta(days=1)).status == "ok"
+
+    other = system.client.search("tenant-b", "locker code word heliotrope", now=T0 + timedelta(days=1))
+    assert other.status == "empty"
+    assert other.hits == []
+    assert memories(system, "tenant-b") == []
+
+
+def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system: System) -> None:
+    events = system.ctx.keys.stream("events")
+    redis = system.ctx.client
+    redis.xadd(events, {FIELD: b"{this is not json"})
+    redis.xadd(events, {FIELD: b'{"v": %d, "event_id": "x1", "session_id": "s", "kind": "message", '
+                                b'"role": "user", "text": "hi there", "ts": "2026-03-02T09:00:00Z"}' % SCHEMA_VERSION})
+    redis.xadd(events, {FIELD: b'{"v": %d, "event_id": "x2", "subject": "dora", "session_id": "s", '
+                                b'"kind": "shout", "text": "hi", "ts": "2026-03-02T09:00:00Z"}' % SCHEMA_VERSION})
+    say(system, "dora", "good-1", "Remember: my favourite tea is genmaicha.")
+    assert system.client.wait_idle(timeout_s=60)
+
+    dead = redis.xrange(system.ctx.keys.dlq("trigger"))
+    reasons = [fields[b"error"].decode() for _, fields in dead]
+    assert len(reasons) == 3
+    assert "invalid JSON" in reasons[0]
+    assert "subject" in reasons[1]
+    assert "kind" in reasons[2]
+    assert any("genmaicha" in m["content"] for m in memories(system, "dora"))
+
+
+def test_dlq_replay_from_the_command_line(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from shared.settings import get_settings
+    from workers.cli import app
+
+    system.ctx.client.xadd(system.ctx.keys.stream("events"), {FIELD: b"[1, 2]"})
+    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter")
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis_url)
+    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.stream_prefix)
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        listed = runner.invoke(app, ["dlq", "list", "trigger"])
+        assert "expected a JSON object" in listed.output
+        replayed = runner.invoke(app, ["dlq", "replay", "trigger"])
+        assert "replayed 1" in replayed.output
+    finally:
+        get_settings.cache_clear()
+    # Still malformed, so it comes back, with its reason, and nothing else is stuck.
+    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter again")
+    assert system.client.wait_idle(timeout_s=30)
+
+
+def test_forget_removes_a_memory_from_search_and_index(system: System) -> None:
+    say(system, "erin", "f1", "Remember: my spare key is under the blue flowerpot.")
+    assert system.client.wait_idle(timeout_s=60)
+    assert system.client.search("erin", "spare key", now=T0 + timedelta(hours=1)).status == "ok"
+    assert system.client.forget("erin", contains="flowerpot") >= 1
+    after = system.client.search("erin", "spare key flowerpot", now=T0 + timedelta(hours=1))
+    assert all("flowerpot" not in h.content for h in after.hits)
+    assert all("flowerpot" not in m["content"] for m in memories(system, "erin"))
+
+
+def test_search_says_failed_when_no_worker_answers(settings) -> None:
+    from shared.client import MemoryClient
+
+    client = MemoryClient(settings.model_copy(update={"search_timeout_s": 1.0}))
+    result = client.search("nobody", "anything")
+    assert result.status == "failed"
+    assert "no answer" in (result.error or "")
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"text": "x" * (32 * 1024 + 1)}, "text"),
+    ({"subject": None}, "subject"),
+    ({"subject": "has spaces!"}, "subject"),
+    ({"ts": datetime(2026, 1, 1, 9, 0)}, "ts"),
+    ({"kind": "shout"}, "kind"),
+])
+def test_the_client_refuses_bad_input_naming_the_field(settings, change, field) -> None:
+    from shared.client import MemoryClient
+
+    event = {"event_id": "e", "subject": "s", "session_id": "s1", "kind": "message", "role": "user",
+             "text": "hello there", "ts": datetime(2026, 1, 1, tzinfo=timezone.utc)} | change
+    if event["subject"] is None:
+        del event["subject"]
+    client = MemoryClient(settings)
+    with pytest.raises(InvalidInput) as caught:
+        client.publish(event)
+    assert caught.value.field == field
+    assert client.redis.xlen(client.keys.stream("events")) == 0

@@ -9,9 +9,10 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from shared.settings import Settings
+from shared.streams import backlog
 from tests.conftest import start_system, wait_for
 
-N = 60
+N = 200
 
 
 def spawn(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
@@ -36,6 +37,8 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[0].wait()
         procs[1].wait()
+        in_flight = sum(p for _, p in backlog(system.ctx.client, system.ctx.keys, ("trigger", "extract")).values())
+        assert in_flight > 0, "the kill should have caught messages read but not acknowledged"
         procs += [spawn(settings, "trigger"), spawn(settings, "extract")]
         assert system.client.wait_idle(timeout_s=90)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
+from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested
 
 from pipeline.gate import redact
@@ -162,6 +163,10 @@ def inspect(subject: str) -> dict[str, Any]:
 
 class QueryWorker(SimpleWorker):
     """A SimpleWorker that can also run in a thread and be stopped with an Event."""
+
+    # The default death penalty arms SIGALRM, which only the main thread may do; a timer
+    # thread enforces job timeouts wherever the worker runs.
+    death_penalty_class = TimerDeathPenalty
 
     def __init__(self, *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -48,7 +48,8 @@ def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list
 
 
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:
-    same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key], statuses=LIVE),
+    # Every version of the key, history included: decide() numbers the next version from them.
+    same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key]),
                            mode="dense", dense=vector, limit=NEIGHBOURS)
     near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=LIVE),
                        mode="dense", dense=vector, limit=NEIGHBOURS)

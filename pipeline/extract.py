@@ -1,0 +1,172 @@
+"""Rule-based extraction: an ExtractTask's turns → candidates (DESIGN §3.2; seed 001 §4.2).
+
+Chinese and English, no model. Per trigger reason:
+- realtime: one candidate per signalled statement of the user (preference, correction,
+  rule, remember, decision);
+- session_end: one episode per user/assistant turn, tool output kept apart, plus every
+  fact, event, preference, rule and decision the user stated;
+- task_complete: the trigger appends the task_complete event itself as the last turn
+  (stamped with the task's time); a skill on success, decisions, episodes;
+- explicit_write: the whole text as one memory, typed by what it says.
+Every turn passes the gate again here: a secret or an injection that slipped past the
+trigger still never becomes a candidate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import datetime
+
+from pipeline import cues
+from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
+from pipeline.gate import gate
+from pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
+from pipeline.records import behaviour, skill, task_record, turn_record
+from pipeline.statements import clean, split_sentences, strip_correction, strip_remember
+from pipeline.timeref import find_time, strip_time, temp_expiry
+from pipeline.topics import key_for, project_of, salient_words, topic_of
+from pipeline.triggers import Cues, read_cues
+
+_PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def extract(task: ExtractTask) -> list[Candidate]:
+    """The candidates in a task, one per statement, merged where two say the same."""
+    handlers: dict[TriggerReason, Callable[[ExtractTask], list[Candidate]]] = {
+        TriggerReason.realtime: _realtime,
+        TriggerReason.session_end: _session_end,
+        TriggerReason.task_complete: _task_complete,
+        TriggerReason.explicit_write: _explicit_write,
+    }
+    return _merged(handlers[task.reason](task))
+
+
+def _realtime(task: ExtractTask) -> list[Candidate]:
+    return [c for turn in _gated(task.turns) if turn.role is Role.user for c in _statements(task, turn, True)]
+
+
+def _session_end(task: ExtractTask) -> list[Candidate]:
+    turns = _gated(task.turns)
+    found = [turn_record(task, turn) for turn in turns]
+    found += [c for turn in turns if turn.role is Role.user for c in _statements(task, turn, False)]
+    return found + behaviour(task, turns)
+
+
+def _task_complete(task: ExtractTask) -> list[Candidate]:
+    turns = _gated(task.turns)
+    # Of the session's statements only decisions are taken here (seed 001 §2.1: written
+    # once confirmed); facts wait for session_end.
+    summary = turns[-1] if turns and turns[-1].ts == task.ts else None
+    session = turns[:-1] if summary is not None else turns
+    found = [turn_record(task, turn) for turn in session]
+    decisions = [c for t in session if t.role is Role.user for c in _statements(task, t, False)]
+    found += [c for c in decisions if c.mtype is MType.decision]
+    if summary is not None:
+        found.append(task_record(task, summary))
+    if task.outcome == "success" and (summary or session):
+        found += skill(task, summary or session[-1], summary, session)
+    return found
+
+
+def _explicit_write(task: ExtractTask) -> list[Candidate]:
+    found = []
+    for turn in _gated(task.turns):
+        draft = _draft(turn.text, read_cues(turn.text), turn.ts, written=True)
+        if draft is not None:
+            found.append(stamp(task, turn, draft))
+    return found
+
+
+def _gated(turns: Iterable[Turn]) -> list[Turn]:
+    """The turns the gate keeps, with their text redacted; system turns are configuration."""
+    kept = []
+    for turn in turns:
+        verdict = gate(turn.text, turn.role)
+        if verdict.keep and turn.role is not Role.system:
+            kept.append(turn.model_copy(update={"text": verdict.text.strip()}))
+    return kept
+
+
+def _statements(task: ExtractTask, turn: Turn, realtime: bool) -> list[Candidate]:
+    found = []
+    for sentence in split_sentences(turn.text):
+        cue = read_cues(sentence)
+        if cue.question or (realtime and not cue.signals):
+            continue
+        draft = _draft(sentence, cue, turn.ts)
+        if draft is not None:
+            found.append(stamp(task, turn, draft))
+    return found
+
+
+def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Draft | None:
+    """One statement as a draft; None when it states nothing worth keeping."""
+    corrected = cue.correction and not written  # an explicit write is taken as written
+    body = strip_remember(sentence) if cue.remember else clean(sentence)
+    body = strip_correction(body) if corrected else body
+    if not salient_words(body) or _PLACEHOLDER.search(body):
+        return None  # names nothing ("I love it"), or a secret was here
+    mtype = _mtype(body, cue, ts) or (MType.fact if written else None)
+    if mtype is None:
+        return None
+    emphatic = written or cue.remember or cue.correction
+    draft = Draft(
+        mtype=mtype,
+        key=key_for(mtype, strip_time(body) if mtype is MType.event else body),
+        content=body,
+        evidence=sentence.strip(),
+        source=Source.explicit_correction if corrected else Source.explicit,
+        confidence=EMPHATIC_CONFIDENCE if emphatic else EXPLICIT_CONFIDENCE,
+        pinned=cue.forever and (mtype is MType.rule or cue.remember),
+    )
+    return _timed(draft, ts)
+
+
+def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
+    """What a statement is, most binding first: a rule over a decision over a preference."""
+    if cue.rule:
+        return MType.rule
+    if cue.decision:
+        return MType.decision
+    if cue.preference:
+        return MType.temp_preference if cue.temporary else MType.preference
+    if find_time(body, ts) is not None:
+        return MType.event
+    if cues.CONTEXT.search(body) and topic_of(body) is None:
+        return MType.session_context
+    if _states_fact(body) or cue.remember or cue.correction:
+        return MType.fact
+    return None
+
+
+def _states_fact(body: str) -> bool:
+    """First-person facts, or an assertion about a known topic or a named project."""
+    topic = topic_of(body)
+    about = (topic is not None and topic.mtype is MType.fact) or project_of(body) is not None
+    return bool(cues.FIRST_PERSON_FACT.search(body) or (about and cues.ASSERTION.search(body)))
+
+
+def _timed(draft: Draft, ts: datetime) -> Draft:
+    """Events carry their resolved date and expire when it is over; temporary wishes lapse."""
+    if draft.mtype is MType.temp_preference:
+        return replace(draft, expires_at=temp_expiry(draft.content, ts))
+    ref = find_time(draft.content, ts) if draft.mtype is MType.event else None
+    if ref is None:
+        return draft
+    dated = f"{draft.content}（{ref.label}）" if _CJK.search(draft.content) else f"{draft.content} ({ref.label})"
+    return replace(draft, content=dated, expires_at=None if ref.past else ref.end)
+
+
+def _merged(found: list[Candidate]) -> list[Candidate]:
+    """One candidate per (type, key, content): a statement repeated in a task keeps all its events."""
+    by_statement: dict[tuple[MType, str, str], Candidate] = {}
+    for c in found:
+        seen = by_statement.get((c.mtype, c.key, c.content))
+        if seen is not None:
+            ids = list(dict.fromkeys([*seen.source_event_ids, *c.source_event_ids]))
+            c = seen.model_copy(update={"source_event_ids": ids})
+        by_statement[(c.mtype, c.key, c.content)] = c
+    return list(by_statement.values())

@@ -1,0 +1,95 @@
+"""Records: what happened, kept verbatim with provenance (DESIGN §3.1 episodic, procedural).
+
+One episode per user/assistant turn (seed 003 §2.2: chunk by turn, never mixing "改密码"
+and "喜欢咖啡"); tool output kept apart, low-confidence and short-lived; a skill from a
+task that succeeded; preferences shown by behaviour rather than said.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline import cues
+from pipeline.drafts import (
+    INFERRED_CONFIDENCE,
+    RECORD_CONFIDENCE,
+    SKILL_CONFIDENCE,
+    TOOL_CONFIDENCE,
+    Draft,
+    stamp,
+)
+from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, Turn
+from pipeline.statements import clean, is_question
+from pipeline.topics import key_for, normalize_key
+
+# Follow-ups in one session before they count as a preference (DESIGN §3.1 "behaviour").
+FOLLOWUPS_FOR_PREFERENCE = 2
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+# What a procedure looks like: commands in backticks, numbered or bulleted steps, "run …".
+_PROCEDURE = re.compile(
+    r"`[^`]+`|^\s*(?:\d+[.)、]|[-*•])\s|\$ |\b(?:run|execute|install|then|first|step)\b|运行|执行|安装|然后|步骤|命令",
+    re.IGNORECASE | re.MULTILINE,
+)
+# Repeated follow-ups → an inferred reply-length preference: (cue, key, content zh, content en).
+_BEHAVIOURS = (
+    (
+        cues.MORE_DETAIL,
+        "reply.length",
+        "偏好更详细的回答（多次追问细节）",
+        "Prefers more detailed answers (kept asking)",
+    ),
+    (cues.LESS_DETAIL, "reply.length", "偏好更简短的回答（多次嫌回答太长）", "Prefers shorter answers (kept asking)"),
+)
+
+
+def turn_record(task: ExtractTask, turn: Turn) -> Candidate:
+    """The verbatim record of a turn: an episode, or tool output kept apart from what was said."""
+    said = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+    if turn.role is Role.tool:
+        key = normalize_key(f"tool.{turn.event_id}")
+        draft = Draft(MType.session_context, key, said, turn.text, Source.tool, TOOL_CONFIDENCE, dir=Dir.tools)
+        return stamp(task, turn, draft)
+    source = Source.explicit if turn.role is Role.user else Source.derived
+    return stamp(task, turn, Draft(MType.episode, _episode_key(turn), said, turn.text, source, RECORD_CONFIDENCE))
+
+
+def task_record(task: ExtractTask, summary: Turn) -> Candidate:
+    """The task_complete event as an episode: what was attempted and how it ended."""
+    said = f"task {task.outcome or 'complete'}: {summary.text}"
+    draft = Draft(MType.episode, _episode_key(summary), said, summary.text, Source.derived, RECORD_CONFIDENCE)
+    return stamp(task, summary, draft)
+
+
+def _episode_key(turn: Turn) -> str:
+    return normalize_key(f"episode.{turn.event_id}")
+
+
+def skill(task: ExtractTask, anchor: Turn, summary: Turn | None, session: list[Turn]) -> list[Candidate]:
+    """What worked, as a reusable procedure: the outcome, what was asked, the steps given."""
+    asked = next((t for t in session if t.role is Role.user and is_question(t.text)), None)
+    steps = [t for t in session if t.role is not Role.tool and _PROCEDURE.search(t.text)]
+    steps = steps or [t for t in session if t.role is Role.assistant][-1:]
+    used = [t for t in (summary, asked, *steps) if t is not None]
+    content = " — ".join(dict.fromkeys(clean(t.text) for t in used))
+    if not content:
+        return []
+    key = key_for(MType.skill, clean(used[0].text))
+    draft = Draft(MType.skill, key, content, content, Source.derived, SKILL_CONFIDENCE)
+    ids = list(dict.fromkeys([anchor.event_id, *(t.event_id for t in used)]))
+    return [stamp(task, anchor, draft, ids)]
+
+
+def behaviour(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
+    """Preferences shown rather than said: the same kind of follow-up, again and again."""
+    found = []
+    for cue, key, zh, en in _BEHAVIOURS:
+        asked = [t for t in turns if t.role is Role.user and cue.search(t.text)]
+        if len(asked) < FOLLOWUPS_FOR_PREFERENCE:
+            continue
+        # Fixed wording, so that the same behaviour in a later session is a repeat, not a rival.
+        content = zh if any(_CJK.search(t.text) for t in asked) else en
+        evidence = " / ".join(t.text for t in asked)
+        draft = Draft(MType.preference, key, content, evidence, Source.inferred, INFERRED_CONFIDENCE)
+        found.append(stamp(task, asked[-1], draft, [t.event_id for t in asked]))
+    return found

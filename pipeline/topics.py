@@ -15,7 +15,9 @@ from pipeline.cues import TOPICS, Topic
 from pipeline.models import MType
 
 MAX_KEY_CHARS = 200
-_SALIENT_WORDS = 4
+# Enough words (numbers and ids included) that two different statements rarely share a
+# fallback key: a shared key makes the newer one supersede or contest the older.
+_SALIENT_WORDS = 6
 _P, _F = MType.preference, MType.fact
 _MAX_WORD_CHARS = 8
 
@@ -53,7 +55,7 @@ _ZH_STOP_CHARS = (
     "吗呢吧啊呀哦嗯么还又再更最太让用将为以于其请别不没有"
 )
 _ZH_SPLIT = re.compile(f"[{_ZH_STOP_CHARS}\\s]+")
-_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+|[a-z][a-z0-9+#'-]*", re.I)
+_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+|[a-z0-9][a-z0-9+#'.-]*[a-z0-9+#]|[a-z0-9]", re.I)
 _KEY_BAD = re.compile(r"[^a-z0-9._\-\u3400-\u4dbf\u4e00-\u9fff]+")
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 # "X 是 Y" / "X is Y": a fact's key comes from X, so that a new Y updates it.

@@ -20,6 +20,11 @@ class Embedder:
     def __init__(self, model: str = "", batch_size: int = 64) -> None:
         # Models are never fetched from a hub at run time: a name must resolve locally.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        import transformers
+
+        transformers.logging.set_verbosity_error()  # no per-load progress bars in worker logs
+        transformers.logging.disable_progress_bar()
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(resolve_model(model), device="cpu")

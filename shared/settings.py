@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     reclaim_idle_ms: int = Field(default=60_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
     read_count: int = Field(default=64, ge=1)
+    # resolve embeds per batch: a short batch waits this long for more candidates.
+    resolve_linger_ms: int = Field(default=20, ge=0)
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
 

@@ -91,6 +91,8 @@ class ConsumerConfig:
     count: int = 64
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
+    # How long a short batch waits for more entries (0: hand over what came at once).
+    linger_ms: int = 0
     decode_context: dict[str, Any] = field(default_factory=dict)
 
 
@@ -141,8 +143,28 @@ class StreamConsumer(Generic[M]):
     # -- reading -------------------------------------------------------------
 
     def _read(self) -> list[Entry]:
-        reply = self.client.xreadgroup(self.group, self.name, {self.stream: ">"},
-                                       count=self.config.count, block=self.config.block_ms)
+        entries = self._read_once(self.config.count, self.config.block_ms)
+        if entries and self.config.linger_ms:
+            entries += self._linger(self.config.count - len(entries))
+        return entries
+
+    def _linger(self, room: int) -> list[Entry]:
+        """Wait a little for more entries when a batch came back short.
+
+        Upstream stages hand messages on one at a time; a stage whose cost is per batch
+        (an embedding call) would otherwise run on batches of one.
+        """
+        more: list[Entry] = []
+        deadline = time.monotonic() + self.config.linger_ms / 1000
+        while room > len(more) and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+            got = self._read_once(room - len(more), left_ms)
+            if not got:
+                break
+            more += got
+        return more
+
+    def _read_once(self, count: int, block_ms: int) -> list[Entry]:
+        reply = self.client.xreadgroup(self.group, self.name, {self.stream: ">"}, count=count, block=block_ms)
         if not reply:
             return []
         return [Entry(_text(eid), fields.get(FIELD.encode())) for eid, fields in reply[0][1]]
@@ -201,29 +223,34 @@ class StreamConsumer(Generic[M]):
         if not decoded:
             return False
         outcomes = self.handler([item for _, item in decoded])
-        failed = [self._settle(entry, outcome) for (entry, _), outcome in zip(decoded, outcomes, strict=True)]
-        return all(failed)
+        done = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if not isinstance(o, BaseException)]
+        self._ack_with(done)
+        failed = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if isinstance(o, BaseException)]
+        for entry, exc in failed:
+            self._settle_failure(entry, exc)
+        return not done
 
-    def _settle(self, entry: Entry, outcome: Outcome) -> bool:
-        """Acknowledge, dead-letter or leave pending. True when the entry failed."""
-        if not isinstance(outcome, BaseException):
-            self._ack_with(entry, outcome)
-            return False
+    def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:
+        """Dead-letter a permanent failure; keep the error of a retryable one and leave it pending."""
         if isinstance(outcome, Permanent):
             self._dead_letter(entry, f"{type(outcome).__name__}: {outcome}", entry.deliveries)
-            return True
+            return
         reason = f"{type(outcome).__name__}: {outcome}"
         log.warning("stage %s entry %s failed (delivery %d): %s", self.stage, entry.id, entry.deliveries, reason)
         self.client.hset(self._errors_key, entry.id, reason[:2000])
-        return True
 
-    def _ack_with(self, entry: Entry, emits: list[Emit]) -> None:
+    def _ack_with(self, done: list[tuple[Entry, list[Emit]]]) -> None:
+        """Emit the outputs of every successful entry and acknowledge them, in one MULTI."""
+        if not done:
+            return
         pipe = self.client.pipeline(transaction=True)
-        for emit in emits:
-            kwargs: dict[str, Any] = {"maxlen": emit.maxlen, "approximate": True} if emit.maxlen else {}
-            pipe.xadd(emit.stream, {FIELD: encode(emit.message)}, **kwargs)
-        pipe.xack(self.stream, self.group, entry.id)
-        pipe.hdel(self._errors_key, entry.id)
+        for _, emits in done:
+            for emit in emits:
+                kwargs: dict[str, Any] = {"maxlen": emit.maxlen, "approximate": True} if emit.maxlen else {}
+                pipe.xadd(emit.stream, {FIELD: encode(emit.message)}, **kwargs)
+        ids = [entry.id for entry, _ in done]
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.hdel(self._errors_key, *ids)
         pipe.execute()
 
     def _dead_letter(self, entry: Entry, reason: str, attempts: int) -> None:

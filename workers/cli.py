@@ -28,9 +28,9 @@ app.add_typer(dlq_app, name="dlq")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _settings() -> Settings:
+def _settings(level: str | None = None) -> Settings:
     settings = get_settings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level or settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return settings
 
 
@@ -177,7 +177,7 @@ DEMO_QUERIES = ["how should answers be formatted?", "which database does Atlas u
 @app.command()
 def demo() -> None:
     """Start everything in a temporary directory, hold a short conversation, show what was remembered."""
-    with temporary_data_dir(_settings()) as tmp_settings, own_redis(tmp_settings) as settings:
+    with temporary_data_dir(_settings("WARNING")) as tmp_settings, own_redis(tmp_settings) as settings:
         stop = threading.Event()
         runner = threading.Thread(target=_demo_backend, args=(settings, stop), daemon=True)
         runner.start()

@@ -22,7 +22,9 @@ NEIGHBOURS = 10
 
 
 def build(ctx: Context) -> StreamConsumer[Candidate]:
-    return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate, partial(handle, ctx), ctx.consumer_config())
+    config = ctx.consumer_config()
+    config.linger_ms = ctx.settings.resolve_linger_ms
+    return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate, partial(handle, ctx), config)
 
 
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:

@@ -7,7 +7,8 @@
   until found, against one query encode + one store query (what a search costs alone);
 - ingest: realtime-triggered events per second through all four stages, against raw
   batched `encode()` of the same texts (the write path's limit, DESIGN §8).
-Everything runs embedded: a redis-server of its own, an Edge shard in a temp dir.
+Everything runs embedded, as `memflow up` does: a redis-server of its own, trigger and
+extract as child processes, resolve + upsert + the query worker with an Edge shard here.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from pathlib import Path
 
 from shared.client import MemoryClient
 from shared.codec import encode
-from shared.keys import FIELD, STAGES
+from shared.keys import FIELD
 from shared.redis_server import start_redis
 from shared.settings import Settings
 from shared.store import MemoryFilter
 from workers.query import build_worker
-from workers.runtime import Context, start_consumers
+from workers.process import spawn_stage, stop_children
+from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context, start_consumers
 
 
 def pct(values: list[float], q: float) -> float:
@@ -107,7 +109,10 @@ def main() -> None:
         settings = Settings(redis_url=server.url, data_dir=Path(tmp), stream_prefix="bench:")
         ctx = Context.from_settings(settings)
         stop = threading.Event()
-        threads = start_consumers(ctx, STAGES, stop)
+        # The shape `memflow up` runs: trigger and extract in processes of their own,
+        # the stages that hold the store (and the model) in this one.
+        children = [spawn_stage(settings, stage) for stage in LIGHT_STAGES]
+        threads = start_consumers(ctx, STORE_STAGES, stop)
         worker = threading.Thread(target=build_worker(ctx, stop).work, kwargs={"logging_level": "WARNING"},
                                   daemon=True)
         worker.start()
@@ -118,6 +123,7 @@ def main() -> None:
             bench_ingest(ctx, client, args.events, at)
         finally:
             stop.set()
+            stop_children(children)
             for thread in [*threads, worker]:
                 thread.join(timeout=30)
             ctx.close()

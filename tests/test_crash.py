@@ -15,11 +15,11 @@ from tests.conftest import start_system, wait_for
 N = 200
 
 
-def spawn(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
+def spawn(settings: Settings, *stages: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, MEMFLOW_REDIS_URL=settings.redis_url or "", MEMFLOW_STREAM_PREFIX=settings.stream_prefix,
                MEMFLOW_RECLAIM_IDLE_MS=str(settings.reclaim_idle_ms), MEMFLOW_BLOCK_MS=str(settings.block_ms),
                MEMFLOW_DATA_DIR=str(settings.data_dir), MEMFLOW_LOG_LEVEL="WARNING")
-    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", stage], env=env)
+    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", *stages], env=env)
 
 
 def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Settings, embedder) -> None:
@@ -51,3 +51,42 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
                 proc.terminate()
                 proc.wait(timeout=30)
         system.shutdown()
+
+
+def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(settings: Settings) -> None:
+    """The process holding the Edge shard (resolve, upsert, query) dies mid-stream and
+    comes back on the same shard: every statement ends up stored exactly once."""
+    from shared.client import MemoryClient
+
+    client = MemoryClient(settings.model_copy(update={"rpc_timeout_s": 60.0}))
+    procs = [spawn(settings, "trigger"), spawn(settings, "extract"), spawn(settings, "resolve", "upsert", "query")]
+    try:
+        t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+        for i in range(N):
+            client.publish({"event_id": f"s{i}", "subject": "crash2", "session_id": "s1", "kind": "message",
+                            "role": "user", "text": f"Remember: shelf zq{i}x holds box {i}.",
+                            "ts": t0 + timedelta(seconds=i)})
+        upsert = client.keys.input_of("upsert")
+        wait_for(lambda: _read_by_group(client, upsert) >= 5, timeout_s=60, what="upsert to be mid-way")
+        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].wait()
+        left = backlog(client.redis, client.keys, ("resolve", "upsert"))
+        assert sum(lag + pending for lag, pending in left.values()) > 0, "the kill came after all the work"
+        procs.append(spawn(settings, "resolve", "upsert", "query"))
+        assert client.wait_idle(timeout_s=120)
+
+        contents = [m["content"] for m in client.inspect("crash2")["memories"]]
+        for i in range(N):
+            assert sum(f"zq{i}x" in c for c in contents) == 1, f"shelf {i}: {contents}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+def _read_by_group(client, stream: str) -> int:
+    if not client.redis.exists(stream):
+        return 0
+    groups = client.redis.xinfo_groups(stream)
+    return sum(int(g.get("entries-read") or 0) for g in groups)

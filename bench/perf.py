@@ -26,8 +26,8 @@ from shared.keys import FIELD
 from shared.redis_server import start_redis
 from shared.settings import Settings
 from shared.store import MemoryFilter
-from workers.query import build_worker
 from workers.process import spawn_stage, stop_children
+from workers.query import build_worker
 from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context, start_consumers
 
 

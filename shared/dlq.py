@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -20,16 +21,17 @@ class DeadLetter:
     payload: bytes
 
 
-def _decode(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
+def _decode(entry_id: Any, fields: Any) -> DeadLetter:
     def text(name: str) -> str:
-        return fields.get(name.encode(), b"").decode(errors="replace")
+        return str(fields.get(name.encode(), b"").decode(errors="replace"))
 
     return DeadLetter(entry_id.decode(), text("stage"), text("error"), int(text("attempts") or 0),
                       text("source"), text("source_id"), fields.get(b"payload", b""))
 
 
 def list_dead(client: redis.Redis, keys: Keys, stage: str, count: int = 100) -> list[DeadLetter]:
-    return [_decode(eid, f) for eid, f in client.xrange(keys.dlq(stage), count=count)]
+    entries: Any = client.xrange(keys.dlq(stage), count=count)
+    return [_decode(eid, f) for eid, f in entries]
 
 
 def show(client: redis.Redis, keys: Keys, stage: str, entry_id: str) -> DeadLetter | None:

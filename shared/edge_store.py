@@ -150,7 +150,8 @@ def _index_schema(name: str) -> qe.PayloadSchemaType | qe.KeywordIndexParams:
 
 def _point(memory: Memory, vector: Sequence[float]) -> qe.Point:
     indices, values = sparse.embed_document(memory.content)
-    vectors = {DENSE: list(vector), SPARSE: qe.SparseVector(indices, values)}
+    vectors: dict[str, list[float] | qe.SparseVector | list[list[float]]] = {
+        DENSE: list(vector), SPARSE: qe.SparseVector(indices, values)}
     return qe.Point(memory.id, vectors, memory.model_dump(mode="json"))
 
 
@@ -178,7 +179,8 @@ def _request(
         qe.Prefetch(limit=limit, query=_nearest_sparse(text), filter=flt),
     ]
     fused = qe.Fusion.Rrf(k=RRF_K)
-    return qe.QueryRequest(limit=limit, prefetches=prefetches, query=fused, with_payload=True)
+    # The stub types Fusion's variants apart from Fusion itself; the engine takes them.
+    return qe.QueryRequest(limit=limit, prefetches=prefetches, query=fused, with_payload=True)  # type: ignore[arg-type]
 
 
 def _nearest_dense(dense: Sequence[float] | None) -> qe.Query:

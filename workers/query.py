@@ -17,7 +17,7 @@ from typing import Any
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
-from rq.worker.base import StopRequested
+from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
 from pipeline.gate import redact
 from pipeline.models import (
@@ -174,7 +174,7 @@ class QueryWorker(SimpleWorker):
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            super()._install_signal_handlers()
+            super()._install_signal_handlers()  # type: ignore[no-untyped-call]
 
     def heartbeat(self, *args: Any, **kwargs: Any) -> None:
         super().heartbeat(*args, **kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +72,8 @@ class Context:
 def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
     from workers import extract, resolve, trigger, upsert
 
-    builders = {"trigger": trigger.build, "extract": extract.build, "resolve": resolve.build,
-                "upsert": upsert.build}
+    builders: dict[str, Callable[[Context], StreamConsumer[Any]]] = {
+        "trigger": trigger.build, "extract": extract.build, "resolve": resolve.build, "upsert": upsert.build}
     if stage not in builders:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(builders)}")
     return builders[stage](ctx)

@@ -42,14 +42,9 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
         procs += [spawn(settings, "trigger"), spawn(settings, "extract")]
         assert system.client.wait_idle(timeout_s=90)
 
-        contents = [m["content"] for m in system.client.inspect("crash")["memories"]]
-        for i in range(N):
-            assert sum(f"zq{i}x" in c for c in contents) == 1, f"code word {i}: {contents}"
+        assert_each_stored_once(system.client.inspect("crash")["memories"])
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+        terminate(procs)
         system.shutdown()
 
 
@@ -75,14 +70,9 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
         procs.append(spawn(settings, "resolve", "upsert", "query"))
         assert client.wait_idle(timeout_s=120)
 
-        contents = [m["content"] for m in client.inspect("crash2")["memories"]]
-        for i in range(N):
-            assert sum(f"zq{i}x" in c for c in contents) == 1, f"shelf {i}: {contents}"
+        assert_each_stored_once(client.inspect("crash2")["memories"])
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+        terminate(procs)
 
 
 def _read_by_group(client, stream: str) -> int:
@@ -90,3 +80,17 @@ def _read_by_group(client, stream: str) -> int:
         return 0
     groups = client.redis.xinfo_groups(stream)
     return sum(int(g.get("entries-read") or 0) for g in groups)
+
+
+def assert_each_stored_once(memories: list[dict]) -> None:
+    """Statement i carries the token zq{i}x: exactly one memory per statement, none lost, none doubled."""
+    contents = [m["content"] for m in memories]
+    for i in range(N):
+        assert sum(f"zq{i}x" in c for c in contents) == 1, f"statement {i}: {contents}"
+
+
+def terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,12 +22,10 @@ from pathlib import Path
 from shared.client import MemoryClient
 from shared.codec import encode
 from shared.keys import FIELD
-from shared.redis_server import start_redis
 from shared.settings import Settings
 from shared.store import MemoryFilter
-from workers.process import spawn_stage, stop_children
-from workers.query import build_worker
-from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context, start_consumers
+from workers.embedded import embedded
+from workers.runtime import Context
 
 
 def pct(values: list[float], q: float) -> float:
@@ -105,29 +102,12 @@ def main() -> None:
     parser.add_argument("--publishes", type=int, default=2000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="memflow-bench-") as tmp:
-        server = start_redis(Path(tmp) / "redis")
-        settings = Settings(redis_url=server.url, data_dir=Path(tmp), stream_prefix="bench:")
-        ctx = Context.from_settings(settings)
-        stop = threading.Event()
-        # The shape `memflow up` runs: trigger and extract in processes of their own,
-        # the stages that hold the store (and the model) in this one.
-        children = [spawn_stage(settings, stage) for stage in LIGHT_STAGES]
-        threads = start_consumers(ctx, STORE_STAGES, stop)
-        worker = threading.Thread(target=build_worker(ctx, stop).work, kwargs={"logging_level": "WARNING"},
-                                  daemon=True)
-        worker.start()
-        try:
-            client, at = MemoryClient(settings), datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
-            bench_publish(client, args.publishes, at)
-            bench_searchable(ctx, client, args.probes, at)
-            bench_ingest(ctx, client, args.events, at)
-        finally:
-            stop.set()
-            stop_children(children)
-            for thread in [*threads, worker]:
-                thread.join(timeout=30)
-            ctx.close()
-            server.stop()
+        settings = Settings(data_dir=Path(tmp), stream_prefix="bench:")
+        with embedded(settings) as system:
+            at = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+            bench_publish(system.client, args.publishes, at)
+            bench_searchable(system.ctx, system.client, args.probes, at)
+            bench_ingest(system.ctx, system.client, args.events, at)
 
 
 if __name__ == "__main__":

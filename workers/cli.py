@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -177,27 +176,10 @@ DEMO_QUERIES = ["how should answers be formatted?", "which database does Atlas u
 @app.command()
 def demo() -> None:
     """Start everything in a temporary directory, hold a short conversation, show what was remembered."""
-    with temporary_data_dir(_settings("WARNING")) as tmp_settings, own_redis(tmp_settings) as settings:
-        stop = threading.Event()
-        runner = threading.Thread(target=_demo_backend, args=(settings, stop), daemon=True)
-        runner.start()
-        try:
-            _demo_conversation(MemoryClient(settings))
-        finally:
-            stop.set()
-            runner.join(timeout=30)
+    from workers.embedded import embedded
 
-
-def _demo_backend(settings: Settings, stop: threading.Event) -> None:
-    from workers.query import build_worker
-    from workers.runtime import Context, start_consumers
-
-    ctx = Context.from_settings(settings)
-    threads = start_consumers(ctx, STAGES, stop)
-    build_worker(ctx, stop).work(logging_level="WARNING")
-    for thread in threads:
-        thread.join(timeout=30)
-    ctx.close()
+    with temporary_data_dir(_settings("WARNING")) as tmp_settings, embedded(tmp_settings) as system:
+        _demo_conversation(system.client)
 
 
 def _demo_conversation(client: MemoryClient) -> None:

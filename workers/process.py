@@ -65,6 +65,8 @@ def spawn_stage(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
     env["MEMFLOW_REDIS_URL"] = settings.redis_url or ""
     env["MEMFLOW_STREAM_PREFIX"] = settings.stream_prefix
     env["MEMFLOW_DATA_DIR"] = str(settings.data_dir)
+    # A child logs as quietly as its parent does (the demo keeps the terminal clean).
+    env["MEMFLOW_LOG_LEVEL"] = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", stage], env=env)
 
 

@@ -1,114 +1,270 @@
-"""Write-path latency and throughput, each next to the physical limit measured in the same run.
+"""`memflow bench perf`: speed, each figure next to the physical limit measured in the same run.
 
-    python -m bench.perf [--events 300] [--probes 20]
-
-- publish: the client's validate + XADD, against a bare XADD of the same bytes;
-- publish → searchable: an explicit "remember" statement published, then searched for
-  until found, against one query encode + one store query (what a search costs alone);
-- ingest: realtime-triggered events per second through all four stages, against raw
-  batched `encode()` of the same texts (the write path's limit, DESIGN §8).
-Everything runs embedded, as `memflow up` does: a redis-server of its own, trigger and
-extract as child processes, resolve + upsert + the query worker with an Edge shard here.
+- publish: the client's validate + XADD, next to a bare XADD of the same bytes;
+- publish → searchable at idle: an explicit "remember" statement published, then
+  searched for until found, next to one query encode + one store query;
+- ingest: N realistic turns (LoCoMo's, read in place when ../shared/datasets has it,
+  else generated) in sessions closed by session_end, time until the pipeline is idle,
+  next to raw batched `encode()` of the same texts (the write path's limit, DESIGN §8);
+- search through the RPC path at each store size (memories bulk-loaded through the
+  store into ONE subject, the worst case for a subject filter; their dense vectors are
+  random unit vectors, their text real words), next to one in-process encode + one
+  hybrid store query on the same data;
+- peak RSS of every process.
+Everything runs embedded, as `memflow up` does: its own redis-server, trigger and
+extract as child processes, resolve + upsert + the query worker (with the model and the
+Edge shard) in this one.
 """
 
 from __future__ import annotations
 
-import argparse
+import random
+import resource
+import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import orjson
+
+from pipeline.models import Dir, Memory, MType, Source
 from shared.client import MemoryClient
 from shared.codec import encode
 from shared.keys import FIELD
 from shared.settings import Settings
 from shared.store import MemoryFilter
-from workers.embedded import embedded
-from workers.runtime import Context
+from workers.embedded import Embedded, embedded
+
+AT = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "locomo10.json"
+SESSION_TURNS = 20
 
 
-def pct(values: list[float], q: float) -> float:
+def pct_ms(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] * 1000, 3)
 
 
-def ms(values: list[float], q: float) -> str:
-    return f"{pct(values, q) * 1000:.3f} ms"
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
-def event(i: int, text: str, at: datetime, subject: str = "bench") -> dict[str, object]:
-    return {"event_id": f"b{i}", "subject": subject, "session_id": "s1", "kind": "message", "role": "user",
-            "text": text, "ts": at + timedelta(milliseconds=i)}
+def say(err: str) -> None:
+    print(err, file=sys.stderr, flush=True)
 
 
-def bench_publish(client: MemoryClient, n: int, at: datetime) -> None:
-    events = [event(100_000 + i, f"just chatting about item {i}", at, "bench-pub") for i in range(n)]
-    raw_payload = encode(client.validate(events[0]))
-    bare, full = [], []
-    for ev in events:
-        t = time.perf_counter()
-        client.redis.xadd(client.keys.stream("scratch"), {FIELD: raw_payload})
-        bare.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        client.publish(ev)
-        full.append(time.perf_counter() - t)
-    print(f"publish          p50 {ms(full, .5)}  p99 {ms(full, .99)}   | bare XADD p50 {ms(bare, .5)} "
-          f"p99 {ms(bare, .99)}   ratio p99 {pct(full, .99) / pct(bare, .99):.2f}x")
+def message(event_id: str, subject: str, session: str, text: str, ts: datetime) -> dict[str, Any]:
+    return {"event_id": event_id, "subject": subject, "session_id": session, "kind": "message", "role": "user",
+            "text": text, "ts": ts}
 
 
-def bench_searchable(ctx: Context, client: MemoryClient, probes: int, at: datetime) -> None:
-    client.wait_idle(120)
-    lat, alone = [], []
+# -- publish -------------------------------------------------------------------------
+
+
+def bench_publish(client: MemoryClient, n: int) -> dict[str, float]:
+    events = [message(f"p{i}", "bench-pub", "s1", f"just chatting about item {i}", AT) for i in range(n)]
+    raw = encode(client.validate(events[0]))
+    scratch = client.keys.stream("scratch")
+    bare = [timed(lambda: client.redis.xadd(scratch, {FIELD: raw})) for _ in events]
+    full = [timed(lambda ev=ev: client.publish(ev)) for ev in events]  # type: ignore[misc]
+    client.redis.delete(scratch)
+    return {"p50_ms": pct_ms(full, .5), "p99_ms": pct_ms(full, .99),
+            "bare_xadd_p50_ms": pct_ms(bare, .5), "bare_xadd_p99_ms": pct_ms(bare, .99)}
+
+
+# -- publish → searchable --------------------------------------------------------------
+
+
+def bench_searchable(system: Embedded, probes: int) -> dict[str, float]:
+    client = system.client
+    client.wait_idle(600)
+    latencies, alone = [], []
     for i in range(probes):
         token = f"zq{i}v"
-        t = time.perf_counter()
-        client.publish(event(200_000 + i, f"Remember: the probe word {token} opens locker {i}.", at, "bench-rt"))
-        deadline = t + 30
-        while not any(token in h.content for h in client.search("bench-rt", f"probe word {token}", 3,
-                                                                  now=at + timedelta(days=1)).hits):
-            if time.perf_counter() > deadline:
-                raise SystemExit(f"probe {token} not searchable after 30 s")
-            time.sleep(0.005)
-        lat.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        vector = ctx.embedder.encode([f"probe word {token}"])[0]
-        ctx.store.query(MemoryFilter("bench-rt"), mode="hybrid", dense=vector, text=token, limit=5)
-        alone.append(time.perf_counter() - t)
-    print(f"publish→search   p50 {ms(lat, .5)}  p95 {ms(lat, .95)}   | encode+query alone p50 {ms(alone, .5)} "
-          f"p95 {ms(alone, .95)}")
+        latencies.append(_until_found(client, i, token))
+        alone.append(timed(lambda t=token: _search_in_process(system, "bench-rt", f"probe word {t}")))  # type: ignore[misc]
+    return {"p50_ms": pct_ms(latencies, .5), "p95_ms": pct_ms(latencies, .95),
+            "limit_p50_ms": pct_ms(alone, .5), "limit_p95_ms": pct_ms(alone, .95)}
 
 
-def bench_ingest(ctx: Context, client: MemoryClient, n: int, at: datetime) -> None:
-    texts = [f"Remember: project {i} ships the {['red', 'blue', 'green'][i % 3]} widget number {i}." for i in range(n)]
-    t = time.perf_counter()
-    ctx.embedder.encode(texts)
-    raw_rate = n / (time.perf_counter() - t)
-    client.wait_idle(120)
-    t = time.perf_counter()
+def _until_found(client: MemoryClient, i: int, token: str) -> float:
+    started = time.perf_counter()
+    client.publish(message(f"rt{i}", "bench-rt", "s1", f"Remember: the probe word {token} opens locker {i}.",
+                           AT + timedelta(milliseconds=i)))
+    while not any(token in h.content for h in client.search("bench-rt", f"probe word {token}", 3,
+                                                              now=AT + timedelta(days=1)).hits):
+        if time.perf_counter() - started > 30:
+            raise SystemExit(f"probe {token} not searchable after 30 s")
+        time.sleep(0.002)  # polling a search: what an agent waiting for its write would do
+    return time.perf_counter() - started
+
+
+def _search_in_process(system: Embedded, subject: str, text: str) -> None:
+    vector = system.ctx.embedder.encode([text])[0]
+    system.ctx.store.query(MemoryFilter(subject), mode="hybrid", dense=vector, text=text, limit=50)
+
+
+# -- ingest --------------------------------------------------------------------------
+
+
+def realistic_turns(n: int) -> list[str]:
+    """Conversation turns: LoCoMo's when the team's dataset folder is beside the repo, else generated."""
+    if LOCOMO.exists():
+        samples = orjson.loads(LOCOMO.read_bytes())
+        turns = [t["text"] for s in samples for key, sess in s["conversation"].items()
+                 if key.startswith("session_") and isinstance(sess, list) for t in sess]
+        return (turns * (n // len(turns) + 1))[:n]
+    rng = random.Random(7)
+    return [f"I {rng.choice(VERBS)} the {rng.choice(NOUNS)} with {rng.choice(NAMES)} last {rng.choice(DAYS)}."
+            for _ in range(n)]
+
+
+def bench_ingest(system: Embedded, n: int) -> dict[str, float]:
+    texts = realistic_turns(n)
+    encode_s = timed(lambda: system.ctx.embedder.encode(texts))
+    system.client.wait_idle(600)
+    before = system.ctx.store.count("bench-ingest")
+    started = time.perf_counter()
     for i, text in enumerate(texts):
-        client.publish(event(i, text, at, "bench-ingest"))
-    client.wait_idle(600)
-    rate = n / (time.perf_counter() - t)
-    stored = ctx.store.count("bench-ingest")
-    print(f"ingest           {rate:.1f} events/s ({stored} memories)   | raw batched encode {raw_rate:.1f} texts/s"
-          f"   ratio {rate / raw_rate:.2f}x (target ≥ 0.8x)")
+        session = f"s{i // SESSION_TURNS}"
+        system.client.publish(message(f"in{i}", "bench-ingest", session, text, AT + timedelta(seconds=i)))
+        if (i + 1) % SESSION_TURNS == 0 or i == n - 1:
+            system.client.publish({"event_id": f"end-{session}", "subject": "bench-ingest", "session_id": session,
+                                   "kind": "session_end", "ts": AT + timedelta(seconds=i + 1)})
+    if not system.client.wait_idle(3600):
+        raise SystemExit("ingest did not finish within an hour")
+    elapsed = time.perf_counter() - started
+    return {"events": n, "seconds": round(elapsed, 2), "events_per_s": round(n / elapsed, 1),
+            "encode_per_s": round(n / encode_s, 1), "ratio": round((n / elapsed) / (n / encode_s), 3),
+            "memories": system.ctx.store.count("bench-ingest") - before}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=300)
-    parser.add_argument("--probes", type=int, default=20)
-    parser.add_argument("--publishes", type=int, default=2000)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="memflow-bench-") as tmp:
-        settings = Settings(data_dir=Path(tmp), stream_prefix="bench:")
-        with embedded(settings) as system:
-            at = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
-            bench_publish(system.client, args.publishes, at)
-            bench_searchable(system.ctx, system.client, args.probes, at)
-            bench_ingest(system.ctx, system.client, args.events, at)
+# -- search at size ------------------------------------------------------------------
 
 
-if __name__ == "__main__":
-    main()
+def bulk_load(system: Embedded, subject: str, target: int, batch: int = 2000) -> None:
+    """Fill `subject` up to `target` memories straight through the store (no pipeline)."""
+    store, dim, rng = system.ctx.store, system.ctx.embedder.dim, random.Random(target)
+    have = store.count(subject)
+    while have < target:
+        size = min(batch, target - have)
+        memories = [_synthetic_memory(subject, have + i, rng) for i in range(size)]
+        store.put(memories, [_unit(rng, dim) for _ in range(size)])
+        have += size
+
+
+def _synthetic_memory(subject: str, i: int, rng: random.Random) -> Memory:
+    text = f"{rng.choice(NAMES)} {rng.choice(VERBS)} the {rng.choice(NOUNS)} on {rng.choice(DAYS)} ({i})"
+    return Memory(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subject}/{i}")), subject=subject,
+                  uri=f"mem://{subject}/general/bulk.{i}", dir=Dir.general, mtype=MType.fact, key=f"bulk.{i}",
+                  content=text, confidence=0.9, source=Source.explicit, created_at=AT, updated_at=AT,
+                  source_event_ids=[f"bulk-{i}"])
+
+
+def _unit(rng: random.Random, dim: int) -> list[float]:
+    v = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = sum(x * x for x in v) ** 0.5
+    return [x / norm for x in v]
+
+
+def bench_search(system: Embedded, size: int, queries: int) -> dict[str, float]:
+    subject = "bench-search"
+    bulk_load(system, subject, size)
+    rng = random.Random(size)
+    texts = [f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}" for _ in range(queries)]
+    rpc = [timed(lambda t=t: system.client.search(subject, t, 5, now=AT + timedelta(days=1))) for t in texts]  # type: ignore[misc]
+    alone = [timed(lambda t=t: _search_in_process(system, subject, t)) for t in texts]  # type: ignore[misc]
+    return {"memories": size, "p50_ms": pct_ms(rpc, .5), "p95_ms": pct_ms(rpc, .95), "p99_ms": pct_ms(rpc, .99),
+            "limit_p50_ms": pct_ms(alone, .5), "limit_p95_ms": pct_ms(alone, .95),
+            "ratio": round(pct_ms(rpc, .95) / max(pct_ms(alone, .95), 1e-6), 2)}
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+def peak_rss_mb(pids: dict[str, int]) -> dict[str, float]:
+    rss = {"store_and_query_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    for name, pid in pids.items():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+        if hwm:
+            rss[name] = round(int(hwm[0]) / 1024, 1)
+    return rss
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
+            settings: Settings) -> int:
+    with tempfile.TemporaryDirectory(prefix="memflow-perf-") as tmp:
+        base = settings.model_copy(update={"data_dir": Path(tmp), "redis_url": None, "stream_prefix": "perf:",
+                                           "qdrant_url": None})
+        with embedded(base) as system:
+            report = measure(system, events=events, queries=queries, probes=probes, publishes=publishes,
+                             sizes=sizes)
+    if as_json:
+        print(orjson.dumps(report).decode())
+    else:
+        print_report(report)
+    return 0
+
+
+def measure(system: Embedded, *, events: int, queries: int, probes: int, publishes: int,
+            sizes: list[int]) -> dict[str, Any]:
+    report: dict[str, Any] = {"machine": machine()}
+    say("publish ...")
+    report["publish"] = bench_publish(system.client, publishes)
+    say("publish → searchable ...")
+    report["publish_to_searchable"] = bench_searchable(system, probes)
+    say(f"ingest {events} turns ...")
+    report["ingest"] = bench_ingest(system, events)
+    report["search"] = {}
+    for size in sorted(sizes):
+        say(f"search at {size} memories ...")
+        report["search"][_size_label(size)] = bench_search(system, size, queries)
+    report["rss_mb"] = peak_rss_mb(system.child_pids)
+    return report
+
+
+def _size_label(size: int) -> str:
+    return f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "date": datetime.now(UTC).date().isoformat()}
+
+
+def print_report(r: dict[str, Any]) -> None:
+    pub, rt, ing = r["publish"], r["publish_to_searchable"], r["ingest"]
+    print(f"machine: {r['machine']}")
+    print(f"publish            p50 {pub['p50_ms']} ms  p99 {pub['p99_ms']} ms   | bare XADD p50 "
+          f"{pub['bare_xadd_p50_ms']} ms  p99 {pub['bare_xadd_p99_ms']} ms")
+    print(f"publish→searchable p50 {rt['p50_ms']} ms  p95 {rt['p95_ms']} ms   | encode+query alone p95 "
+          f"{rt['limit_p95_ms']} ms")
+    print(f"ingest             {ing['events_per_s']} events/s ({ing['events']} turns, {ing['memories']} memories, "
+          f"{ing['seconds']} s)   | raw batched encode {ing['encode_per_s']} texts/s   ratio {ing['ratio']}x")
+    for label, s in r["search"].items():
+        print(f"search @ {label:<9} p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms   | "
+              f"encode+query alone p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x")
+    print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items()))
+
+
+NAMES = ["Ana", "Bo", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivo", "Jun", "Kai", "Lena", "Mo", "Noor"]
+VERBS = ["repaired", "painted", "sold", "borrowed", "planned", "cooked", "tested", "moved", "shipped", "reviewed"]
+NOUNS = ["bicycle", "garden", "database", "report", "kitchen", "guitar", "roadmap", "invoice", "server", "novel",
+         "telescope", "budget", "website", "recipe", "contract", "camera"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "weekend", "month"]

@@ -6,6 +6,7 @@ import logging
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -23,6 +24,8 @@ app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_h
                   pretty_exceptions_enable=False)
 dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+bench_app = typer.Typer(help="Benchmarks: LoCoMo retrieval, performance.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
@@ -158,6 +161,43 @@ def dlq_replay(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = 
 def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
     client, keys = _dlq_target()
     typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None)}")
+
+
+# -- measuring ------------------------------------------------------------------------
+# The instruments live in bench/ (they may use everything); the CLI only hands them the flags.
+
+
+@app.command("eval")
+def eval_scenarios(path: Path, as_json: JsonFlag = False,
+                   ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False) -> None:
+    """Replay behaviour scenarios (JSON Lines) against a fresh namespace and score them."""
+    from bench.scenarios import run_cli
+
+    raise typer.Exit(run_cli(path, as_json=as_json, ablation=ablation, settings=_settings("WARNING")))
+
+
+@bench_app.command("locomo")
+def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Path("../shared/datasets/locomo10.json"),
+                 conversations: Annotated[int | None, typer.Option(help="Only the first N.")] = None,
+                 as_json: JsonFlag = False,
+                 ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False) -> None:
+    """LoCoMo evidence recall@k for memflow and two baselines, side by side."""
+    from bench.locomo import run_cli
+
+    raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
+                             settings=_settings("WARNING")))
+
+
+@bench_app.command("perf")
+def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
+               sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",
+               as_json: JsonFlag = False) -> None:
+    """Ingest, search, publish and publish→searchable, each next to its physical limit."""
+    from bench.perf import run_cli
+
+    raise typer.Exit(run_cli(events=events, queries=queries, probes=probes, publishes=publishes,
+                             sizes=[int(s) for s in sizes.split(",") if s], as_json=as_json,
+                             settings=_settings("WARNING")))
 
 
 # -- the demo ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.client import MemoryClient
 from shared.embedder import Embedder
@@ -27,6 +27,8 @@ class Embedded:
     ctx: Context
     client: MemoryClient
     settings: Settings
+    # Stage name → pid of the child process running it (empty when all run in-process).
+    child_pids: dict[str, int] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -44,7 +46,8 @@ def embedded(settings: Settings, *, light_in_process: bool = False,
                                   name="memflow-query", daemon=True)
         worker.start()
         try:
-            yield Embedded(ctx, MemoryClient(running), running)
+            pids = {stage: child.pid for stage, child in zip(LIGHT_STAGES, children, strict=False)}
+            yield Embedded(ctx, MemoryClient(running), running, pids)
         finally:
             stop.set()
             stop_children(children)

@@ -10,8 +10,10 @@ A stage supplies `(stage name, input model, handler)`. The loop:
 - sends an entry that can never succeed (bad JSON, failed validation, a `Permanent`
   error) to `dlq:<stage>` at once, and one that keeps failing there after
   `max_deliveries` deliveries — again in one MULTI with the XACK;
-- leaves a failing entry pending otherwise (it is redelivered after `reclaim_idle_ms`),
-  backing off while a whole batch fails (Redis or Qdrant down);
+- retries in place, with backoff, an entry that failed because a dependency is down
+  (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget;
+- leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
+  backing off while a whole batch fails;
 - stops between batches when asked: a batch in hand is finished or left pending,
   never half-applied.
 """
@@ -31,7 +33,7 @@ import redis
 from pydantic import BaseModel
 
 from shared.codec import decode, encode
-from shared.errors import DecodeError, Permanent
+from shared.errors import DecodeError, Permanent, Retryable
 from shared.keys import FIELD, Keys
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,7 @@ class StreamConsumer(Generic[M]):
         self.name = name or f"{stage}-{random.getrandbits(32):08x}"
         self._failures = 0
         self._next_reclaim = 0.0
+        self._stop = threading.Event()
 
     def ensure_group(self) -> None:
         try:
@@ -116,6 +119,7 @@ class StreamConsumer(Generic[M]):
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set. Redis outages are waited out, not raised."""
+        self._stop = stop
         self.ensure_group()
         log.info("consumer %s reading %s as group %s", self.name, self.stream, self.group)
         while not stop.is_set():
@@ -222,13 +226,38 @@ class StreamConsumer(Generic[M]):
                 self._dead_letter(entry, f"undecodable: {exc}", entry.deliveries)
         if not decoded:
             return False
-        outcomes = self.handler([item for _, item in decoded])
-        done = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if not isinstance(o, BaseException)]
+        done, failed = self._handle_through_outages(decoded)
         self._ack_with(done)
-        failed = [(entry, o) for (entry, _), o in zip(decoded, outcomes, strict=True) if isinstance(o, BaseException)]
         for entry, error in failed:
             self._settle_failure(entry, error)
         return not done
+
+    def _handle_through_outages(self, decoded: list[tuple[Entry, M]]
+                                ) -> tuple[list[tuple[Entry, list[Emit]]], list[tuple[Entry, BaseException]]]:
+        """Run the handler; entries that fail with a `Retryable` error (the store or another
+        dependency is down) are retried here, with backoff, until they pass or we stop.
+
+        An outage is not the message's fault: retrying in place keeps it from using up its
+        delivery budget and landing in the DLQ because Qdrant restarted.
+        """
+        done: list[tuple[Entry, list[Emit]]] = []
+        failed: list[tuple[Entry, BaseException]] = []
+        todo, rounds = decoded, 0
+        while todo:
+            retry = []
+            for pair, outcome in zip(todo, self.handler([item for _, item in todo]), strict=True):
+                if not isinstance(outcome, BaseException):
+                    done.append((pair[0], outcome))
+                elif isinstance(outcome, Retryable) and not self._stop.is_set():
+                    retry.append(pair)
+                else:
+                    failed.append((pair[0], outcome))
+            if retry:
+                rounds += 1
+                log.warning("stage %s: %d entries wait out an outage (round %d)", self.stage, len(retry), rounds)
+                self._stop.wait(backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
+            todo = retry
+        return done, failed
 
     def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:
         """Dead-letter a permanent failure; keep the error of a retryable one and leave it pending."""

@@ -185,3 +185,22 @@ def test_backoff_is_bounded_and_grows() -> None:
     assert backoff_s(3, 0.1, 5.0, rand=lambda: 1.0) == pytest.approx(0.8)
     assert backoff_s(60, 0.1, 5.0, rand=lambda: 1.0) == 5.0
     assert backoff_s(3, 0.1, 5.0, rand=lambda: 0.0) == 0.0
+
+
+def test_an_outage_is_waited_out_without_spending_the_delivery_budget(client, keys, running) -> None:
+    from shared.errors import StoreUnavailable
+
+    calls: Counter[int] = Counter()
+
+    def down_for_a_while(m: Note) -> list[Emit]:
+        calls[m.n] += 1
+        if calls[m.n] <= 6:  # more failures than max_deliveries allows
+            raise StoreUnavailable("qdrant restarting")
+        return []
+
+    run(StreamConsumer(client, keys, "extract", Note, per_item(down_for_a_while), config(max_deliveries=3)),
+        running)
+    send(client, keys, 9)
+    wait_for(lambda: calls[9] == 7 and backlog(client, keys, ["extract"])["extract"] == (0, 0),
+             what="the message to pass once the store is back")
+    assert client.xlen(keys.dlq("extract")) == 0

@@ -29,15 +29,15 @@ class Settings(BaseSettings):
 
     # Embeddings: a sentence-transformers name or path; empty means the packaged MiniLM.
     model: str = ""
-    encode_batch: int = 64
+    encode_batch: int = 32
 
     # Consumer loop.
     max_deliveries: int = Field(default=5, ge=1)
     reclaim_idle_ms: int = Field(default=60_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
-    read_count: int = Field(default=64, ge=1)
+    read_count: int = Field(default=256, ge=1)
     # resolve embeds per batch: a short batch waits this long for more candidates.
-    resolve_linger_ms: int = Field(default=20, ge=0)
+    resolve_linger_ms: int = Field(default=50, ge=0)
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
 

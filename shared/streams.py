@@ -148,7 +148,8 @@ class StreamConsumer(Generic[M]):
 
     def _read(self) -> list[Entry]:
         entries = self._read_once(self.config.count, self.config.block_ms)
-        if entries and self.config.linger_ms:
+        # A lone entry means the stream is quiet: waiting for company would only add latency.
+        if len(entries) > 1 and self.config.linger_ms:
             entries += self._linger(self.config.count - len(entries))
         return entries
 

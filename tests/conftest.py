@@ -54,13 +54,14 @@ class System:
 
 
 def start_system(settings: Settings, embedder: Embedder, stages: tuple[str, ...] = STAGES,
-                 query: bool = True) -> System:
+                 query: bool = True, store: Any = None) -> System:
     # Imported here so that the stream tests run without the whole worker stack.
     from workers.query import build_worker
     from workers.runtime import Context, start_consumers
 
     ctx = Context.from_settings(settings)
     ctx._embedder = embedder
+    ctx._store = store
     stop = threading.Event()
     threads = start_consumers(ctx, stages, stop)
     if query:

@@ -199,3 +199,29 @@ def test_feedback_counts_adoption_per_subject_only(system: System) -> None:
     [after] = [m for m in memories(system, "hal") if m["id"] == memory["id"]]
     assert after["access_count"] == 1
     assert after["last_accessed_at"].startswith("2026-03-02T11:00")
+
+
+def test_the_pipeline_runs_the_same_on_the_qdrant_server_adapter(settings, embedder) -> None:
+    """Event → every stage → search, with the store behind qdrant-client (local mode stands in
+    for a server: the honest way to run that code path without one)."""
+    from qdrant_client import QdrantClient
+
+    from shared.server_store import ServerStore
+    from tests.conftest import start_system
+
+    store = ServerStore(QdrantClient(":memory:"), "memflow_e2e", embedder.dim)
+    store.ensure()
+    system = start_system(settings, embedder, store=store)
+    try:
+        say(system, "ivy", "i1", "I prefer short answers with bullet points.")
+        say(system, "ivy", "i1", "I prefer short answers with bullet points.")
+        say(system, "jon", "j1", "Remember: my locker code word is heliotrope.")
+        end(system, "ivy")
+        assert system.client.wait_idle(timeout_s=60)
+        result = system.client.search("ivy", "how should answers be formatted?", now=T0 + timedelta(days=1))
+        assert result.status == "ok"
+        assert "short answers" in result.hits[0].content and "i1" in result.hits[0].source_event_ids
+        assert all("heliotrope" not in h.content for h in result.hits)
+        assert len([m for m in memories(system, "ivy") if m["mtype"] == "preference"]) == 1
+    finally:
+        system.shutdown()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast
 
 from pydantic import TypeAdapter
 
@@ -94,7 +94,7 @@ RRF_K = 60
 _FIXED_FIELDS = frozenset({"id", "subject"})
 _FIELD_ADAPTERS: dict[str, TypeAdapter[Any]] = {
     # The FieldInfo as metadata carries the field's constraints (ge/le, patterns).
-    name: TypeAdapter(Annotated[info.annotation, info])
+    name: TypeAdapter(cast(Any, Annotated[info.annotation, info]))
     for name, info in Memory.model_fields.items()
     if name not in _FIXED_FIELDS
 }

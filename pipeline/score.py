@@ -10,7 +10,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from pipeline.models import Hit, Memory, Status
+from pipeline.models import Hit, Memory, QueryPlan, Route, Status
+
+RRF_K = 60
+
+
+def fuse_routes(routes: Sequence[tuple[float, Sequence[Memory]]], k: int = RRF_K) -> list[tuple[Memory, float]]:
+    """Weighted reciprocal-rank fusion of the routes' ranked lists (DESIGN §4.3), best first.
+
+    A memory found by several routes adds up; ranks, not raw scores, are combined, because
+    dense, BM25 and fused scores live on different scales.
+    """
+    scores: dict[str, float] = {}
+    found: dict[str, Memory] = {}
+    for weight, ranked in routes:
+        for rank, memory in enumerate(ranked):
+            scores[memory.id] = scores.get(memory.id, 0.0) + weight / (k + rank + 1)
+            found.setdefault(memory.id, memory)
+    return sorted(((found[i], s) for i, s in scores.items()), key=lambda pair: pair[1], reverse=True)
+
+
+def flat_plan(query: str) -> QueryPlan:
+    """One route over the whole subject: the plan when intent planning is off."""
+    return QueryPlan(intent="general_chat", routes=[Route(text=query)])
+
+
+def unscoped(plan: QueryPlan) -> QueryPlan:
+    """The same routes without their dirs: the plan when directory scoping is off."""
+    return plan.model_copy(update={"routes": [r.model_copy(update={"dirs": []}) for r in plan.routes]})
+
+
+def with_whole_subject_weight(plan: QueryPlan, weight: float) -> QueryPlan:
+    """The plan with its whole-subject routes (no dirs) at `weight`, which lives in settings."""
+    routes = [r if r.dirs else r.model_copy(update={"weight": weight}) for r in plan.routes]
+    return plan.model_copy(update={"routes": routes})
 
 
 def visible_at(memory: Memory, now: datetime) -> bool:

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     search_timeout_s: float = 10.0
     rpc_timeout_s: float = 30.0
     candidate_pool: int = 50
+    # Read-path features, switchable for the ablation ladder (bench/ablation.py).
+    intent_planning: bool = True
+    dir_scoping: bool = True
+    # Weight of the whole-subject route that runs beside scoped routes (a misrouted query
+    # still finds what it asked for; scoped routes only boost their dirs).
+    whole_subject_weight: float = Field(default=0.3, ge=0.0)
 
     # Feeds.
     changes_maxlen: int = 100_000

@@ -16,7 +16,7 @@ from shared import dlq as dead
 from shared.client import MemoryClient
 from shared.connections import connect, require_url
 from shared.errors import MemflowError
-from shared.keys import STAGES, Keys
+from shared.keys import FIELD, STAGES, Keys
 from shared.settings import Settings, get_settings
 from workers.process import QUERY, own_redis, run_stages, spawn_stage, stop_children, temporary_data_dir
 
@@ -24,6 +24,8 @@ app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_h
                   pretty_exceptions_enable=False)
 dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
 bench_app = typer.Typer(help="Benchmarks: LoCoMo retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -161,6 +163,37 @@ def dlq_replay(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = 
 def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
     client, keys = _dlq_target()
     typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None)}")
+
+
+# -- traces ---------------------------------------------------------------------------
+
+
+@traces_app.command("tail")
+def traces_tail(count: int = 20, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+                as_json: JsonFlag = False) -> None:
+    """The last searches (query redacted): intent, dirs, fallback, chosen ids, latency."""
+    client, keys = _dlq_target()
+    entries = list(reversed(client.xrevrange(keys.traces, count=count)))
+    last = "$"
+    for entry_id, fields in entries:
+        _print_trace(fields[FIELD.encode()], as_json)
+        last = entry_id
+    while follow:
+        reply = client.xread({keys.traces: last}, block=5000, count=100)
+        for entry_id, fields in (reply[0][1] if reply else []):
+            _print_trace(fields[FIELD.encode()], as_json)
+            last = entry_id
+
+
+def _print_trace(raw: bytes, as_json: bool) -> None:
+    trace = orjson.loads(raw)
+    if as_json:
+        typer.echo(raw.decode())
+        return
+    flag = " FALLBACK" if trace.get("fallback") else ""
+    typer.echo(f"{trace['now'][:19]} {trace['subject']:<16} {trace['status']:<6} {trace['intent']:<18} "
+               f"dirs={','.join(trace['dirs']) or '*'}{flag} chosen={len(trace['chosen'])} "
+               f"{trace['latency_ms']:.1f} ms  {trace['query']!r}")
 
 
 # -- measuring ------------------------------------------------------------------------

@@ -32,11 +32,13 @@ from pipeline.models import (
     Trace,
 )
 from pipeline.pack import pack as build_prompt
-from pipeline.score import rank
+from pipeline.plan import plan as make_plan
+from pipeline.score import flat_plan, fuse_routes, rank, unscoped, with_whole_subject_weight
 from shared.codec import encode
-from shared.errors import MemflowError
+from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
-from shared.store import MemoryFilter, Scored
+from shared.settings import Settings
+from shared.store import MemoryFilter
 from shared.streams import backlog
 from workers.runtime import Context
 
@@ -57,41 +59,69 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     req = SearchRequest.model_validate(request)
     now = req.now or datetime.now(UTC)
     started = time.perf_counter()
-    plan = QueryPlan(intent="general_chat", routes=[Route(text=req.query, dirs=req.dirs or [])])
+    ctx = _ctx()
+    plan = plan_for(ctx.settings, req)
     try:
-        scored, fallback = retrieve(_ctx(), req)
-        hits = rank([(s.memory, s.score) for s in scored], now, req.k)
+        scored, fallback = retrieve(ctx, req, plan)
+        hits = rank(scored, now, req.k)
         result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
-                              plan=plan, fallback=fallback)
+                              plan=plan.model_copy(update={"fallback": fallback}), fallback=fallback)
     except MemflowError as exc:
         scored, result = [], SearchResult(subject=req.subject, query=req.query, status="failed", plan=plan,
                                           error=f"{type(exc).__name__}: {exc}")
     result.latency_ms = (time.perf_counter() - started) * 1000
-    record_trace(_ctx(), req, result, scored, now)
+    record_trace(ctx, req, result, scored, now)
     return result.model_dump(mode="json")
 
 
-def retrieve(ctx: Context, req: SearchRequest) -> tuple[list[Scored], bool]:
-    """Hybrid (dense + BM25, fused by RRF in the engine) within the subject; a scoped
-    search that finds nothing falls back to the whole subject rather than saying "nothing"."""
-    vector = ctx.embedder.encode([req.query])[0]
+def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
+    """The plan a search follows. Dirs given by the caller win over the planner's."""
+    if req.dirs is not None:
+        return QueryPlan(intent="caller_scoped", routes=[Route(text=req.query, dirs=req.dirs)])
+    if not settings.intent_planning:
+        return flat_plan(req.query)
+    plan = with_whole_subject_weight(make_plan(req.query), settings.whole_subject_weight)
+    return plan if settings.dir_scoping else unscoped(plan)
+
+
+def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[tuple[Memory, float]], bool]:
+    """Run every route of the plan within the subject and fuse them (RRF, route weights).
+
+    When every scoped route comes back empty (or fails), the whole subject answers alone
+    and the search says `fallback`: a misrouted query never turns into "nothing".
+    """
     pool = max(ctx.settings.candidate_pool, req.k * 4)
-
-    def run(dirs: list[Any] | None) -> list[Scored]:
-        flt = MemoryFilter(req.subject, dirs=dirs, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
-        return ctx.store.query(flt, mode="hybrid", dense=vector, text=req.query, limit=pool)
-
-    scored = run(req.dirs)
-    if scored or not req.dirs:
-        return scored, False
-    return run(None), True
+    texts = list(dict.fromkeys([req.query, *(route.text for route in plan.routes)]))
+    vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))  # one encode call for all routes
+    ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
+    scoped = [found for route, found in ranked if route.dirs]
+    if scoped and not any(scoped):
+        return fuse_routes([(1.0, _run_route(ctx, req, Route(text=req.query), vectors, pool))]), True
+    return fuse_routes([(route.weight, found) for route, found in ranked]), False
 
 
-def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[Scored],
+def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
+               pool: int) -> list[Memory]:
+    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
+    vector = vectors[route.text]
+    mode = {"semantic": "hybrid", "bm25": "sparse", "exact_match": "sparse"}[route.strategy]
+    try:
+        found = ctx.store.query(flt, mode=mode, dense=vector, text=route.text, limit=pool)  # type: ignore[arg-type]
+    except StoreUnavailable:
+        if not route.dirs:
+            raise
+        log.warning("route %s over %s failed; the whole-subject route stands in", route.strategy, route.dirs)
+        return []
+    return [s.memory for s in found]
+
+
+def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[tuple[Memory, float]],
                  now: datetime) -> None:
-    trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=result.plan.intent if result.plan
-                  else "", source="heuristic", dirs=[d.value for d in req.dirs or []],
-                  candidates=[{"id": s.memory.id, "score": round(s.score, 6)} for s in scored[:20]],
+    plan = result.plan
+    dirs = sorted({d.value for route in plan.routes for d in route.dirs}) if plan else []
+    trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=plan.intent if plan else "",
+                  source=plan.source if plan else "heuristic", dirs=dirs,
+                  candidates=[{"id": m.id, "score": round(score, 6)} for m, score in scored[:20]],
                   chosen=[h.id for h in result.hits], fallback=result.fallback, status=result.status,
                   error=result.error, latency_ms=result.latency_ms, now=now)
     ctx.client.xadd(ctx.keys.traces, {FIELD: encode(trace)}, maxlen=ctx.settings.traces_maxlen, approximate=True)
@@ -102,8 +132,8 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     ctx = _ctx()
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
-    scored, _ = retrieve(ctx, req)
-    hits = rank([(s.memory, s.score) for s in scored], when, req.k)
+    scored, _ = retrieve(ctx, req, plan_for(ctx.settings, req))
+    hits = rank(scored, when, req.k)
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
     feedback(subject, packed.used_ids, when.isoformat())
     return packed.model_dump(mode="json")

@@ -225,3 +225,17 @@ def test_the_pipeline_runs_the_same_on_the_qdrant_server_adapter(settings, embed
         assert len([m for m in memories(system, "ivy") if m["mtype"] == "preference"]) == 1
     finally:
         system.shutdown()
+
+
+def test_a_misrouted_query_falls_back_to_the_whole_subject_and_is_traced(system: System) -> None:
+    say(system, "kim", "k1", "My sister Mia lives in Porto and teaches chemistry.")
+    end(system, "kim")
+    assert system.client.wait_idle(timeout_s=60)
+    # Planned as a preference question: its scoped routes find nothing in `preferences`.
+    result = system.client.search("kim", "what style of answers do I prefer about Porto?", now=T0 + timedelta(days=1))
+    assert result.plan is not None and result.plan.intent == "preference_query"
+    assert result.fallback and result.status == "ok"
+    assert any("Porto" in h.content for h in result.hits)
+    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    trace = fields[FIELD.encode()].decode()
+    assert '"intent":"preference_query"' in trace and '"fallback":true' in trace and '"preferences"' in trace

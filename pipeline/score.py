@@ -40,10 +40,19 @@ def unscoped(plan: QueryPlan) -> QueryPlan:
     return plan.model_copy(update={"routes": [r.model_copy(update={"dirs": []}) for r in plan.routes]})
 
 
-def with_whole_subject_weight(plan: QueryPlan, weight: float) -> QueryPlan:
-    """The plan with its whole-subject routes (no dirs) at `weight`, which lives in settings."""
-    routes = [r if r.dirs else r.model_copy(update={"weight": weight}) for r in plan.routes]
-    return plan.model_copy(update={"routes": routes})
+def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25: float) -> QueryPlan:
+    """The plan with the weights that live in settings: whole-subject routes (no dirs),
+    exact-match routes and bm25 routes. A route weighted 0 is dropped (not run at all)."""
+    def weight(r: Route) -> float:
+        if r.strategy == "exact_match":
+            return exact_match
+        if r.strategy == "bm25":
+            return bm25
+        return r.weight if r.dirs else whole_subject
+
+    routes = [r.model_copy(update={"weight": weight(r)}) for r in plan.routes]
+    kept = [r for r in routes if r.weight > 0] or routes[:1]
+    return plan.model_copy(update={"routes": kept})
 
 
 def visible_at(memory: Memory, now: datetime) -> bool:

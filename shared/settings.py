@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # Weight of the whole-subject route that runs beside scoped routes (a misrouted query
     # still finds what it asked for; scoped routes only boost their dirs).
     whole_subject_weight: float = Field(default=0.3, ge=0.0)
+    # Weights of the planner's extra routes (0 drops the route). exact_match is off by default:
+    # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21 (bench/RESULTS.md).
+    exact_match_weight: float = Field(default=0.0, ge=0.0)
+    bm25_route_weight: float = Field(default=0.5, ge=0.0)
 
     # Feeds.
     changes_maxlen: int = 100_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source
-from pipeline.score import flat_plan, fuse_routes, rank, unscoped, visible_at, with_whole_subject_weight
+from pipeline.score import flat_plan, fuse_routes, rank, reweight, unscoped, visible_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -33,8 +33,11 @@ def test_fusion_respects_route_weights() -> None:
 def test_plan_switches() -> None:
     plan = QueryPlan(intent="preference_query", routes=[Route(text="q", dirs=[Dir.preferences]), Route(text="q")])
     assert all(r.dirs == [] for r in unscoped(plan).routes)
-    weighted = with_whole_subject_weight(plan, 0.7)
+    weighted = reweight(plan, whole_subject=0.7, exact_match=0.0, bm25=0.5)
     assert [r.weight for r in weighted.routes] == [1.0, 0.7]
+    exact = QueryPlan(intent="entity_recall", routes=[Route(text="q", dirs=[Dir.entities]),
+                                                       Route(text="Mia", dirs=[Dir.entities], strategy="exact_match")])
+    assert [r.strategy for r in reweight(exact, whole_subject=0.3, exact_match=0.0, bm25=0.5).routes] == ["semantic"]
     assert flat_plan("q").routes == [Route(text="q")]
 
 

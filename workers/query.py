@@ -33,7 +33,7 @@ from pipeline.models import (
 )
 from pipeline.pack import pack as build_prompt
 from pipeline.plan import plan as make_plan
-from pipeline.score import flat_plan, fuse_routes, rank, unscoped, with_whole_subject_weight
+from pipeline.score import flat_plan, fuse_routes, rank, reweight, unscoped
 from shared.codec import encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
@@ -80,7 +80,8 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
         return QueryPlan(intent="caller_scoped", routes=[Route(text=req.query, dirs=req.dirs)])
     if not settings.intent_planning:
         return flat_plan(req.query)
-    plan = with_whole_subject_weight(make_plan(req.query), settings.whole_subject_weight)
+    plan = reweight(make_plan(req.query), whole_subject=settings.whole_subject_weight,
+                    exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
 
 

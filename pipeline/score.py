@@ -12,6 +12,8 @@ from datetime import datetime
 
 from pipeline.models import Hit, Memory, QueryPlan, Route, Status
 
+# A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
+# original RRF paper. The store engines fuse their prefetches with the same constant.
 RRF_K = 60
 
 

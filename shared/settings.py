@@ -77,6 +77,18 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+def to_env(settings: Settings) -> dict[str, str]:
+    """The MEMFLOW_* variables that rebuild `settings` in a child process (unset values left out)."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[f"MEMFLOW_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
 @lru_cache
 def get_settings() -> Settings:
     return Settings()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast
 from pydantic import TypeAdapter
 
 from pipeline.models import Dir, Memory, MType, Status
+from pipeline.score import RRF_K as RRF_K  # the adapters fuse with the read path's constant
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -84,10 +85,8 @@ class Store(Protocol):
 # ---------------------------------------------------------------------------
 # What both adapters share, so the two engines cannot drift apart.
 
-# RRF constant: a document at rank r (0-based) in one list adds 1 / (r + RRF_K). 60 is
-# the value from the original RRF paper; Qdrant's own default (2) lets a single list's
-# top hit dominate. Set explicitly on both engines so their fused scores are equal.
-RRF_K = 60
+# The RRF constant is the read path's (pipeline.score.RRF_K), set explicitly on both engines
+# so that their fused scores are equal (Qdrant's own default k=2 lets one list's top hit dominate).
 
 # Fields a patch may not touch: the payload id must stay the point id, and moving a
 # memory to another subject would cross tenants.

@@ -5,26 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 from shared.settings import Settings
 from shared.streams import backlog
 from tests.conftest import start_system, wait_for
+from workers.process import spawn_stage
 
 N = 200
 
 
-def spawn(settings: Settings, *stages: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, MEMFLOW_REDIS_URL=settings.redis_url or "", MEMFLOW_STREAM_PREFIX=settings.stream_prefix,
-               MEMFLOW_RECLAIM_IDLE_MS=str(settings.reclaim_idle_ms), MEMFLOW_BLOCK_MS=str(settings.block_ms),
-               MEMFLOW_DATA_DIR=str(settings.data_dir), MEMFLOW_LOG_LEVEL="WARNING")
-    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", *stages], env=env)
-
-
 def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Settings, embedder) -> None:
     system = start_system(settings, embedder, stages=("resolve", "upsert"))
-    procs = [spawn(settings, "trigger"), spawn(settings, "extract")]
+    procs = [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract")]
     try:
         t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
         for i in range(N):
@@ -39,7 +32,7 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
         procs[1].wait()
         in_flight = sum(p for _, p in backlog(system.ctx.client, system.ctx.keys, ("trigger", "extract")).values())
         assert in_flight > 0, "the kill should have caught messages read but not acknowledged"
-        procs += [spawn(settings, "trigger"), spawn(settings, "extract")]
+        procs += [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract")]
         assert system.client.wait_idle(timeout_s=90)
 
         assert_each_stored_once(system.client.inspect("crash")["memories"])
@@ -54,7 +47,7 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
     from shared.client import MemoryClient
 
     client = MemoryClient(settings.model_copy(update={"rpc_timeout_s": 60.0}))
-    procs = [spawn(settings, "trigger"), spawn(settings, "extract"), spawn(settings, "resolve", "upsert", "query")]
+    procs = [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract"), spawn_stage(settings, "resolve", "upsert", "query")]
     try:
         t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
         for i in range(N):
@@ -67,7 +60,7 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
         procs[2].wait()
         left = backlog(client.redis, client.keys, ("resolve", "upsert"))
         assert sum(lag + pending for lag, pending in left.values()) > 0, "the kill came after all the work"
-        procs.append(spawn(settings, "resolve", "upsert", "query"))
+        procs.append(spawn_stage(settings, "resolve", "upsert", "query"))
         assert client.wait_idle(timeout_s=120)
 
         assert_each_stored_once(client.inspect("crash2")["memories"])

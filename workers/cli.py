@@ -126,14 +126,14 @@ def _print_memories(memories: list[dict[str, Any]]) -> None:
 # -- dead letters --------------------------------------------------------------------
 
 
-def _dlq_target() -> tuple[Any, Keys]:
+def _redis_target() -> tuple[Any, Keys]:
     settings = _settings()
     return connect(require_url(settings.redis_url)), Keys(settings.stream_prefix)
 
 
 @dlq_app.command("list")
 def dlq_list(stage: str, as_json: JsonFlag = False) -> None:
-    client, keys = _dlq_target()
+    client, keys = _redis_target()
     entries = dead.list_dead(client, keys, stage)
     if as_json:
         _print_json([{**e.__dict__, "payload": e.payload.decode(errors="replace")} for e in entries])
@@ -145,7 +145,7 @@ def dlq_list(stage: str, as_json: JsonFlag = False) -> None:
 
 @dlq_app.command("show")
 def dlq_show(stage: str, entry_id: str) -> None:
-    client, keys = _dlq_target()
+    client, keys = _redis_target()
     entry = dead.show(client, keys, stage, entry_id)
     if entry is None:
         raise typer.BadParameter(f"no dead letter {entry_id} in {keys.dlq(stage)}")
@@ -155,13 +155,13 @@ def dlq_show(stage: str, entry_id: str) -> None:
 @dlq_app.command("replay")
 def dlq_replay(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
     """Put dead letters (all, or the ids given) back on their stream."""
-    client, keys = _dlq_target()
+    client, keys = _redis_target()
     typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None)}")
 
 
 @dlq_app.command("drop")
 def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
-    client, keys = _dlq_target()
+    client, keys = _redis_target()
     typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None)}")
 
 
@@ -172,7 +172,7 @@ def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = No
 def traces_tail(count: int = 20, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                 as_json: JsonFlag = False) -> None:
     """The last searches (query redacted): intent, dirs, fallback, chosen ids, latency."""
-    client, keys = _dlq_target()
+    client, keys = _redis_target()
     entries = list(reversed(client.xrevrange(keys.traces, count=count)))
     last = "$"
     for entry_id, fields in entries:

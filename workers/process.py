@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from shared.redis_server import start_redis
-from shared.settings import Settings
+from shared.settings import Settings, to_env
 from workers.query import build_worker
 from workers.runtime import Context, start_consumers, stop_on_signals
 
@@ -59,15 +59,12 @@ def own_redis(settings: Settings) -> Iterator[Settings]:
         server.stop()
 
 
-def spawn_stage(settings: Settings, stage: str) -> subprocess.Popen[bytes]:
-    """A child `memflow worker <stage>` sharing our settings (and our Redis)."""
-    env = dict(os.environ)
-    env["MEMFLOW_REDIS_URL"] = settings.redis_url or ""
-    env["MEMFLOW_STREAM_PREFIX"] = settings.stream_prefix
-    env["MEMFLOW_DATA_DIR"] = str(settings.data_dir)
+def spawn_stage(settings: Settings, *stages: str) -> subprocess.Popen[bytes]:
+    """A child `memflow worker <stages...>` running with exactly our settings (and our Redis)."""
+    env = dict(os.environ) | to_env(settings)
     # A child logs as quietly as its parent does (the demo keeps the terminal clean).
     env["MEMFLOW_LOG_LEVEL"] = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", stage], env=env)
+    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", *stages], env=env)
 
 
 def stop_children(children: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -38,7 +38,7 @@ from shared.codec import encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
 from shared.settings import Settings
-from shared.store import MemoryFilter
+from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
 from workers.runtime import Context
 
@@ -92,22 +92,29 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[tu
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
     pool = max(ctx.settings.candidate_pool, req.k * 4)
-    texts = list(dict.fromkeys([req.query, *(route.text for route in plan.routes)]))
-    vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))  # one encode call for all routes
+    # One encode call for every text a dense route needs (sparse routes need none).
+    texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
+    vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
     scoped = [found for route, found in ranked if route.dirs]
     if scoped and not any(scoped):
-        return fuse_routes([(1.0, _run_route(ctx, req, Route(text=req.query), vectors, pool))]), True
+        whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
+                     None)  # the plan's own whole-subject route, when it has one: no need to search twice
+        if whole is None:
+            whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
+        return fuse_routes([(1.0, whole)]), True
     return fuse_routes([(route.weight, found) for route, found in ranked]), False
+
+
+_MODES: dict[str, SearchMode] = {"semantic": "hybrid", "bm25": "sparse", "exact_match": "sparse"}
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
                pool: int) -> list[Memory]:
     flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
-    vector = vectors[route.text]
-    mode = {"semantic": "hybrid", "bm25": "sparse", "exact_match": "sparse"}[route.strategy]
     try:
-        found = ctx.store.query(flt, mode=mode, dense=vector, text=route.text, limit=pool)  # type: ignore[arg-type]
+        found = ctx.store.query(flt, mode=_MODES[route.strategy], dense=vectors.get(route.text), text=route.text,
+                                limit=pool)
     except StoreUnavailable:
         if not route.dirs:
             raise

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 
 from pipeline.models import Candidate, Memory, MType, Source, Status, Tier
+from pipeline.topics import normalize_key
 
 # Fixed for good: changing it would rename every memory in every store.
 NAMESPACE = uuid.UUID("6f1d3c2a-4b5e-5c8d-9e0f-a1b2c3d4e5f6")
@@ -29,6 +30,16 @@ def memory_id(subject: str, key: str, version: int) -> str:
 
 def event_memory_id(subject: str, key: str, source_event_ids: Sequence[str]) -> str:
     return str(uuid.uuid5(NAMESPACE, _SEP.join(("events", subject, key, *sorted(set(source_event_ids))))))
+
+
+def episode_key(event_id: str) -> str:
+    """The key of the verbatim record (episode) of one event."""
+    return normalize_key(f"episode.{event_id}")
+
+
+def episode_id(subject: str, event_id: str) -> str:
+    """The id of the episode that recorded `event_id`: resolve finds it without a search."""
+    return event_memory_id(subject, episode_key(event_id), [event_id])
 
 
 def is_keyed(mtype: MType) -> bool:

@@ -18,6 +18,7 @@ from pipeline.drafts import (
     Draft,
     stamp,
 )
+from pipeline.ids import episode_key
 from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, Turn
 from pipeline.statements import clean, is_question
 from pipeline.topics import key_for, normalize_key
@@ -51,18 +52,15 @@ def turn_record(task: ExtractTask, turn: Turn) -> Candidate:
         draft = Draft(MType.session_context, key, said, turn.text, Source.tool, TOOL_CONFIDENCE, dir=Dir.tools)
         return stamp(task, turn, draft)
     source = Source.explicit if turn.role is Role.user else Source.derived
-    return stamp(task, turn, Draft(MType.episode, _episode_key(turn), said, turn.text, source, RECORD_CONFIDENCE))
+    draft = Draft(MType.episode, episode_key(turn.event_id), said, turn.text, source, RECORD_CONFIDENCE)
+    return stamp(task, turn, draft)
 
 
 def task_record(task: ExtractTask, summary: Turn) -> Candidate:
     """The task_complete event as an episode: what was attempted and how it ended."""
     said = f"task {task.outcome or 'complete'}: {summary.text}"
-    draft = Draft(MType.episode, _episode_key(summary), said, summary.text, Source.derived, RECORD_CONFIDENCE)
+    draft = Draft(MType.episode, episode_key(summary.event_id), said, summary.text, Source.derived, RECORD_CONFIDENCE)
     return stamp(task, summary, draft)
-
-
-def _episode_key(turn: Turn) -> str:
-    return normalize_key(f"episode.{turn.event_id}")
 
 
 def skill(task: ExtractTask, anchor: Turn, summary: Turn | None, session: list[Turn]) -> list[Candidate]:

@@ -62,8 +62,12 @@ class Neighbour:
     similarity: float  # dense cosine with the candidate, -1..1
 
 
-def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92) -> WriteBatch:
-    """The write batch for one candidate (vector left None: the worker attaches it)."""
+def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92,
+           records: Sequence[Memory] = ()) -> WriteBatch:
+    """The write batch for one candidate (vector left None: the worker attaches it).
+
+    `records` are the episodes of the events the same-key rivals came from (see `retire_records`).
+    """
     mine = [n for n in neighbours if n.memory.subject == candidate.subject]
     same = next((n.memory for n in mine if _restates(candidate, n.memory)), None)
     if same is not None:
@@ -71,7 +75,7 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     version = 1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0)
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
-        return _settle(candidate, rivals, version)
+        return retire_records(_settle(candidate, rivals, version), rivals, records)
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
@@ -81,6 +85,30 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     if candidate.mtype is MType.rule and candidate.source is Source.inferred:
         return _review(candidate, [], version, "an inferred rule waits for review")
     return _put(candidate, Action.add, "nothing known on this topic", version)
+
+
+def record_sources(rivals: Iterable[Memory]) -> list[str]:
+    """The events whose episodes a supersession of `rivals` may retire."""
+    return list(dict.fromkeys(e for m in rivals for e in m.source_event_ids))
+
+
+def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequence[Memory]) -> WriteBatch:
+    """A superseded statement takes the verbatim episodes it was read from along.
+
+    Otherwise "我住在北京" keeps answering "where do I live?" after "更正一下，我已经搬到上海了":
+    the episode is the same words as the retired fact. Only episodes wholly made of the
+    rivals' events, and none of the newcomer's, are retired; they stay in the store (history).
+    """
+    if batch.action is not Action.supersede:
+        return batch
+    put = next(op for op in batch.ops if isinstance(op, PutOp))
+    sources, own = set(record_sources(rivals)), set(batch.candidate.source_event_ids)
+    retire = {"status": Status.superseded.value, "superseded_by": put.memory.id, "valid_to": batch.candidate.ts}
+    patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
+               for r in records
+               if r.mtype is MType.episode and r.status in SEARCHABLE_STATUSES and r.source_event_ids
+               and set(r.source_event_ids) <= sources and not own & set(r.source_event_ids)]
+    return batch.model_copy(update={"ops": [*batch.ops, *patches]}) if patches else batch
 
 
 def _restates(c: Candidate, m: Memory) -> bool:

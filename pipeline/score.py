@@ -1,16 +1,28 @@
-"""Turning engine candidates into ranked hits, as of `now`.
+"""Turning engine candidates into ranked hits, as of `now` (DESIGN §4.3–4.4).
 
-First version: the engine's fused relevance, with what must never be returned as
-current taken out (expired events, memories from after `now`) and contested memories
-flagged. Lifecycle weighting (decay by type, hotness, quotas) deepens this later.
+score = relevance × lifecycle, where relevance is the routes' fused RRF score and
+
+    lifecycle = (floor + (1 − floor) · strength) × hotness × (1 + long_term_bonus if long-term)
+    strength  = exp(−Δt / τ[type])    Δt since the memory was last used or changed
+    hotness   = 1 + min(cap, step · access_count)     (not for `system`: rules do not get "popular")
+
+τ per type comes from seed 002 §2.1; pinned and `system` memories never decay. The floor
+keeps relevance in charge: an old memory that answers the question still beats a fresh
+one that does not (LoCoMo asks about a year of sessions at its end). Per-type quotas
+then keep short-lived chatter from filling the top k. What must never be returned as
+current is taken out (memories from after `now`, expired events) and contested memories
+are flagged. Every weight is a setting; bench/RESULTS.md has the measurements behind
+the defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from pipeline.models import Hit, Memory, QueryPlan, Route, Status
+from pipeline.models import Dir, Hit, Memory, MType, QueryPlan, Route, Status, Tier
 
 # A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
 # original RRF paper. The store engines fuse their prefetches with the same constant.
@@ -64,14 +76,110 @@ def visible_at(memory: Memory, now: datetime) -> bool:
     return memory.expires_at is None or memory.expires_at > now
 
 
-def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int) -> list[Hit]:
-    kept = [(m, s) for m, s in candidates if visible_at(m, now)]
-    kept.sort(key=lambda pair: pair[1], reverse=True)
-    return [to_hit(m, s) for m, s in kept[:k]]
+_HOUR_S = 3600.0
+# seed 002 §2.1 for the first five; the rest are ours. Missing from the table: never decays.
+DEFAULT_TAU_HOURS: dict[str, float] = {
+    MType.session_context.value: 48.0,
+    MType.task_state.value: 7 * 24.0,
+    MType.temp_preference.value: 14 * 24.0,
+    MType.preference.value: 90 * 24.0,
+    MType.fact.value: 180 * 24.0,
+    # An event matters around when it happens; its expires_at removes it when it has one.
+    MType.event.value: 30 * 24.0,
+    MType.decision.value: 180 * 24.0,
+    MType.skill.value: 180 * 24.0,
+    MType.pattern.value: 180 * 24.0,
+    MType.insight.value: 180 * 24.0,
+    MType.rule.value: 365 * 24.0,
+    # What was said, verbatim: as long-lived as a fact, or "what did we talk about in May" fails.
+    MType.episode.value: 180 * 24.0,
+}
+# At most this share of k per type (soft: filled from the rest when nothing else is left).
+DEFAULT_QUOTAS: dict[str, float] = {
+    MType.session_context.value: 0.4,
+    MType.task_state.value: 0.4,
+    MType.temp_preference.value: 0.4,
+}
 
 
-def to_hit(memory: Memory, relevance: float) -> Hit:
+@dataclass(frozen=True)
+class Lifecycle:
+    """The weights of lifecycle scoring; `off()` ranks by relevance alone."""
+
+    tau_hours: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
+    floor: float = 0.5
+    hotness_step: float = 0.05
+    hotness_cap: float = 0.5
+    long_term_bonus: float = 0.15
+    quotas: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_QUOTAS))
+    enabled: bool = True
+
+    @classmethod
+    def off(cls) -> Lifecycle:
+        return cls(enabled=False, quotas={})
+
+
+def strength(memory: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
+    """How much of a memory is left at `now`: 1 when just used or changed, → 0 with disuse.
+
+    Pure function of the payload and `now`; the decay jobs store the same value in `strength`.
+    """
+    tau = tau_hours.get(memory.mtype.value)
+    if memory.pinned or memory.dir is Dir.system or not tau:
+        return 1.0
+    touched = max(memory.updated_at, memory.last_accessed_at or memory.updated_at)
+    idle_h = max(0.0, (now - touched).total_seconds() / _HOUR_S)
+    return math.exp(-idle_h / tau)
+
+
+def hotness(memory: Memory, cfg: Lifecycle) -> float:
+    if memory.dir is Dir.system:
+        return 1.0
+    return 1.0 + min(cfg.hotness_cap, cfg.hotness_step * memory.access_count)
+
+
+def lifecycle_scores(memory: Memory, relevance: float, now: datetime, cfg: Lifecycle) -> dict[str, float]:
+    """Every factor of the final score, for the hit and its trace."""
+    if not cfg.enabled:
+        return {"relevance": relevance, "final": relevance}
+    kept = strength(memory, now, cfg.tau_hours)
+    tier = 1.0 + cfg.long_term_bonus if memory.tier is Tier.long_term else 1.0
+    hot = hotness(memory, cfg)
+    factor = (cfg.floor + (1.0 - cfg.floor) * kept) * hot * tier
+    return {"relevance": relevance, "strength": kept, "hotness": hot, "tier": tier, "lifecycle": factor,
+            "final": relevance * factor}
+
+
+def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int,
+         cfg: Lifecycle | None = None) -> list[Hit]:
+    """The top k visible candidates by relevance × lifecycle, within the per-type quotas."""
+    cfg = cfg or Lifecycle.off()
+    scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in candidates if visible_at(m, now)]
+    scored.sort(key=lambda pair: pair[1]["final"], reverse=True)
+    return [to_hit(m, scores) for m, scores in within_quotas(scored, k, cfg.quotas)]
+
+
+def within_quotas(ranked: Sequence[tuple[Memory, dict[str, float]]], k: int,
+                  quotas: Mapping[str, float]) -> list[tuple[Memory, dict[str, float]]]:
+    """The first k in order, a type over its share of k waiting until nothing else is left
+    (seed 002 §4.1: short-term chatter must not crowd long-term preferences out of the top k)."""
+    caps = {mtype: max(1, math.floor(share * k)) for mtype, share in quotas.items()}
+    taken: dict[str, int] = {}
+    chosen, waiting = [], []
+    for pair in ranked:
+        mtype = pair[0].mtype.value
+        if mtype in caps and taken.get(mtype, 0) >= caps[mtype]:
+            waiting.append(pair)
+            continue
+        taken[mtype] = taken.get(mtype, 0) + 1
+        chosen.append(pair)
+        if len(chosen) == k:
+            return chosen
+    return chosen + waiting[: k - len(chosen)]
+
+
+def to_hit(memory: Memory, scores: dict[str, float]) -> Hit:
     return Hit(id=memory.id, content=memory.content, dir=memory.dir, mtype=memory.mtype, key=memory.key,
-               status=memory.status, tier=memory.tier, confidence=memory.confidence, score=relevance,
-               scores={"relevance": relevance}, source_event_ids=memory.source_event_ids,
+               status=memory.status, tier=memory.tier, confidence=memory.confidence, score=scores["final"],
+               scores=scores, source_event_ids=memory.source_event_ids,
                created_at=memory.created_at, contested=memory.status is Status.contested)

@@ -6,12 +6,15 @@ are the contract the design and the docker-compose file use.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.score import DEFAULT_QUOTAS, DEFAULT_TAU_HOURS
 
 
 class Settings(BaseSettings):
@@ -66,6 +69,16 @@ class Settings(BaseSettings):
     # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21 (bench/RESULTS.md).
     exact_match_weight: float = Field(default=0.0, ge=0.0)
     bm25_route_weight: float = Field(default=0.5, ge=0.0)
+    # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness
+    # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
+    # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).
+    lifecycle_scoring: bool = True
+    decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
+    decay_floor: float = Field(default=0.5, ge=0.0, le=1.0)
+    hotness_step: float = Field(default=0.05, ge=0.0)
+    hotness_cap: float = Field(default=0.5, ge=0.0)
+    long_term_bonus: float = Field(default=0.15, ge=0.0)
+    type_quotas: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QUOTAS))
 
     # Feeds.
     changes_maxlen: int = 100_000
@@ -85,6 +98,8 @@ def to_env(settings: Settings) -> dict[str, str]:
             continue
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
+        if isinstance(value, dict | list):
+            value = json.dumps(value)
         env[f"MEMFLOW_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return env
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pipeline.extract import extract
-from pipeline.ids import event_memory_id, is_keyed, memory_id, new_memory
+from pipeline.ids import episode_id, event_memory_id, is_keyed, memory_id, new_memory
 from pipeline.models import (
     Action,
     Candidate,
@@ -25,7 +25,7 @@ from pipeline.models import (
     Turn,
     WriteBatch,
 )
-from pipeline.resolve import Neighbour, apply_patch, decide
+from pipeline.resolve import Neighbour, apply_patch, decide, record_sources
 
 T0 = datetime(2026, 1, 3, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(days=30)
@@ -340,7 +340,9 @@ def _write(store: dict[str, Memory], text: str, eid: str, at: datetime, reason: 
     )
     for c in extract(task):
         neighbours = [Neighbour(m, 0.5) for m in store.values() if m.key == c.key]
-        batch = decide(c, neighbours)
+        live = [n.memory for n in neighbours if n.memory.status is Status.active]
+        records = [store[i] for i in (episode_id("u1", e) for e in record_sources(live)) if i in store]
+        batch = decide(c, neighbours, records=records)
         _apply(store, batch)
         assert decide(c, [Neighbour(m, 0.5) for m in store.values() if m.key == c.key]).ops == []  # redelivery
 
@@ -371,3 +373,21 @@ def test_an_update_leaves_one_current_memory_and_keeps_the_old_one(
     assert was in keyed[0].content and now in keyed[1].content
     assert keyed[0].superseded_by == keyed[1].id and keyed[1].supersedes == keyed[0].id
     assert keyed[0].valid_to == T1
+    # The verbatim record of the old statement is retired with it; the correction's own stays.
+    old_episode, new_episode = store[episode_id("u1", "e1")], store[episode_id("u1", "e2")]
+    assert old_episode.mtype is MType.episode and old_episode.content == first
+    assert old_episode.status is Status.superseded and old_episode.superseded_by == keyed[1].id
+    assert new_episode.status is Status.active
+
+
+def test_only_a_supersession_retires_records_and_only_wholly_its_own() -> None:
+    old = mem("我住在北京", uses=0)
+    episode = new_memory(cand("我住在北京", "episode.e1", mtype=MType.episode, ts=T0, events=("e1",)))
+    shared_turn = new_memory(cand("我住在北京，搬家了", "episode.x", mtype=MType.episode, ts=T0, events=("e1", "e2")))
+    fix = cand("更正：我住在上海", source=Source.explicit_correction)
+    batch = decide(fix, [near(old)], records=[episode, shared_turn])
+    retired = {op.id: op.set for op in patches(batch)}
+    assert retired[episode.id]["status"] == Status.superseded.value and shared_turn.id not in retired
+    contested = decide(cand("我住在上海", confidence=0.5, source=Source.inferred), [near(mem("我住在北京", uses=9))],
+                       records=[episode])
+    assert contested.action is Action.contest and episode.id not in {op.id for op in patches(contested)}

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
-from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source
-from pipeline.score import flat_plan, fuse_routes, rank, reweight, unscoped, visible_at
+from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source, Tier
+from pipeline.score import (
+    Lifecycle,
+    flat_plan,
+    fuse_routes,
+    lifecycle_scores,
+    rank,
+    reweight,
+    strength,
+    unscoped,
+    visible_at,
+    within_quotas,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -49,3 +61,51 @@ def test_rank_hides_the_future_and_the_expired_and_flags_contested() -> None:
     assert not visible_at(later, now) and not visible_at(expired, now)
     hits = rank([(later, 3.0), (expired, 2.0), (contested, 1.0)], now, k=5)
     assert [h.id for h in hits] == ["contested"] and hits[0].contested
+
+
+# -- lifecycle scoring --------------------------------------------------------------
+
+TAUS = {"session_context": 48.0, "preference": 90 * 24.0}
+
+
+def test_strength_decays_by_type_from_the_last_use_and_never_for_pinned_or_system() -> None:
+    chat = memory("chat", mtype=MType.session_context)
+    assert strength(chat, T0, TAUS) == 1.0
+    assert abs(strength(chat, T0 + timedelta(hours=48), TAUS) - math.exp(-1)) < 1e-9
+    used = chat.model_copy(update={"last_accessed_at": T0 + timedelta(hours=48)})
+    assert strength(used, T0 + timedelta(hours=48), TAUS) == 1.0  # an access refreshes it
+    pref = memory("pref", mtype=MType.preference)
+    later = T0 + timedelta(days=30)
+    assert strength(pref, later, TAUS) > strength(chat, later, TAUS)
+    assert strength(memory("rule", dir=Dir.system, mtype=MType.session_context), later, TAUS) == 1.0
+    assert strength(memory("pinned", pinned=True, mtype=MType.session_context), later, TAUS) == 1.0
+    assert strength(memory("untabled", mtype=MType.skill), later, TAUS) == 1.0  # no τ: never decays
+
+
+def test_lifecycle_factors_multiply_and_hotness_is_capped_and_not_for_system() -> None:
+    cfg = Lifecycle(tau_hours=TAUS, floor=0.5, hotness_step=0.05, hotness_cap=0.5, long_term_bonus=0.15)
+    hot = memory("hot", access_count=100, tier=Tier.long_term)
+    scores = lifecycle_scores(hot, 2.0, T0, cfg)
+    assert scores["hotness"] == 1.5 and scores["tier"] == 1.15 and scores["final"] == 2.0 * 1.5 * 1.15
+    assert lifecycle_scores(memory("sys", dir=Dir.system, access_count=100), 1.0, T0, cfg)["hotness"] == 1.0
+    stale = memory("stale", mtype=MType.session_context)
+    faded = lifecycle_scores(stale, 1.0, T0 + timedelta(days=60), cfg)
+    assert 0.5 <= faded["final"] < 0.51  # the floor: relevance still counts however old
+    assert lifecycle_scores(hot, 2.0, T0, Lifecycle.off()) == {"relevance": 2.0, "final": 2.0}
+
+
+def test_a_fresh_short_lived_memory_loses_to_a_long_term_preference_of_equal_relevance() -> None:
+    now = T0 + timedelta(days=5)
+    chatter = memory("chatter", mtype=MType.session_context, created_at=now, updated_at=now)
+    old_pref = memory("pref", mtype=MType.preference, tier=Tier.long_term, access_count=4)
+    cfg = Lifecycle(tau_hours=TAUS)
+    assert [h.id for h in rank([(chatter, 1.0), (old_pref, 0.98)], now, 2, cfg)] == ["pref", "chatter"]
+    assert [h.id for h in rank([(chatter, 1.0), (old_pref, 0.98)], now, 2)] == ["chatter", "pref"]
+
+
+def test_quotas_keep_one_type_from_filling_the_top_k_but_never_return_fewer() -> None:
+    chats = [(memory(f"c{i}", mtype=MType.session_context), {"final": 1.0 - i / 100}) for i in range(5)]
+    pref = (memory("p", mtype=MType.preference), {"final": 0.1})
+    picked = within_quotas([*chats, pref], 5, {"session_context": 0.4})
+    assert [m.id for m, _ in picked] == ["c0", "c1", "p", "c2", "c3"]
+    assert [m.id for m, _ in within_quotas(chats, 3, {"session_context": 0.4})] == ["c0", "c1", "c2"]

@@ -33,7 +33,7 @@ from pipeline.models import (
 )
 from pipeline.pack import pack as build_prompt
 from pipeline.plan import plan as make_plan
-from pipeline.score import flat_plan, fuse_routes, rank, reweight, unscoped
+from pipeline.score import Lifecycle, flat_plan, fuse_routes, rank, reweight, unscoped
 from shared.codec import encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
@@ -63,7 +63,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     plan = plan_for(ctx.settings, req)
     try:
         scored, fallback = retrieve(ctx, req, plan)
-        hits = rank(scored, now, req.k)
+        hits = rank(scored, now, req.k, lifecycle_of(ctx.settings))
         result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
                               plan=plan.model_copy(update={"fallback": fallback}), fallback=fallback)
     except MemflowError as exc:
@@ -83,6 +83,14 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
     plan = reweight(make_plan(req.query), whole_subject=settings.whole_subject_weight,
                     exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
+
+
+def lifecycle_of(settings: Settings) -> Lifecycle:
+    if not settings.lifecycle_scoring:
+        return Lifecycle.off()
+    return Lifecycle(tau_hours=settings.decay_tau_hours, floor=settings.decay_floor,
+                     hotness_step=settings.hotness_step, hotness_cap=settings.hotness_cap,
+                     long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas)
 
 
 def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[tuple[Memory, float]], bool]:
@@ -129,10 +137,16 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
     dirs = sorted({d.value for route in plan.routes for d in route.dirs}) if plan else []
     trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=plan.intent if plan else "",
                   source=plan.source if plan else "heuristic", dirs=dirs,
-                  candidates=[{"id": m.id, "score": round(score, 6)} for m, score in scored[:20]],
+                  candidates=_candidates(scored, result),
                   chosen=[h.id for h in result.hits], fallback=result.fallback, status=result.status,
                   error=result.error, latency_ms=result.latency_ms, now=now)
     ctx.client.xadd(ctx.keys.traces, {FIELD: encode(trace)}, maxlen=ctx.settings.traces_maxlen, approximate=True)
+
+
+def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:
+    """The top fused candidates with their relevance; the chosen ones with every factor of their score."""
+    factors = {h.id: {name: round(v, 6) for name, v in h.scores.items()} for h in result.hits}
+    return [{"id": m.id, "score": round(score, 6), **factors.get(m.id, {})} for m, score in scored[:20]]
 
 
 def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: str | None) -> dict[str, Any]:
@@ -141,7 +155,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
     scored, _ = retrieve(ctx, req, plan_for(ctx.settings, req))
-    hits = rank(scored, when, req.k)
+    hits = rank(scored, when, req.k, lifecycle_of(ctx.settings))
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
     feedback(subject, packed.used_ids, when.isoformat())
     return packed.model_dump(mode="json")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from pipeline.models import Candidate, Status
-from pipeline.resolve import Neighbour, decide
+from pipeline.ids import episode_id, is_keyed
+from pipeline.models import Candidate, Memory, Status
+from pipeline.resolve import Neighbour, decide, record_sources
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
 from workers.runtime import Context
@@ -43,7 +44,8 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
 
 def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
     neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.neighbour_threshold)
-    batch = decide(candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold)
+    batch = decide(candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold,
+                   records=find_records(ctx.store, candidate, neighbours))
     if not batch.ops:
         return []
     return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update={"vector": vector}))]
@@ -60,3 +62,12 @@ def find_neighbours(store: Store, candidate: Candidate, vector: list[float], thr
         if s.score >= threshold:
             found.setdefault(s.memory.id, Neighbour(s.memory, s.score))
     return sorted(found.values(), key=lambda n: n.similarity, reverse=True)
+
+
+def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighbour]) -> list[Memory]:
+    """The episodes of the events the live same-key memories came from (read by id, no search)."""
+    rivals = [n.memory for n in neighbours if n.memory.key == candidate.key and n.memory.status in LIVE]
+    if not rivals or not is_keyed(candidate.mtype):
+        return []
+    ids = [episode_id(candidate.subject, e) for e in record_sources(rivals)]
+    return store.get(MemoryFilter(candidate.subject, ids=ids))

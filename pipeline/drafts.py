@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, Turn
-from pipeline.tagging import TAG_VERSION, tag_dir
+from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
+from pipeline.tagging import TAG_VERSION, place
 from pipeline.topics import normalize_key
 
 # Confidence by source (seed 002 §3.2): said outright ≥ 0.9; asked to be remembered,
@@ -48,7 +48,6 @@ class Draft:
     confidence: float
     expires_at: datetime | None = None
     pinned: bool = False
-    dir: Dir | None = None  # None: tagged from type and content
 
 
 def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | None = None) -> Candidate:
@@ -64,7 +63,7 @@ def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | No
         subject=task.subject,
         session_id=task.session_id,
         mtype=draft.mtype,
-        dir=draft.dir or tag_dir(draft.mtype, content),
+        dir=place(draft.mtype, draft.source, content),
         key=key,
         content=content,
         confidence=draft.confidence,

@@ -19,7 +19,7 @@ from pipeline.drafts import (
     stamp,
 )
 from pipeline.ids import episode_key
-from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, Turn
+from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
 from pipeline.statements import clean, is_question
 from pipeline.topics import key_for, normalize_key
 
@@ -49,7 +49,7 @@ def turn_record(task: ExtractTask, turn: Turn) -> Candidate:
     said = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
     if turn.role is Role.tool:
         key = normalize_key(f"tool.{turn.event_id}")
-        draft = Draft(MType.session_context, key, said, turn.text, Source.tool, TOOL_CONFIDENCE, dir=Dir.tools)
+        draft = Draft(MType.session_context, key, said, turn.text, Source.tool, TOOL_CONFIDENCE)
         return stamp(task, turn, draft)
     source = Source.explicit if turn.role is Role.user else Source.derived
     draft = Draft(MType.episode, episode_key(turn.event_id), said, turn.text, source, RECORD_CONFIDENCE)

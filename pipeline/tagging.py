@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.models import Dir, MType
+from pipeline.models import Dir, Memory, MType, Source
 
 TAG_VERSION = 1
 
@@ -78,3 +78,20 @@ def tag_dir(mtype: MType, text: str) -> Dir:
     if by_category is not None:
         return by_category
     return next((d for d, pattern in DIR_KEYWORDS if pattern.search(text)), Dir.general)
+
+
+def place(mtype: MType, source: Source, text: str) -> Dir:
+    """Where a memory belongs under the current rules. Tool output always sits in `tools`."""
+    return Dir.tools if source is Source.tool else tag_dir(mtype, text)
+
+
+def retag(memory: Memory, version: int = TAG_VERSION) -> dict[str, object] | None:
+    """The fields that bring a memory placed by older rules up to `version`; None when it is current.
+
+    The fields may keep its dir (the rules moved other memories) — the version is still raised, so a
+    re-run of the backfill finds nothing left to do.
+    """
+    if memory.tag_version >= version:
+        return None
+    where = place(memory.mtype, memory.source, memory.content)
+    return {"dir": where.value, "uri": f"mem://{memory.subject}/{where.value}/{memory.key}", "tag_version": version}

@@ -37,6 +37,7 @@ class MemoryClient:
         self.keys = Keys(self.settings.stream_prefix)
         self.redis = connect(require_url(self.settings.redis_url))
         self._queue = Queue(self.keys.query_queue, connection=self.redis, serializer=JSONSerializer)
+        self._jobs = Queue(self.keys.jobs_queue, connection=self.redis, serializer=JSONSerializer)
 
     # -- writing -----------------------------------------------------------------
 
@@ -107,9 +108,18 @@ class MemoryClient:
         result: dict[str, Any] = self._call("inspect", subject)
         return result
 
-    def _call(self, name: str, *args: Any, timeout_s: float | None = None) -> Any:
+    # -- maintenance ---------------------------------------------------------------
+
+    def run_job(self, name: str, *, subject: str | None = None, now: datetime | None = None,
+                dry_run: bool = False, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Run a maintenance job (retag, ...) in a query worker and wait for its report."""
+        report: dict[str, Any] = self._call("run_job", name, subject, _iso(now), dry_run, timeout_s=timeout_s,
+                                            queue=self._jobs)
+        return report
+
+    def _call(self, name: str, *args: Any, timeout_s: float | None = None, queue: Queue | None = None) -> Any:
         timeout = timeout_s or self.settings.rpc_timeout_s
-        job = self._queue.enqueue(f"{WORKERS_MODULE}.{name}", *args, ttl=math.ceil(timeout),
+        job = (queue or self._queue).enqueue(f"{WORKERS_MODULE}.{name}", *args, ttl=math.ceil(timeout),
                                   result_ttl=60, failure_ttl=3600, job_timeout=math.ceil(timeout))
         result = job.latest_result(timeout=math.ceil(timeout))
         if result is None:

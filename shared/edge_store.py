@@ -38,6 +38,7 @@ from shared.errors import StoreUnavailable
 from shared.store import (
     DENSE,
     INDEXED_FIELDS,
+    MAX_SUBJECTS,
     RRF_K,
     SPARSE,
     MemoryFilter,
@@ -111,6 +112,11 @@ class EdgeStore:
         flt = None if subject is None else qe.Filter(must=[_subject(subject)])
         with _engine_errors("count"):
             return self._shard.count(qe.CountRequest(exact=True, filter=flt))
+
+    def subjects(self) -> list[str]:
+        with _engine_errors("facet"):
+            found = self._shard.facet(qe.FacetRequest("subject", limit=MAX_SUBJECTS, exact=True))
+        return sorted(str(hit.value) for hit in found.hits)
 
     def close(self) -> None:
         """Flush segments to disk and release the directory lock. Safe to call twice."""

@@ -29,6 +29,7 @@ from shared.errors import StoreUnavailable
 from shared.store import (
     DENSE,
     INDEXED_FIELDS,
+    MAX_SUBJECTS,
     RRF_K,
     SPARSE,
     MemoryFilter,
@@ -117,6 +118,11 @@ class ServerStore:
         flt = None if subject is None else models.Filter(must=[_subject(subject)])
         with _server_errors("count"):
             return self._client.count(self._collection, count_filter=flt, exact=True).count
+
+    def subjects(self) -> list[str]:
+        with _server_errors("facet"):
+            found = self._client.facet(self._collection, key="subject", limit=MAX_SUBJECTS, exact=True)
+        return sorted(str(hit.value) for hit in found.hits)
 
     def close(self) -> None:
         self._client.close()

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 DENSE = "dense"
 SPARSE = "bm25"
+# Facets are answered in one call: past this many subjects, jobs that walk them need paging.
+MAX_SUBJECTS = 1_000_000
 INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key")
 SearchMode = Literal["dense", "sparse", "hybrid"]
 
@@ -77,6 +79,10 @@ class Store(Protocol):
 
     def count(self, subject: str | None = None) -> int:
         """Number of points, of one subject or in all."""
+        ...
+
+    def subjects(self) -> list[str]:
+        """Every subject with at least one point (for jobs that walk all subjects), sorted."""
 
     def close(self) -> None:
         """Flush and release the engine."""

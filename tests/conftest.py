@@ -88,3 +88,21 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 20.0, what: str
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def run_cli(system: System, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """`memflow ARGS` against this system (its Redis and prefix); the output, or an error if it failed."""
+    from typer.testing import CliRunner
+
+    from shared.settings import get_settings
+    from workers.cli import app
+
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis_url)
+    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.stream_prefix)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, list(args))
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    return result.output

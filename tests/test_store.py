@@ -90,6 +90,13 @@ def test_same_id_twice_is_one_point(store: Store) -> None:
     assert store.get(MemoryFilter("alice")) == [second]
 
 
+def test_subjects_lists_each_subject_once(store: Store) -> None:
+    assert store.subjects() == []
+    store.put([memory("bob"), memory("alice"), memory("alice", "likes tea"), memory("a/../b")],
+              [axis(0), axis(1), axis(2), axis(3)])
+    assert store.subjects() == ["a/../b", "alice", "bob"]
+
+
 def test_put_refuses_mismatched_vectors(store: Store) -> None:
     with pytest.raises(ValueError):
         store.put([memory(), memory()], [axis(0)])

@@ -9,7 +9,7 @@ import pytest
 from pipeline.models import SCHEMA_VERSION
 from shared.errors import InvalidInput
 from shared.keys import FIELD, STAGES
-from tests.conftest import System, wait_for
+from tests.conftest import System, run_cli, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -100,24 +100,10 @@ def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system:
 
 
 def test_dlq_replay_from_the_command_line(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    from typer.testing import CliRunner
-
-    from shared.settings import get_settings
-    from workers.cli import app
-
     system.ctx.client.xadd(system.ctx.keys.stream("events"), {FIELD: b"[1, 2]"})
     wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter")
-    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis_url)
-    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.stream_prefix)
-    get_settings.cache_clear()
-    try:
-        runner = CliRunner()
-        listed = runner.invoke(app, ["dlq", "list", "trigger"])
-        assert "expected a JSON object" in listed.output
-        replayed = runner.invoke(app, ["dlq", "replay", "trigger"])
-        assert "replayed 1" in replayed.output
-    finally:
-        get_settings.cache_clear()
+    assert "expected a JSON object" in run_cli(system, monkeypatch, "dlq", "list", "trigger")
+    assert "replayed 1" in run_cli(system, monkeypatch, "dlq", "replay", "trigger")
     # Still malformed, so it comes back, with its reason, and nothing else is stuck.
     wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter again")
     assert system.client.wait_idle(timeout_s=30)

@@ -26,6 +26,8 @@ dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is
 app.add_typer(dlq_app, name="dlq")
 traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
 bench_app = typer.Typer(help="Benchmarks: LoCoMo retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -121,6 +123,29 @@ def _print_memories(memories: list[dict[str, Any]]) -> None:
         typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} "
                    f"key={m['key']} v{m['version']} conf={m['confidence']:.2f}  {m['content']}")
     typer.echo(f"{len(memories)} memories")
+
+
+@jobs_app.command("run")
+def jobs_run(job: Annotated[str, typer.Argument(help="retag")],
+             subject: Annotated[str | None, typer.Option(help="One subject; default every subject.")] = None,
+             now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+             dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
+             as_json: JsonFlag = False) -> None:
+    """Run one job by hand and print what it changed (or, with --dry-run, would change)."""
+    try:
+        when = datetime.fromisoformat(now) if now else None
+        report = MemoryClient(_settings()).run_job(job, subject=subject, now=when, dry_run=dry_run)
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if as_json:
+        _print_json(report)
+        return
+    verb = "would change" if report["dry_run"] else "changed"
+    for c in report["changed"]:
+        moved = ", ".join(f"{k} {c['before'][k]} → {v}" for k, v in c["after"].items())
+        typer.echo(f"{c['id'][:8]} {c['subject']}: {moved}  {c['content']}")
+    typer.echo(f"{report['job']}: {verb} {len(report['changed'])} of {report['examined']} memories "
+               f"in {report['subjects']} subject(s) as of {report['now']}")
 
 
 # -- dead letters --------------------------------------------------------------------

@@ -40,6 +40,7 @@ from shared.keys import FIELD, STAGES
 from shared.settings import Settings
 from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
+from workers import jobs
 from workers.runtime import Context
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,11 @@ def inspect(subject: str) -> dict[str, Any]:
             "backlog": {stage: list(v) for stage, v in backlog(ctx.client, ctx.keys, STAGES).items()}}
 
 
+def run_job(name: str, subject: str | None, now: str | None, dry_run: bool) -> dict[str, Any]:
+    """A maintenance job (workers/jobs.py), run here because this process holds the store."""
+    return jobs.run(_ctx(), name, subject, jobs.now_or_clock(now), dry_run)
+
+
 # -- the worker ----------------------------------------------------------------
 
 
@@ -239,6 +245,9 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
     global CONTEXT
     CONTEXT = ctx
     ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
-    queue = Queue(ctx.keys.query_queue, connection=ctx.client, serializer=JSONSerializer)
+    # Searches first: RQ takes from the first non-empty queue, so a long job never delays a search
+    # waiting behind it in the queue (only one already running).
+    queues = [Queue(name, connection=ctx.client, serializer=JSONSerializer)
+              for name in (ctx.keys.query_queue, ctx.keys.jobs_queue)]
     # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
-    return QueryWorker([queue], connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop)
+    return QueryWorker(queues, connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop)

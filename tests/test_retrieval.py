@@ -1,0 +1,61 @@
+"""The read path end to end: lifecycle scoring, negation and scope, traces of every factor.
+
+Real redis-server, real Edge shard, the real model; time is the events' and the searches' `now`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from shared.keys import FIELD
+from tests.conftest import System
+from tests.test_system import end, memories, say
+
+T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
+
+
+def test_negation_and_scope_keep_near_duplicates_apart(system: System) -> None:
+    """Seed 004: "不喜欢代码示例" (no code at all) and "不喜欢长代码" (no *long* code) embed 0.9+ alike,
+    but are different wishes: both are kept, and each question finds its own first."""
+    say(system, "neg", "n1", "我不喜欢代码示例。", at=T0)
+    say(system, "neg", "n2", "我不喜欢长代码。", at=T0 + timedelta(minutes=1))
+    say(system, "neg", "n3", "I don't like code examples.", at=T0 + timedelta(minutes=2))
+    say(system, "neg", "n4", "I don't like long code blocks.", at=T0 + timedelta(minutes=3))
+    end(system, "neg", at=T0 + timedelta(minutes=10))
+    assert system.client.wait_idle(timeout_s=60)
+    prefs = [m for m in memories(system, "neg") if m["mtype"] == "preference"]
+    assert len(prefs) == 4 and all(m["status"] == "active" for m in prefs)
+
+    now = T0 + timedelta(days=1)
+    for query, wanted in [("用户对代码示例有什么偏好？", "代码示例"), ("用户对长代码有什么偏好？", "长代码"),
+                          ("Does the user want code examples?", "code examples"),
+                          ("Does the user mind long code blocks?", "long code blocks")]:
+        hits = system.client.search("neg", query, k=3, now=now).hits
+        assert wanted in hits[0].content, (query, [h.content for h in hits])
+    packed = system.client.pack("neg", "写一个排序函数，用户对代码有什么偏好？", budget_tokens=400, now=now)
+    assert any("代码示例" in line for line in packed.preferences) and any("长代码" in line for line in packed.preferences)
+
+
+def test_a_used_long_term_preference_stays_first_and_hit_and_trace_carry_every_factor(system: System) -> None:
+    say(system, "life", "l1", "我一直偏好结构化、要点式的方案文档，不要长段落。", at=T0)
+    end(system, "life", "s1", at=T0 + timedelta(minutes=5))
+    chatter = ["写方案文档要注意什么，今天又想了一遍。", "写方案文档要注意的事，昨天讨论了。", "写方案文档要注意格式，这周要交三份。"]
+    later = T0 + timedelta(days=40)
+    for i, text in enumerate(chatter):
+        say(system, "life", f"c{i}", text, session="s2", at=later + timedelta(minutes=i))
+    end(system, "life", "s2", at=later + timedelta(minutes=10))
+    assert system.client.wait_idle(timeout_s=60)
+    [pref] = [m for m in memories(system, "life") if m["mtype"] == "preference"]
+    system.client.feedback("life", [pref["id"]], at=later - timedelta(days=1))
+
+    result = system.client.search("life", "帮我写方案文档要注意什么？", k=5, now=later + timedelta(hours=1))
+    assert result.hits[0].id == pref["id"], [h.content for h in result.hits]
+    top = result.hits[0].scores
+    assert top["hotness"] > 1.0 and top["tier"] > 1.0 and 0 < top["strength"] <= 1.0
+    assert abs(top["final"] - top["relevance"] * top["lifecycle"]) < 1e-9
+    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    trace = orjson.loads(fields[FIELD.encode()])
+    chosen = next(c for c in trace["candidates"] if c["id"] == pref["id"])
+    assert {"relevance", "strength", "hotness", "tier", "lifecycle", "final"} <= chosen.keys()

@@ -50,7 +50,7 @@ def _realtime(task: ExtractTask) -> list[Candidate]:
 
 def _session_end(task: ExtractTask) -> list[Candidate]:
     turns = _gated(task.turns)
-    found = [turn_record(task, turn) for turn in turns]
+    found = _records(task, turns)
     found += [c for turn in turns if turn.role is Role.user for c in _statements(task, turn, False)]
     return found + behaviour(task, turns)
 
@@ -61,7 +61,7 @@ def _task_complete(task: ExtractTask) -> list[Candidate]:
     # once confirmed); facts wait for session_end.
     summary = turns[-1] if turns and turns[-1].ts == task.ts else None
     session = turns[:-1] if summary is not None else turns
-    found = [turn_record(task, turn) for turn in session]
+    found = _records(task, session)
     decisions = [c for t in session if t.role is Role.user for c in _statements(task, t, False)]
     found += [c for c in decisions if c.mtype is MType.decision]
     if summary is not None:
@@ -69,6 +69,14 @@ def _task_complete(task: ExtractTask) -> list[Candidate]:
     if task.outcome == "success" and (summary or session):
         found += skill(task, summary or session[-1], summary, session)
     return found
+
+
+def _records(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
+    """One record per turn, each with the turns just before and after it as context."""
+    said = [t for t in turns if t.role is not Role.tool]
+    around = {t.event_id: (said[i - 1] if i else None, said[i + 1] if i + 1 < len(said) else None)
+              for i, t in enumerate(said)}
+    return [turn_record(task, t, around.get(t.event_id, (None, None))) for t in turns]
 
 
 def _explicit_write(task: ExtractTask) -> list[Candidate]:

@@ -89,4 +89,5 @@ def new_memory(
         evidence=c.evidence,
         tag_version=c.tag_version,
         external_ref=c.external_ref,
+        context=c.context,
     )

@@ -194,6 +194,8 @@ class Candidate(Wire):
     pinned: bool = False
     tag_version: int = 1
     external_ref: str | None = None
+    # The turns around a verbatim record: indexed for keyword search, never shown (see Memory.context).
+    context: str = ""
     # How many times upsert sent this candidate back because it was built on a stale version.
     retries: int = 0
 
@@ -233,6 +235,10 @@ class Memory(Wire):
     evidence: str = ""
     tag_version: int = 1
     external_ref: str | None = None
+    # The turns just before and after an episode, in its session. A reply ("Yes, twice — in
+    # May and June") means nothing without the question it answers: keyword search matches
+    # content + context (LoCoMo R@5 +8 points), while search results and prompts show content.
+    context: str = ""
 
 
 class PutOp(Wire):

@@ -44,16 +44,21 @@ _BEHAVIOURS = (
 )
 
 
-def turn_record(task: ExtractTask, turn: Turn) -> Candidate:
-    """The verbatim record of a turn: an episode, or tool output kept apart from what was said."""
-    said = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+def turn_record(task: ExtractTask, turn: Turn, around: tuple[Turn | None, Turn | None] = (None, None)) -> Candidate:
+    """The verbatim record of a turn: an episode (with the turns `around` it as context), or
+    tool output kept apart from what was said."""
     if turn.role is Role.tool:
         key = normalize_key(f"tool.{turn.event_id}")
-        draft = Draft(MType.session_context, key, said, turn.text, Source.tool, TOOL_CONFIDENCE)
+        draft = Draft(MType.session_context, key, said(turn), turn.text, Source.tool, TOOL_CONFIDENCE)
         return stamp(task, turn, draft)
     source = Source.explicit if turn.role is Role.user else Source.derived
-    draft = Draft(MType.episode, episode_key(turn.event_id), said, turn.text, source, RECORD_CONFIDENCE)
-    return stamp(task, turn, draft)
+    draft = Draft(MType.episode, episode_key(turn.event_id), said(turn), turn.text, source, RECORD_CONFIDENCE)
+    context = "\n".join(said(t) for t in around if t is not None)
+    return stamp(task, turn, draft).model_copy(update={"context": context})
+
+
+def said(turn: Turn) -> str:
+    return f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
 
 
 def task_record(task: ExtractTask, summary: Turn) -> Candidate:

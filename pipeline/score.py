@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from pipeline.models import Dir, Hit, Memory, MType, QueryPlan, Route, Status, Tier
 
@@ -28,18 +29,40 @@ from pipeline.models import Dir, Hit, Memory, MType, QueryPlan, Route, Status, T
 # original RRF paper. The store engines fuse their prefetches with the same constant.
 RRF_K = 60
 
+Scored = tuple[Memory, float]
+Fusion = Literal["score", "rrf"]
 
-def fuse_routes(routes: Sequence[tuple[float, Sequence[Memory]]], k: int = RRF_K) -> list[tuple[Memory, float]]:
-    """Weighted reciprocal-rank fusion of the routes' ranked lists (DESIGN §4.3), best first.
 
-    A memory found by several routes adds up; ranks, not raw scores, are combined, because
-    dense, BM25 and fused scores live on different scales.
+def normalised(found: Sequence[Scored], floor: float = 0.0) -> list[Scored]:
+    """Scores mapped onto [0, 1] relative to the list's best: (s − floor) / (best − floor), ≥ 0.
+
+    BM25 scores start at 0 (floor 0: the best match is 1, half its score is 0.5); a cosine
+    has a floor of its own below which it means nothing.
+    """
+    if not found:
+        return []
+    best = max(score for _, score in found)
+    span = best - floor
+    if span <= 0:
+        return [(m, 1.0) for m, _ in found]
+    return [(m, max(0.0, (score - floor) / span)) for m, score in found]
+
+
+def fuse(lists: Sequence[tuple[float, Sequence[Scored]]], method: Fusion = "score", k: int = RRF_K) -> list[Scored]:
+    """Weighted fusion of ranked lists, best first; a memory found by several lists adds up.
+
+    "score" sums the weighted (normalised) scores, so a list that is sure of its best match
+    counts for more than one that barely separates its candidates; "rrf" sums weight / (k + rank)
+    and ignores the scores. Measured on LoCoMo (bench/RESULTS.md), score fusion of BM25 and
+    dense beats RRF at every weight tried: RRF gives a weak dense list's guesses as much say
+    as BM25's sure hits.
     """
     scores: dict[str, float] = {}
     found: dict[str, Memory] = {}
-    for weight, ranked in routes:
-        for rank, memory in enumerate(ranked):
-            scores[memory.id] = scores.get(memory.id, 0.0) + weight / (k + rank + 1)
+    for weight, ranked in lists:
+        for rank, (memory, score) in enumerate(ranked):
+            gain = weight / (k + rank + 1) if method == "rrf" else weight * score
+            scores[memory.id] = scores.get(memory.id, 0.0) + gain
             found.setdefault(memory.id, memory)
     return sorted(((found[i], s) for i, s in scores.items()), key=lambda pair: pair[1], reverse=True)
 
@@ -67,6 +90,31 @@ def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25:
     routes = [r.model_copy(update={"weight": weight(r)}) for r in plan.routes]
     kept = [r for r in routes if r.weight > 0] or routes[:1]
     return plan.model_copy(update={"routes": kept})
+
+
+def collapse_records(candidates: Sequence[tuple[Memory, float]]) -> list[tuple[Memory, float]]:
+    """One entry per thing said: an episode gives way to a memory distilled from the same events.
+
+    A turn is kept verbatim (episode) and may also yield a preference or fact; both would
+    otherwise fill two of the k places (and two lines of a packed prompt) with the same
+    words. The distilled memory stays, with the better of the two relevances; its
+    provenance names the same events.
+    """
+    by_event: dict[str, int] = {}
+    for i, (memory, _) in enumerate(candidates):
+        if memory.mtype is not MType.episode:
+            for event in memory.source_event_ids:
+                by_event.setdefault(event, i)
+    best = [score for _, score in candidates]
+    dropped: set[int] = set()
+    for i, (memory, score) in enumerate(candidates):
+        if memory.mtype is not MType.episode or not memory.source_event_ids:
+            continue
+        owner = by_event.get(memory.source_event_ids[0])
+        if owner is not None and all(by_event.get(e) == owner for e in memory.source_event_ids):
+            best[owner] = max(best[owner], score)
+            dropped.add(i)
+    return [(m, best[i]) for i, (m, _) in enumerate(candidates) if i not in dropped]
 
 
 def visible_at(memory: Memory, now: datetime) -> bool:
@@ -113,10 +161,11 @@ class Lifecycle:
     long_term_bonus: float = 0.15
     quotas: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_QUOTAS))
     enabled: bool = True
+    collapse_records: bool = False
 
     @classmethod
-    def off(cls) -> Lifecycle:
-        return cls(enabled=False, quotas={})
+    def off(cls, *, collapse_records: bool = False) -> Lifecycle:
+        return cls(enabled=False, quotas={}, collapse_records=collapse_records)
 
 
 def strength(memory: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
@@ -154,7 +203,10 @@ def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int,
          cfg: Lifecycle | None = None) -> list[Hit]:
     """The top k visible candidates by relevance × lifecycle, within the per-type quotas."""
     cfg = cfg or Lifecycle.off()
-    scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in candidates if visible_at(m, now)]
+    visible = [(m, s) for m, s in candidates if visible_at(m, now)]
+    if cfg.collapse_records:
+        visible = collapse_records(visible)
+    scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in visible]
     scored.sort(key=lambda pair: pair[1]["final"], reverse=True)
     return [to_hit(m, scores) for m, scores in within_quotas(scored, k, cfg.quotas)]
 

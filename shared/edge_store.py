@@ -155,7 +155,7 @@ def _index_schema(name: str) -> qe.PayloadSchemaType | qe.KeywordIndexParams:
 
 
 def _point(memory: Memory, vector: Sequence[float]) -> qe.Point:
-    indices, values = sparse.embed_document(memory.content)
+    indices, values = sparse.embed_document(sparse.indexed_text(memory))
     vectors: dict[str, list[float] | qe.SparseVector | list[list[float]]] = {
         DENSE: list(vector), SPARSE: qe.SparseVector(indices, values)}
     return qe.Point(memory.id, vectors, memory.model_dump(mode="json"))

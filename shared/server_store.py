@@ -156,7 +156,7 @@ def _index_schema(name: str) -> models.PayloadSchemaType | models.KeywordIndexPa
 
 
 def _point(memory: Memory, vector: Sequence[float]) -> models.PointStruct:
-    indices, values = sparse.embed_document(memory.content)
+    indices, values = sparse.embed_document(sparse.indexed_text(memory))
     terms = models.SparseVector(indices=indices, values=values)
     vectors: dict[str, Any] = {DENSE: list(vector), SPARSE: terms}
     return models.PointStruct(id=memory.id, vector=vectors, payload=memory.model_dump(mode="json"))

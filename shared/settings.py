@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21 (bench/RESULTS.md).
     exact_match_weight: float = Field(default=0.0, ge=0.0)
     bm25_route_weight: float = Field(default=0.5, ge=0.0)
+    # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
+    # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
+    # relative to the best), "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo: bench/RESULTS.md.
+    fusion: Literal["score", "rrf"] = "score"
+    dense_weight: float = Field(default=0.7, ge=0.0)
+    dense_floor: float = Field(default=0.0, ge=-1.0, lt=1.0)
     # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
     # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).
@@ -79,6 +85,8 @@ class Settings(BaseSettings):
     hotness_cap: float = Field(default=0.5, ge=0.0)
     long_term_bonus: float = Field(default=0.15, ge=0.0)
     type_quotas: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QUOTAS))
+    # An episode gives way to a memory distilled from the same turn (one result per thing said).
+    collapse_records: bool = True
 
     # Feeds.
     changes_maxlen: int = 100_000

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import qdrant_edge
 
+from pipeline.models import Memory
+
 # BM25 length normalisation compares a document's token count to avg_len. The
 # default (256) is for web pages: against it every memory looks tiny, so a 6-token
 # preference and a 40-token episode get almost the same weight per matching term
@@ -34,6 +36,11 @@ def _model() -> qdrant_edge.Bm25:
         tokenizer=qdrant_edge.TokenizerType.Multilingual, avg_len=AVG_LEN_TOKENS
     )
     return qdrant_edge.Bm25(config)
+
+
+def indexed_text(memory: Memory) -> str:
+    """What keyword search matches a memory on: its content and, for episodes, the turns around it."""
+    return f"{memory.content}\n{memory.context}" if memory.context else memory.content
 
 
 def embed_document(text: str) -> SparseTerms:

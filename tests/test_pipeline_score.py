@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source, Tier
 from pipeline.score import (
     Lifecycle,
+    collapse_records,
     flat_plan,
-    fuse_routes,
+    fuse,
     lifecycle_scores,
+    normalised,
     rank,
     reweight,
     strength,
@@ -29,17 +31,24 @@ def memory(mid: str, **extra: object) -> Memory:
     return Memory.model_validate(fields)
 
 
-def test_fusion_adds_up_a_memory_found_by_several_routes() -> None:
+def test_rrf_fusion_adds_up_ranks_and_respects_weights() -> None:
     a, b, c = memory("a"), memory("b"), memory("c")
-    fused = fuse_routes([(1.0, [a, b]), (1.0, [c, b])])
+    fused = fuse([(1.0, [(a, 9.0), (b, 1.0)]), (1.0, [(c, 5.0), (b, 4.0)])], "rrf")
     assert [m.id for m, _ in fused] == ["b", "a", "c"]
     assert fused[0][1] == 1 / 62 + 1 / 62
+    assert [m.id for m, _ in fuse([(0.2, [(a, 1.0)]), (1.0, [(b, 1.0)])], "rrf")] == ["b", "a"]
+    assert fuse([]) == []
 
 
-def test_fusion_respects_route_weights() -> None:
-    a, b = memory("a"), memory("b")
-    assert [m.id for m, _ in fuse_routes([(0.2, [a]), (1.0, [b])])] == ["b", "a"]
-    assert fuse_routes([]) == []
+def test_score_fusion_sums_weighted_normalised_scores() -> None:
+    a, b, c = memory("a"), memory("b"), memory("c")
+    keyword = normalised([(a, 8.0), (b, 2.0)])
+    assert [s for _, s in keyword] == [1.0, 0.25]
+    meaning = normalised([(b, 0.6), (c, 0.5), (a, 0.1)], floor=0.2)
+    assert [round(s, 6) for _, s in meaning] == [1.0, 0.75, 0.0]
+    fused = fuse([(1.0, keyword), (0.7, meaning)])
+    assert [(m.id, round(s, 6)) for m, s in fused] == [("a", 1.0), ("b", 0.95), ("c", 0.525)]
+    assert normalised([]) == [] and normalised([(a, 0.0)]) == [(a, 1.0)]
 
 
 def test_plan_switches() -> None:
@@ -109,3 +118,13 @@ def test_quotas_keep_one_type_from_filling_the_top_k_but_never_return_fewer() ->
     picked = within_quotas([*chats, pref], 5, {"session_context": 0.4})
     assert [m.id for m, _ in picked] == ["c0", "c1", "p", "c2", "c3"]
     assert [m.id for m, _ in within_quotas(chats, 3, {"session_context": 0.4})] == ["c0", "c1", "c2"]
+
+
+def test_an_episode_gives_way_to_what_was_distilled_from_the_same_turn() -> None:
+    episode = memory("ep", mtype=MType.episode, source_event_ids=["e1"])
+    fact = memory("fact", source_event_ids=["e1", "e7"])
+    other = memory("other-ep", mtype=MType.episode, source_event_ids=["e2"])
+    both = memory("both", mtype=MType.episode, source_event_ids=["e1", "e3"])  # e3 is covered by no memory
+    collapsed = collapse_records([(episode, 0.9), (other, 0.5), (fact, 0.3), (both, 0.2)])
+    assert [(m.id, s) for m, s in collapsed] == [("other-ep", 0.5), ("fact", 0.9), ("both", 0.2)]
+    assert [h.id for h in rank([(episode, 0.9), (fact, 0.3)], T0, 5, Lifecycle.off(collapse_records=True))] == ["fact"]

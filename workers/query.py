@@ -33,12 +33,13 @@ from pipeline.models import (
 )
 from pipeline.pack import pack as build_prompt
 from pipeline.plan import plan as make_plan
-from pipeline.score import Lifecycle, flat_plan, fuse_routes, rank, reweight, unscoped
+from pipeline.score import Lifecycle, Scored, flat_plan, fuse, normalised, rank, reweight, unscoped
 from shared.codec import encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
 from shared.settings import Settings
-from shared.store import MemoryFilter, SearchMode
+from shared.store import MemoryFilter
+from shared.store import Scored as StoreScored
 from shared.streams import backlog
 from workers import jobs
 from workers.runtime import Context
@@ -88,14 +89,15 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
 
 def lifecycle_of(settings: Settings) -> Lifecycle:
     if not settings.lifecycle_scoring:
-        return Lifecycle.off()
+        return Lifecycle.off(collapse_records=settings.collapse_records)
     return Lifecycle(tau_hours=settings.decay_tau_hours, floor=settings.decay_floor,
                      hotness_step=settings.hotness_step, hotness_cap=settings.hotness_cap,
-                     long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas)
+                     long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas,
+                     collapse_records=settings.collapse_records)
 
 
-def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[tuple[Memory, float]], bool]:
-    """Run every route of the plan within the subject and fuse them (RRF, route weights).
+def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Scored], bool]:
+    """Run every route of the plan within the subject and fuse them (route weights).
 
     When every scoped route comes back empty (or fails), the whole subject answers alone
     and the search says `fallback`: a misrouted query never turns into "nothing".
@@ -105,31 +107,43 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[tu
     texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
     vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
+    method = ctx.settings.fusion
     scoped = [found for route, found in ranked if route.dirs]
     if scoped and not any(scoped):
         whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                      None)  # the plan's own whole-subject route, when it has one: no need to search twice
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return fuse_routes([(1.0, whole)]), True
-    return fuse_routes([(route.weight, found) for route, found in ranked]), False
-
-
-_MODES: dict[str, SearchMode] = {"semantic": "hybrid", "bm25": "sparse", "exact_match": "sparse"}
+        return fuse([(1.0, whole)], method), True
+    return fuse([(route.weight, found) for route, found in ranked], method), False
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
-               pool: int) -> list[Memory]:
+               pool: int) -> list[Scored]:
+    """One route's candidates, best first, with scores on [0, 1 + dense_weight] (score fusion)."""
     flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
     try:
-        found = ctx.store.query(flt, mode=_MODES[route.strategy], dense=vectors.get(route.text), text=route.text,
-                                limit=pool)
+        return _signals(ctx, flt, route, vectors.get(route.text), pool)
     except StoreUnavailable:
         if not route.dirs:
             raise
         log.warning("route %s over %s failed; the whole-subject route stands in", route.strategy, route.dirs)
         return []
-    return [s.memory for s in found]
+
+
+def _signals(ctx: Context, flt: MemoryFilter, route: Route, dense: list[float] | None, pool: int) -> list[Scored]:
+    settings = ctx.settings
+    if route.strategy != "semantic" or dense is None:
+        return normalised(_pairs(ctx.store.query(flt, mode="sparse", text=route.text, limit=pool)))
+    if settings.fusion == "rrf":
+        return _pairs(ctx.store.query(flt, mode="hybrid", dense=dense, text=route.text, limit=pool))
+    keyword = normalised(_pairs(ctx.store.query(flt, mode="sparse", text=route.text, limit=pool)))
+    meaning = normalised(_pairs(ctx.store.query(flt, mode="dense", dense=dense, limit=pool)), settings.dense_floor)
+    return fuse([(1.0, keyword), (settings.dense_weight, meaning)])
+
+
+def _pairs(found: list[StoreScored]) -> list[Scored]:
+    return [(s.memory, s.score) for s in found]
 
 
 def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[tuple[Memory, float]],

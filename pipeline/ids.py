@@ -90,4 +90,5 @@ def new_memory(
         tag_version=c.tag_version,
         external_ref=c.external_ref,
         context=c.context,
+        context_event_ids=list(c.context_event_ids),
     )

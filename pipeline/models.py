@@ -196,6 +196,7 @@ class Candidate(Wire):
     external_ref: str | None = None
     # The turns around a verbatim record: indexed for keyword search, never shown (see Memory.context).
     context: str = ""
+    context_event_ids: list[str] = Field(default_factory=list)
     # How many times upsert sent this candidate back because it was built on a stale version.
     retries: int = 0
 
@@ -239,6 +240,8 @@ class Memory(Wire):
     # May and June") means nothing without the question it answers: keyword search matches
     # content + context (LoCoMo R@5 +8 points), while search results and prompts show content.
     context: str = ""
+    # The events `context` was taken from: a search adds part of their keyword score to this one's.
+    context_event_ids: list[str] = Field(default_factory=list)
 
 
 class PutOp(Wire):

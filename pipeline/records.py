@@ -53,8 +53,9 @@ def turn_record(task: ExtractTask, turn: Turn, around: tuple[Turn | None, Turn |
         return stamp(task, turn, draft)
     source = Source.explicit if turn.role is Role.user else Source.derived
     draft = Draft(MType.episode, episode_key(turn.event_id), said(turn), turn.text, source, RECORD_CONFIDENCE)
-    context = "\n".join(said(t) for t in around if t is not None)
-    return stamp(task, turn, draft).model_copy(update={"context": context})
+    near = [t for t in around if t is not None]
+    return stamp(task, turn, draft).model_copy(
+        update={"context": "\n".join(said(t) for t in near), "context_event_ids": [t.event_id for t in near]})
 
 
 def said(turn: Turn) -> str:

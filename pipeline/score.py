@@ -33,19 +33,65 @@ Scored = tuple[Memory, float]
 Fusion = Literal["score", "rrf"]
 
 
-def normalised(found: Sequence[Scored], floor: float = 0.0) -> list[Scored]:
-    """Scores mapped onto [0, 1] relative to the list's best: (s − floor) / (best − floor), ≥ 0.
+def normalised(found: Sequence[Scored], floor: float = 0.0, best: float | None = None) -> list[Scored]:
+    """Scores mapped onto [0, 1] relative to `best` (default: the list's own): (s − floor) / (best − floor), ≥ 0.
 
     BM25 scores start at 0 (floor 0: the best match is 1, half its score is 0.5); a cosine
     has a floor of its own below which it means nothing.
     """
     if not found:
         return []
-    best = max(score for _, score in found)
-    span = best - floor
+    top = max(score for _, score in found) if best is None else best
+    span = top - floor
     if span <= 0:
         return [(m, 1.0) for m, _ in found]
     return [(m, max(0.0, (score - floor) / span)) for m, score in found]
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one route found: its weight and its raw keyword (BM25) and dense (cosine) lists, best first."""
+
+    weight: float
+    keyword: Sequence[Scored] = ()
+    dense: Sequence[Scored] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.keyword and not self.dense
+
+
+def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0,
+               smoothing: float = 0.0) -> list[Scored]:
+    """Every route's keyword and dense matches as one ranked list (score fusion).
+
+    Scores are scaled against the best of their signal over ALL routes, not per route: a
+    route scoped to one directory must not lift its best, however weak, to 1. A scoped
+    route thus adds its weight × the same score a memory has in the whole-subject route,
+    which boosts the planned directories without letting them outrank a better match.
+    """
+    keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
+    dense_best = max((score for f in found for _, score in f.dense), default=0.0)
+    routes = []
+    for f in found:
+        keyword = smoothed(normalised(f.keyword, 0.0, keyword_best), smoothing)
+        meaning = normalised(f.dense, dense_floor, dense_best)
+        routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
+    return fuse(routes)
+
+
+def smoothed(found: Sequence[Scored], weight: float) -> list[Scored]:
+    """Each memory gains `weight` × the scores of the candidates its context was taken from.
+
+    A question's answer is often the reply to the turn that matches it best ("Did you go?" —
+    "Yes, twice"); both are candidates, and the pair outranks either turn alone. Only
+    candidates count: nothing is fetched.
+    """
+    if weight <= 0:
+        return list(found)
+    by_event = {m.source_event_ids[0]: score for m, score in found if m.mtype is MType.episode and m.source_event_ids}
+    lifted = [(m, score + weight * sum(by_event.get(e, 0.0) for e in m.context_event_ids)) for m, score in found]
+    return sorted(lifted, key=lambda pair: pair[1], reverse=True)
 
 
 def fuse(lists: Sequence[tuple[float, Sequence[Scored]]], method: Fusion = "score", k: int = RRF_K) -> list[Scored]:

@@ -73,8 +73,10 @@ class Settings(BaseSettings):
     # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
     # relative to the best), "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo: bench/RESULTS.md.
     fusion: Literal["score", "rrf"] = "score"
-    dense_weight: float = Field(default=0.7, ge=0.0)
+    dense_weight: float = Field(default=0.3, ge=0.0)
     dense_floor: float = Field(default=0.0, ge=-1.0, lt=1.0)
+    # An episode gains this share of the keyword scores of the turns around it (pipeline.score.smoothed).
+    context_smoothing: float = Field(default=0.3, ge=0.0)
     # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
     # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).

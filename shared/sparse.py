@@ -15,15 +15,19 @@ import qdrant_edge
 from pipeline.models import Memory
 
 # BM25 length normalisation compares a document's token count to avg_len. The
-# default (256) is for web pages: against it every memory looks tiny, so a 6-token
-# preference and a 40-token episode get almost the same weight per matching term
-# (1.67 vs 1.53) and length normalisation is switched off in effect. Measured with
-# this tokenizer (stopwords dropped): the dev-scenario utterances are 7.7 tokens on
-# average (max 20), LoCoMo fact-like observations 9.2, raw LoCoMo turns 12.8 (p90 23).
-# 12 sits between the statements and the raw turns that become episodes, so a short
-# focused memory beats a long episode that mentions the word in passing (1.26 vs 0.51).
-# Changing it changes stored weights: re-embed existing points if you ever do.
+# default (256) is for web pages: against it every memory looks tiny and length
+# normalisation is switched off in effect. Measured with this tokenizer (stopwords
+# dropped): dev-scenario utterances are 7.7 tokens on average (max 20), LoCoMo
+# fact-like observations 9.2, raw LoCoMo turns 12.8 (p90 23); an episode indexed with
+# the turns around it about three times that.
 AVG_LEN_TOKENS = 12.0
+# k1 0.9 (term frequency saturates sooner) and b 0.3 (long documents are punished less):
+# an episode's text includes its neighbours' turns, and b 0.75 buried exactly those. On
+# LoCoMo, over turns indexed with their neighbours, 1.2/0.75 → 0.9/0.3 was worth +1.5–2
+# points of R@5 (bench/RESULTS.md).
+K1 = 0.9
+B = 0.3
+# Changing any of these changes stored weights: re-embed existing points if you ever do.
 
 SparseTerms = tuple[list[int], list[float]]
 
@@ -33,7 +37,7 @@ def _model() -> qdrant_edge.Bm25:
     # Multilingual segments Chinese into words ("冗长", "解释"), which the default
     # tokenizer would leave as one unsearchable run of characters.
     config = qdrant_edge.Bm25Config(
-        tokenizer=qdrant_edge.TokenizerType.Multilingual, avg_len=AVG_LEN_TOKENS
+        tokenizer=qdrant_edge.TokenizerType.Multilingual, avg_len=AVG_LEN_TOKENS, k=K1, b=B
     )
     return qdrant_edge.Bm25(config)
 

@@ -231,6 +231,23 @@ def test_session_end_keeps_each_turn_as_an_episode() -> None:
     assert tool.dir is Dir.tools
 
 
+def test_an_episode_is_indexed_with_the_turns_around_it_but_shows_only_its_own() -> None:
+    found = run(
+        TriggerReason.session_end,
+        turn("Have you been to the pottery class?", "D2:1", speaker="Mel"),
+        turn('HTTP 200 {"weather": "sunny"}', "t1", Role.tool),
+        turn("Yes, twice, in May and June.", "D2:2", speaker="Caro"),
+        turn("My password is hunter2", "D2:3", speaker="Caro"),
+        turn("Lovely!", "D2:4", speaker="Mel"),
+    )
+    episodes = {c.source_event_ids[0]: c for c in found if c.mtype is MType.episode}
+    reply = episodes["D2:2"]
+    assert reply.content == "Caro: Yes, twice, in May and June."
+    assert reply.context_event_ids == ["D2:1", "D2:3"] and "Mel: Have you been to the pottery class?" in reply.context
+    assert "hunter2" not in reply.context and "weather" not in reply.context  # gated and tool turns: never context
+    assert episodes["D2:1"].context_event_ids == ["D2:2"]  # the first turn has no turn before it
+
+
 def test_a_named_speaker_owns_the_statement() -> None:
     found = run(
         TriggerReason.session_end,

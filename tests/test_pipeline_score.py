@@ -10,11 +10,14 @@ from pipeline.score import (
     Lifecycle,
     collapse_records,
     flat_plan,
+    Found,
     fuse,
+    fuse_found,
     lifecycle_scores,
     normalised,
     rank,
     reweight,
+    smoothed,
     strength,
     unscoped,
     visible_at,
@@ -128,3 +131,23 @@ def test_an_episode_gives_way_to_what_was_distilled_from_the_same_turn() -> None
     collapsed = collapse_records([(episode, 0.9), (other, 0.5), (fact, 0.3), (both, 0.2)])
     assert [(m.id, s) for m, s in collapsed] == [("other-ep", 0.5), ("fact", 0.9), ("both", 0.2)]
     assert [h.id for h in rank([(episode, 0.9), (fact, 0.3)], T0, 5, Lifecycle.off(collapse_records=True))] == ["fact"]
+
+
+def test_smoothing_lifts_a_turn_by_the_turns_its_context_came_from() -> None:
+    question = memory("q", mtype=MType.episode, source_event_ids=["e1"], context_event_ids=["e2"])
+    answer = memory("a", mtype=MType.episode, source_event_ids=["e2"], context_event_ids=["e1", "e3"])
+    loner = memory("l", mtype=MType.episode, source_event_ids=["e9"], context_event_ids=["e8"])
+    lifted = smoothed([(question, 1.0), (loner, 0.8), (answer, 0.6)], 0.3)
+    assert [(m.id, round(s, 6)) for m, s in lifted] == [("q", 1.18), ("a", 0.9), ("l", 0.8)]
+    assert smoothed([(loner, 0.8)], 0.0) == [(loner, 0.8)]
+
+
+def test_a_scoped_route_boosts_its_dirs_but_cannot_lift_a_weak_match_to_the_top() -> None:
+    strong, weak = memory("strong"), memory("weak", dir=Dir.preferences)
+    whole = Found(1.0, keyword=[(strong, 10.0), (weak, 2.0)], dense=[(strong, 0.8), (weak, 0.3)])
+    scoped = Found(1.0, keyword=[(weak, 2.0)], dense=[(weak, 0.3)])  # its best is weak, and stays weak
+    fused = fuse_found([whole, scoped], dense_weight=0.5)
+    assert [m.id for m, _ in fused] == ["strong", "weak"]
+    weak_score = (1.0 + 1.0) * (2.0 / 10.0 + 0.5 * 0.3 / 0.8)
+    assert abs(dict((m.id, s) for m, s in fused)["weak"] - weak_score) < 1e-9
+    assert Found(1.0).empty and not whole.empty

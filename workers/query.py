@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,13 +34,12 @@ from pipeline.models import (
 )
 from pipeline.pack import pack as build_prompt
 from pipeline.plan import plan as make_plan
-from pipeline.score import Lifecycle, Scored, flat_plan, fuse, normalised, rank, reweight, unscoped
+from pipeline.score import Found, Lifecycle, Scored, flat_plan, fuse, fuse_found, rank, reweight, unscoped
 from shared.codec import encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import FIELD, STAGES
 from shared.settings import Settings
-from shared.store import MemoryFilter
-from shared.store import Scored as StoreScored
+from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
 from workers import jobs
 from workers.runtime import Context
@@ -107,43 +107,43 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
     vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
-    method = ctx.settings.fusion
     scoped = [found for route, found in ranked if route.dirs]
-    if scoped and not any(scoped):
+    if scoped and all(found.empty for found in scoped):
         whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                      None)  # the plan's own whole-subject route, when it has one: no need to search twice
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return fuse([(1.0, whole)], method), True
-    return fuse([(route.weight, found) for route, found in ranked], method), False
+        return _fused(ctx.settings, [replace(whole, weight=1.0)]), True
+    return _fused(ctx.settings, [found for _, found in ranked]), False
+
+
+def _fused(settings: Settings, found: list[Found]) -> list[Scored]:
+    if settings.fusion == "rrf":
+        return fuse([(f.weight, f.keyword) for f in found], "rrf")
+    return fuse_found(found, dense_weight=settings.dense_weight, dense_floor=settings.dense_floor,
+                      smoothing=settings.context_smoothing)
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
-               pool: int) -> list[Scored]:
-    """One route's candidates, best first, with scores on [0, 1 + dense_weight] (score fusion)."""
+               pool: int) -> Found:
+    """One route's raw candidates (in "rrf" mode: the engine's fused list, as `keyword`)."""
     flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
+    dense = vectors.get(route.text) if route.strategy == "semantic" else None
     try:
-        return _signals(ctx, flt, route, vectors.get(route.text), pool)
+        if ctx.settings.fusion == "rrf" and dense is not None:
+            return Found(route.weight, _query(ctx, flt, "hybrid", route.text, dense, pool))
+        meaning = _query(ctx, flt, "dense", None, dense, pool) if dense is not None else []
+        return Found(route.weight, _query(ctx, flt, "sparse", route.text, None, pool), meaning)
     except StoreUnavailable:
         if not route.dirs:
             raise
         log.warning("route %s over %s failed; the whole-subject route stands in", route.strategy, route.dirs)
-        return []
+        return Found(route.weight)
 
 
-def _signals(ctx: Context, flt: MemoryFilter, route: Route, dense: list[float] | None, pool: int) -> list[Scored]:
-    settings = ctx.settings
-    if route.strategy != "semantic" or dense is None:
-        return normalised(_pairs(ctx.store.query(flt, mode="sparse", text=route.text, limit=pool)))
-    if settings.fusion == "rrf":
-        return _pairs(ctx.store.query(flt, mode="hybrid", dense=dense, text=route.text, limit=pool))
-    keyword = normalised(_pairs(ctx.store.query(flt, mode="sparse", text=route.text, limit=pool)))
-    meaning = normalised(_pairs(ctx.store.query(flt, mode="dense", dense=dense, limit=pool)), settings.dense_floor)
-    return fuse([(1.0, keyword), (settings.dense_weight, meaning)])
-
-
-def _pairs(found: list[StoreScored]) -> list[Scored]:
-    return [(s.memory, s.score) for s in found]
+def _query(ctx: Context, flt: MemoryFilter, mode: SearchMode, text: str | None, dense: list[float] | None,
+           pool: int) -> list[Scored]:
+    return [(s.memory, s.score) for s in ctx.store.query(flt, mode=mode, dense=dense, text=text, limit=pool)]
 
 
 def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[tuple[Memory, float]],

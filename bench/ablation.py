@@ -1,8 +1,9 @@
-"""The ablation ladder of seed 000: the same data, features switched on one at a time.
+"""The ablation ladder (seed 000): the same data, mechanisms switched on one at a time.
 
-Each step is a set of settings overrides, cumulative. A step whose setting does not
-exist yet (the feature is not built) is reported as "not built", never silently run
-as if it were the previous step.
+Each step adds overrides to the previous one, starting from everything off. A step whose
+settings do not exist yet (the mechanism is not built) is reported "not built", never
+silently run as if it were the previous step. `INGEST_SETTINGS` change what is written;
+the rest only change how it is searched, so steps that agree on them can share one ingest.
 """
 
 from __future__ import annotations
@@ -11,28 +12,38 @@ from typing import Any
 
 from shared.settings import Settings
 
-FEATURES = ("dir_scoping", "intent_planning", "lifecycle_scoring")
-STEPS: list[tuple[str, str | None]] = [
-    ("flat retrieval", None),
-    ("+ directory scoping", "dir_scoping"),
-    ("+ intent planning", "intent_planning"),
-    ("+ lifecycle scoring", "lifecycle_scoring"),
+# Everything off: one flat route, engine-side RRF of dense and BM25, turns indexed alone.
+BASE: dict[str, Any] = {"episode_context": False, "fusion": "rrf", "dir_scoping": False, "intent_planning": False,
+                        "collapse_records": False, "lifecycle_scoring": False}
+STEPS: list[tuple[str, dict[str, Any]]] = [
+    ("flat retrieval (RRF)", {}),
+    ("+ context indexing", {"episode_context": True}),
+    ("+ score fusion", {"fusion": "score"}),
+    ("+ directory scoping", {"dir_scoping": True}),
+    ("+ intent planning", {"intent_planning": True}),
+    ("+ record collapse", {"collapse_records": True}),
+    ("+ lifecycle scoring", {"lifecycle_scoring": True}),
 ]
+INGEST_SETTINGS = frozenset({"episode_context"})
 
 
-def built(feature: str | None) -> bool:
-    return feature is None or feature in Settings.model_fields
+def built(overrides: dict[str, Any]) -> bool:
+    return all(name in Settings.model_fields for name in overrides)
 
 
 def ladder() -> list[tuple[str, dict[str, Any] | None]]:
-    """(label, settings overrides) per step; None where the step's feature is not built."""
+    """(label, cumulative settings overrides) per step; None where the step's mechanism is not built."""
     steps: list[tuple[str, dict[str, Any] | None]] = []
-    on: set[str] = set()
-    for label, feature in STEPS:
-        if not built(feature):
+    on: dict[str, Any] = {k: v for k, v in BASE.items() if k in Settings.model_fields}
+    for label, overrides in STEPS:
+        if not built(overrides):
             steps.append((label, None))
             continue
-        if feature:
-            on.add(feature)
-        steps.append((label, {f: f in on for f in FEATURES if built(f)}))
+        on |= overrides
+        steps.append((label, dict(on)))
     return steps
+
+
+def ingest_key(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """What a step writes differently: steps with the same key can search one ingest."""
+    return tuple(sorted((k, v) for k, v in overrides.items() if k in INGEST_SETTINGS))

@@ -27,13 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import orjson
 
-from bench.ablation import ladder
+from bench.ablation import ingest_key, ladder
 from bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from pipeline.models import Hit
 from shared import sparse
@@ -302,32 +303,38 @@ class Step:
     asked: Asked | None = None
 
 
-def run_memflow(step: Step, convs: Sequence[Conversation], base: Settings, embedder: Embedder | None,
-                light_in_process: bool, progress: Progress) -> tuple[Embedder, Asked | None, dict[str, Any]]:
-    """A fresh system (own data dir, prefix, collection), the whole ingest, every question.
-    Returns the model it loaded (for the next step and the baselines)."""
+def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Settings, embedder: Embedder | None,
+                light_in_process: bool, progress: Progress) -> Embedder:
+    """A fresh system (own data dir, prefix, collection), one ingest, every question once per step.
+
+    The steps must agree on what is written (`ablation.ingest_key`); between them only the
+    query worker's settings change. Returns the model it loaded (for the next steps and the baselines).
+    """
     with tempfile.TemporaryDirectory(prefix="memflow-locomo-") as tmp:
         tag = uuid.uuid4().hex[:8]
-        settings = base.model_copy(update={**(step.overrides or {}), "data_dir": Path(tmp),
-                                           "stream_prefix": f"locomo-{tag}:", "collection": f"locomo_{tag}"})
+        own = {"data_dir": Path(tmp), "stream_prefix": f"locomo-{tag}:", "collection": f"locomo_{tag}"}
+        settings = base.model_copy(update={**(steps[0].overrides or {}), **own})
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
-            progress.note(f"memflow ({step.label}): ingesting {len(convs)} conversation(s)", force=True)
+            progress.note(f"memflow ({steps[0].label}): ingesting {len(convs)} conversation(s)", force=True)
             figures = ingest(system, convs, progress)
             tokens = lru_cache(maxsize=None)(system.ctx.embedder.count_tokens)
-            asked = ask_memflow(system, convs, tokens, progress)
-            return system.ctx.embedder, asked, figures
+            for step in steps:
+                system.ctx.settings = base.model_copy(update={**(step.overrides or {}), **own})
+                progress.note(f"memflow ({step.label}): asking", force=True)
+                step.ingest, step.asked = figures, ask_memflow(system, convs, tokens, progress)
+            return system.ctx.embedder
 
 
 def measure(convs: Sequence[Conversation], settings: Settings, *, ablation: bool, embedder: Embedder | None = None,
             light_in_process: bool = False, progress: Progress | None = None) -> dict[str, Any]:
-    """The whole benchmark: memflow (once, or once per built ablation step), then the baselines."""
+    """The whole benchmark: memflow (once, or once per built ablation step), then the baselines.
+    Ablation steps that write the same share one ingest."""
     progress = progress or Progress()
     started = time.perf_counter()
     steps = [Step(label, overrides) for label, overrides in ladder()] if ablation else [Step("memflow", {})]
-    for step in steps:
-        if step.overrides is not None:
-            embedder, step.asked, step.ingest = run_memflow(step, convs, settings, embedder, light_in_process,
-                                                            progress)
+    built = [s for s in steps if s.overrides is not None]
+    for _, group in groupby(built, key=lambda s: ingest_key(s.overrides or {})):
+        embedder = run_memflow(list(group), convs, settings, embedder, light_in_process, progress)
     assert embedder is not None  # the first step is always built
     tokens = lru_cache(maxsize=None)(embedder.count_tokens)
     baselines = {"flat_dense": ask_baseline("flat dense", dense_ranker(embedder), convs, tokens, progress),

@@ -33,15 +33,21 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 
-def extract(task: ExtractTask) -> list[Candidate]:
-    """The candidates in a task, one per statement, merged where two say the same."""
+def extract(task: ExtractTask, *, episode_context: bool = True) -> list[Candidate]:
+    """The candidates in a task, one per statement, merged where two say the same.
+
+    `episode_context=False` leaves episodes without the turns around them (the ablation's baseline).
+    """
     handlers: dict[TriggerReason, Callable[[ExtractTask], list[Candidate]]] = {
         TriggerReason.realtime: _realtime,
         TriggerReason.session_end: _session_end,
         TriggerReason.task_complete: _task_complete,
         TriggerReason.explicit_write: _explicit_write,
     }
-    return _merged(handlers[task.reason](task))
+    found = handlers[task.reason](task)
+    if not episode_context:
+        found = [c.model_copy(update={"context": "", "context_event_ids": []}) for c in found]
+    return _merged(found)
 
 
 def _realtime(task: ExtractTask) -> list[Candidate]:

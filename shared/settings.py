@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21 (bench/RESULTS.md).
     exact_match_weight: float = Field(default=0.0, ge=0.0)
     bm25_route_weight: float = Field(default=0.5, ge=0.0)
+    # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
+    episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
     # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
     # relative to the best), "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo: bench/RESULTS.md.

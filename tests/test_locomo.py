@@ -211,6 +211,18 @@ def test_the_report_shows_unbuilt_ablation_steps_and_the_reference() -> None:
     assert "DRAGON" in text and "56.7" in text
 
 
+def test_the_ladder_adds_one_mechanism_per_step_and_shares_ingests() -> None:
+    from bench.ablation import BASE, ingest_key, ladder
+
+    steps = ladder()
+    first, last = steps[0][1], steps[-1][1]
+    assert first == BASE and last is not None
+    assert all(last[name] != value for name, value in BASE.items())  # every mechanism is on at the end
+    built = [overrides for _, overrides in steps if overrides is not None]
+    assert all(len(set(b.items()) - set(a.items())) == 1 for a, b in zip(built, built[1:], strict=False))
+    assert len({ingest_key(o) for o in built}) == 2  # only context indexing changes what is written
+
+
 # -- end to end -------------------------------------------------------------------
 
 

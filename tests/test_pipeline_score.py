@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source, Tier
 from pipeline.score import (
+    Found,
     Lifecycle,
     collapse_records,
     flat_plan,
-    Found,
     fuse,
     fuse_found,
     lifecycle_scores,

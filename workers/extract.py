@@ -16,4 +16,5 @@ def build(ctx: Context) -> StreamConsumer[ExtractTask]:
 
 
 def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
-    return [Emit(ctx.keys.stream("resolve"), candidate) for candidate in extract(task)]
+    found = extract(task, episode_context=ctx.settings.episode_context)
+    return [Emit(ctx.keys.stream("resolve"), candidate) for candidate in found]

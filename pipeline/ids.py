@@ -20,8 +20,11 @@ _SEP = "\x1f"
 
 _UNKEYED = frozenset({MType.episode, MType.event, MType.skill})
 # Said by the user in so many words: straight to long-term. Inferences, derivations and
-# tool output start short-term, an observation period (seed 002 §3.2).
+# tool output start short-term, an observation period (seed 002 §3.2). Only what is meant
+# to last is promoted: a verbatim record, an event, a passing wish or the task at hand
+# stays short-term however plainly it was said ("昨天讨论了缓存方案" is no standing fact).
 _LONG_TERM_SOURCES = frozenset({Source.explicit, Source.explicit_correction})
+_SHORT_LIVED = frozenset({MType.episode, MType.event, MType.session_context, MType.task_state, MType.temp_preference})
 
 
 def memory_id(subject: str, key: str, version: int) -> str:
@@ -53,6 +56,11 @@ def candidate_id(candidate: Candidate, version: int = 1) -> str:
     return event_memory_id(candidate.subject, candidate.key, candidate.source_event_ids)
 
 
+def starting_tier(c: Candidate) -> Tier:
+    lasting = c.source in _LONG_TERM_SOURCES and c.mtype not in _SHORT_LIVED
+    return Tier.long_term if lasting else Tier.short_term
+
+
 def new_memory(
     candidate: Candidate,
     *,
@@ -75,7 +83,7 @@ def new_memory(
         importance=c.importance,
         source=c.source,
         status=status,
-        tier=Tier.long_term if c.source in _LONG_TERM_SOURCES else Tier.short_term,
+        tier=starting_tier(c),
         created_at=c.ts,
         updated_at=c.ts,
         pinned=c.pinned,

@@ -195,6 +195,10 @@ DEFAULT_QUOTAS: dict[str, float] = {
     MType.temp_preference.value: 0.4,
 }
 
+# Places in the top k kept for long-term memories of these types, when one is relevant at all
+# (final score ≥ reserve_min_share × the best): the other half of seed 002 §4.1's quotas.
+DEFAULT_RESERVED: dict[str, int] = {MType.preference.value: 1, MType.rule.value: 1}
+
 
 @dataclass(frozen=True)
 class Lifecycle:
@@ -206,12 +210,14 @@ class Lifecycle:
     hotness_cap: float = 0.5
     long_term_bonus: float = 0.15
     quotas: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_QUOTAS))
+    reserved: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_RESERVED))
+    reserve_min_share: float = 0.25
     enabled: bool = True
     collapse_records: bool = False
 
     @classmethod
     def off(cls, *, collapse_records: bool = False) -> Lifecycle:
-        return cls(enabled=False, quotas={}, collapse_records=collapse_records)
+        return cls(enabled=False, quotas={}, reserved={}, collapse_records=collapse_records)
 
 
 def strength(memory: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
@@ -254,11 +260,14 @@ def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int,
         visible = collapse_records(visible)
     scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in visible]
     scored.sort(key=lambda pair: pair[1]["final"], reverse=True)
-    return [to_hit(m, scores) for m, scores in within_quotas(scored, k, cfg.quotas)]
+    chosen = with_reserved(within_quotas(scored, k, cfg.quotas), scored, cfg.reserved, cfg.reserve_min_share)
+    return [to_hit(m, scores) for m, scores in chosen]
 
 
-def within_quotas(ranked: Sequence[tuple[Memory, dict[str, float]]], k: int,
-                  quotas: Mapping[str, float]) -> list[tuple[Memory, dict[str, float]]]:
+Ranked = tuple[Memory, dict[str, float]]
+
+
+def within_quotas(ranked: Sequence[Ranked], k: int, quotas: Mapping[str, float]) -> list[Ranked]:
     """The first k in order, a type over its share of k waiting until nothing else is left
     (seed 002 §4.1: short-term chatter must not crowd long-term preferences out of the top k)."""
     caps = {mtype: max(1, math.floor(share * k)) for mtype, share in quotas.items()}
@@ -274,6 +283,28 @@ def within_quotas(ranked: Sequence[tuple[Memory, dict[str, float]]], k: int,
         if len(chosen) == k:
             return chosen
     return chosen + waiting[: k - len(chosen)]
+
+
+def with_reserved(chosen: list[Ranked], ranked: Sequence[Ranked], reserved: Mapping[str, int],
+                  min_share: float) -> list[Ranked]:
+    """`chosen`, with each reserved type's best long-term memories swapped in for the weakest
+    others (seed 002 §4.1: a standing preference must not be crowded out by a flood of chatter)."""
+    if not chosen or not reserved:
+        return chosen
+    floor = min_share * ranked[0][1]["final"]
+    kept, swapped = list(chosen), False
+    for mtype, places in reserved.items():
+        def lasting(pair: Ranked, mtype: str = mtype) -> bool:
+            return pair[0].mtype.value == mtype and pair[0].tier is Tier.long_term
+        missing = places - sum(1 for pair in kept if lasting(pair))
+        ids = {pair[0].id for pair in kept}
+        extra = [p for p in ranked if lasting(p) and p[0].id not in ids and p[1]["final"] >= floor][:max(0, missing)]
+        for pair in extra:
+            weakest = next((i for i in range(len(kept) - 1, -1, -1) if kept[i][0].mtype.value not in reserved), None)
+            if weakest is None:
+                break
+            kept[weakest], swapped = pair, True
+    return sorted(kept, key=lambda pair: pair[1]["final"], reverse=True) if swapped else kept
 
 
 def to_hit(memory: Memory, scores: dict[str, float]) -> Hit:

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.score import DEFAULT_QUOTAS, DEFAULT_TAU_HOURS
+from pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS
 
 
 class Settings(BaseSettings):
@@ -63,12 +63,14 @@ class Settings(BaseSettings):
     intent_planning: bool = True
     dir_scoping: bool = True
     # Weight of the whole-subject route that runs beside scoped routes (a misrouted query
-    # still finds what it asked for; scoped routes only boost their dirs).
-    whole_subject_weight: float = Field(default=0.3, ge=0.0)
+    # still finds what it asked for; a scoped route of weight 1 doubles its dirs' scores).
+    # With score fusion, 0.3 cost 2.7 points of LoCoMo R@5 against 1.0 (bench/RESULTS.md).
+    whole_subject_weight: float = Field(default=1.0, ge=0.0)
     # Weights of the planner's extra routes (0 drops the route). exact_match is off by default:
-    # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21 (bench/RESULTS.md).
+    # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21; a separate
+    # bm25 route only double-counts the keyword half of the semantic routes (bench/RESULTS.md).
     exact_match_weight: float = Field(default=0.0, ge=0.0)
-    bm25_route_weight: float = Field(default=0.5, ge=0.0)
+    bm25_route_weight: float = Field(default=0.0, ge=0.0)
     # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
     episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
@@ -89,6 +91,9 @@ class Settings(BaseSettings):
     hotness_cap: float = Field(default=0.5, ge=0.0)
     long_term_bonus: float = Field(default=0.15, ge=0.0)
     type_quotas: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QUOTAS))
+    # Places in the top k kept for a relevant long-term memory of these types (score ≥ share × best).
+    reserved_types: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RESERVED))
+    reserve_min_share: float = Field(default=0.25, ge=0.0, le=1.0)
     # An episode gives way to a memory distilled from the same turn (one result per thing said).
     collapse_records: bool = True
 

@@ -36,8 +36,11 @@ SparseTerms = tuple[list[int], list[float]]
 def _model() -> qdrant_edge.Bm25:
     # Multilingual segments Chinese into words ("冗长", "解释"), which the default
     # tokenizer would leave as one unsearchable run of characters.
+    # English and Chinese stopwords: without the Chinese ones "有什么事情是绝对不能做的？" matched
+    # "前端用的是 React 和 Vite" on 的 and 是, and outranked the rule it was asking for.
+    stopwords = qdrant_edge.StopwordsSet(languages={qdrant_edge.Language.English, qdrant_edge.Language.Chinese})
     config = qdrant_edge.Bm25Config(
-        tokenizer=qdrant_edge.TokenizerType.Multilingual, avg_len=AVG_LEN_TOKENS, k=K1, b=B
+        tokenizer=qdrant_edge.TokenizerType.Multilingual, avg_len=AVG_LEN_TOKENS, k=K1, b=B, stopwords=stopwords
     )
     return qdrant_edge.Bm25(config)
 

@@ -112,6 +112,21 @@ def test_is_keyed(mtype: MType, keyed: bool) -> None:
     assert is_keyed(mtype) is keyed
 
 
+@pytest.mark.parametrize(
+    ("mtype", "source", "tier"),
+    [
+        (MType.preference, Source.explicit, Tier.long_term),
+        (MType.fact, Source.explicit_correction, Tier.long_term),
+        (MType.preference, Source.inferred, Tier.short_term),
+        (MType.episode, Source.explicit, Tier.short_term),
+        (MType.event, Source.explicit, Tier.short_term),
+        (MType.temp_preference, Source.explicit, Tier.short_term),
+    ],
+)
+def test_only_what_is_meant_to_last_starts_long_term(mtype: MType, source: Source, tier: Tier) -> None:
+    assert new_memory(cand("x", mtype=mtype, source=source)).tier is tier
+
+
 def test_new_memory_from_candidate() -> None:
     m = new_memory(cand("我住在北京"))
     assert m.id == memory_id("u1", "location.city", 1) and m.uri == "mem://u1/entities/location.city"

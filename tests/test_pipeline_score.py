@@ -21,6 +21,7 @@ from pipeline.score import (
     strength,
     unscoped,
     visible_at,
+    with_reserved,
     within_quotas,
 )
 
@@ -151,3 +152,16 @@ def test_a_scoped_route_boosts_its_dirs_but_cannot_lift_a_weak_match_to_the_top(
     weak_score = (1.0 + 1.0) * (2.0 / 10.0 + 0.5 * 0.3 / 0.8)
     assert abs(dict((m.id, s) for m, s in fused)["weak"] - weak_score) < 1e-9
     assert Found(1.0).empty and not whole.empty
+
+
+def test_a_relevant_long_term_preference_keeps_a_place_among_chatter() -> None:
+    chatter = [(memory(f"c{i}", mtype=MType.event), {"final": 1.0 - i / 100}) for i in range(5)]
+    pref = (memory("p", mtype=MType.preference, tier=Tier.long_term), {"final": 0.4})
+    faint = (memory("f", mtype=MType.preference, tier=Tier.long_term), {"final": 0.1})
+    ranked = [*chatter, pref, faint]
+    picked = with_reserved(chatter, ranked, {"preference": 1}, 0.25)
+    assert [m.id for m, _ in picked] == ["c0", "c1", "c2", "c3", "p"]  # the weakest chatter gave way
+    assert with_reserved(chatter, [*chatter, faint], {"preference": 1}, 0.25) == chatter  # too weak to matter
+    short = (memory("s", mtype=MType.preference), {"final": 0.9})  # an inference on probation: no place kept
+    assert with_reserved(chatter, [*chatter, short], {"preference": 1}, 0.25) == chatter
+    assert with_reserved([pref, *chatter[:4]], ranked, {"preference": 1}, 0.25) == [pref, *chatter[:4]]

@@ -93,6 +93,7 @@ def lifecycle_of(settings: Settings) -> Lifecycle:
     return Lifecycle(tau_hours=settings.decay_tau_hours, floor=settings.decay_floor,
                      hotness_step=settings.hotness_step, hotness_cap=settings.hotness_cap,
                      long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas,
+                     reserved=settings.reserved_types, reserve_min_share=settings.reserve_min_share,
                      collapse_records=settings.collapse_records)
 
 

@@ -205,7 +205,7 @@ class Lifecycle:
     """The weights of lifecycle scoring; `off()` ranks by relevance alone."""
 
     tau_hours: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
-    floor: float = 0.5
+    floor: float = 0.9
     hotness_step: float = 0.05
     hotness_cap: float = 0.5
     long_term_bonus: float = 0.15

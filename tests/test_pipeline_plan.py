@@ -7,8 +7,9 @@ import typing
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from pipeline.models import Dir, QueryPlan, Strategy
+from pipeline.models import Dir, QueryPlan, Route, Strategy
 from pipeline.plan import INTENT_DIRS, Intent, is_ambiguous, named_entities, plan
 
 DEV_SCENARIOS = Path("/work/shared/eval/dev-scenarios.jsonl")
@@ -230,3 +231,10 @@ def test_plan_is_deterministic() -> None:
 )
 def test_is_ambiguous(query: str, ambiguous: bool) -> None:
     assert is_ambiguous(query) is ambiguous
+
+
+@pytest.mark.parametrize("bad", [{"strategy": "regex"}, {"strategy": "SEMANTIC"}, {"dirs": ["secrets"]},
+                                 {"weight": -1.0}])
+def test_a_route_outside_the_closed_set_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Route.model_validate({"text": "q", **bad})

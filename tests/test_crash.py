@@ -26,12 +26,12 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
                                    "ts": t0 + timedelta(seconds=i)})
         extract_stream = system.ctx.keys.stream("extract")
         wait_for(lambda: system.ctx.client.xlen(extract_stream) >= 3, what="the trigger to be mid-way")
-        os.kill(procs[0].pid, signal.SIGKILL)
-        os.kill(procs[1].pid, signal.SIGKILL)
-        procs[0].wait()
-        procs[1].wait()
-        in_flight = sum(p for _, p in backlog(system.ctx.client, system.ctx.keys, ("trigger", "extract")).values())
-        assert in_flight > 0, "the kill should have caught messages read but not acknowledged"
+        # Freeze both, and kill them only in a moment when they hold messages read but not
+        # acknowledged (a plain kill races the batch's own acknowledgement on a busy machine).
+        wait_for(lambda: frozen_in_flight(system, procs[:2]), what="a moment with messages in flight")
+        for proc in procs[:2]:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
         procs += [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract")]
         assert system.client.wait_idle(timeout_s=90)
 
@@ -39,6 +39,17 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
     finally:
         terminate(procs)
         system.shutdown()
+
+
+def frozen_in_flight(system, procs) -> bool:
+    """Stop the processes; True (left stopped) if they hold unacknowledged messages, else resume them."""
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    in_flight = sum(p for _, p in backlog(system.ctx.client, system.ctx.keys, ("trigger", "extract")).values())
+    if in_flight == 0:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGCONT)
+    return in_flight > 0
 
 
 def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(settings: Settings) -> None:

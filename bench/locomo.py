@@ -326,12 +326,18 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
 
 
 def measure(convs: Sequence[Conversation], settings: Settings, *, ablation: bool, embedder: Embedder | None = None,
-            light_in_process: bool = False, progress: Progress | None = None) -> dict[str, Any]:
-    """The whole benchmark: memflow (once, or once per built ablation step), then the baselines.
-    Ablation steps that write the same share one ingest."""
+            light_in_process: bool = False, progress: Progress | None = None,
+            variants: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole benchmark: memflow (once, once per built ablation step, or once per named variant of
+    the settings), then the baselines. Consecutive steps that write the same share one ingest."""
     progress = progress or Progress()
     started = time.perf_counter()
-    steps = [Step(label, overrides) for label, overrides in ladder()] if ablation else [Step("memflow", {})]
+    if variants:
+        steps = [Step(label, dict(overrides)) for label, overrides in variants.items()]
+    elif ablation:
+        steps = [Step(label, overrides) for label, overrides in ladder()]
+    else:
+        steps = [Step("memflow", {})]
     built = [s for s in steps if s.overrides is not None]
     for _, group in groupby(built, key=lambda s: ingest_key(s.overrides or {})):
         embedder = run_memflow(list(group), convs, settings, embedder, light_in_process, progress)
@@ -438,7 +444,7 @@ def _category_table(systems: dict[str, Any]) -> list[str]:
 
 
 def _ablation_table(out: dict[str, Any]) -> list[str]:
-    rows = [f"\n{'ablation (same data, same k)':<30}{'R@5':>6} {'R@10':>6} {'R@25':>6} {'R@50':>6} | "
+    rows = [f"\n{'steps (same data, same k)':<30}{'R@5':>6} {'R@10':>6} {'R@25':>6} {'R@50':>6} | "
             f"{'no-adv R@10':>11} | {'≤500':>6} {'≤1000':>6} {'≤2000':>6} tok"]
     for step in out["ablation"]:
         if not step["built"]:
@@ -456,16 +462,30 @@ def _ablation_table(out: dict[str, Any]) -> list[str]:
 # -- the command ------------------------------------------------------------------
 
 
+def read_variants(path: Path) -> dict[str, dict[str, Any]]:
+    """{name: {setting: value}} from a JSON file; ValueError naming the first unknown setting."""
+    variants = orjson.loads(path.read_bytes())
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise ValueError("expected a JSON object of {name: {setting: value}}")
+    for name, overrides in variants.items():
+        unknown = sorted(set(overrides) - set(Settings.model_fields))
+        if unknown:
+            raise ValueError(f"variant {name!r}: unknown setting(s) {', '.join(unknown)}")
+    return variants
+
+
 def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: bool, settings: Settings,
-            embedder: Embedder | None = None, light_in_process: bool = False) -> int:
-    """Exit code 0 with the figures on stdout; 2 if the data cannot be read, 1 if the run failed."""
+            embedder: Embedder | None = None, light_in_process: bool = False, variants: Path | None = None) -> int:
+    """Exit code 0 with the figures on stdout; 2 if the data or the variants cannot be read, 1 if the run failed."""
     try:
         convs = load(data, conversations)
+        named = read_variants(variants) if variants else None
     except (OSError, ValueError, KeyError) as exc:
-        sys.stderr.write(f"cannot read LoCoMo data from {data}: {exc}\n")
+        sys.stderr.write(f"cannot read LoCoMo data or variants ({data}, {variants}): {exc}\n")
         return 2
     try:
-        out = measure(convs, settings, ablation=ablation, embedder=embedder, light_in_process=light_in_process)
+        out = measure(convs, settings, ablation=ablation, embedder=embedder, light_in_process=light_in_process,
+                      variants=named)
     except TimeoutError as exc:
         sys.stderr.write(f"locomo: {exc}\n")
         return 1

@@ -223,6 +223,21 @@ def test_the_ladder_adds_one_mechanism_per_step_and_shares_ingests() -> None:
     assert len({ingest_key(o) for o in built}) == 2  # only context indexing changes what is written
 
 
+def test_variants_name_known_settings_or_are_refused(tmp_path: Path) -> None:
+    from bench.locomo import read_variants
+
+    good = tmp_path / "good.json"
+    good.write_bytes(orjson.dumps({"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}}))
+    assert read_variants(good) == {"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}}
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(orjson.dumps({"typo": {"decay_flor": 0.5}}))
+    with pytest.raises(ValueError, match="decay_flor"):
+        read_variants(bad)
+    bad.write_bytes(b"[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        read_variants(bad)
+
+
 # -- end to end -------------------------------------------------------------------
 
 
@@ -248,6 +263,22 @@ def test_a_tiny_conversation_runs_end_to_end(tmp_path: Path, settings, embedder,
         assert system["search_p95_ms"] >= system["search_p50_ms"] >= 0
     assert out["systems"]["memflow"]["search_p50_ms"] > 0
     assert out["systems"]["memflow"]["failed_searches"] == 0
+
+
+def test_variants_share_an_ingest_and_each_gets_a_row(tmp_path: Path, settings, embedder, capsys) -> None:
+    data, variants = tmp_path / "tiny.json", tmp_path / "variants.json"
+    data.write_text(json.dumps([SAMPLE]))
+    variants.write_bytes(orjson.dumps({"rrf": {"fusion": "rrf"}, "score": {"fusion": "score"},
+                                       "no context": {"episode_context": False}}))
+    code = run_cli(data, conversations=None, as_json=True, ablation=False, settings=settings, embedder=embedder,
+                   light_in_process=True, variants=variants)
+    assert code == 0
+    out = orjson.loads(capsys.readouterr().out)
+    rows = {row["step"]: row for row in out["ablation"]}
+    assert list(rows) == ["rrf", "score", "no context"] and all(r["built"] for r in rows.values())
+    assert rows["rrf"]["ingest"] == rows["score"]["ingest"]  # one ingest (its seconds would differ otherwise)
+    assert rows["no context"]["overrides"] == {"episode_context": False}
+    assert all(r["recall"]["50"] == 100.0 for r in rows.values())
 
 
 def test_unreadable_data_is_exit_code_2(tmp_path: Path, settings, capsys) -> None:

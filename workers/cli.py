@@ -238,12 +238,15 @@ def eval_scenarios(path: Path, as_json: JsonFlag = False,
 def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Path("../shared/datasets/locomo10.json"),
                  conversations: Annotated[int | None, typer.Option(help="Only the first N.")] = None,
                  as_json: JsonFlag = False,
-                 ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False) -> None:
+                 ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False,
+                 variants: Annotated[Path | None, typer.Option(
+                     help="JSON {name: {setting: value}}: memflow once per variant (sharing ingests)."
+                 )] = None) -> None:
     """LoCoMo evidence recall@k for memflow and two baselines, side by side."""
     from bench.locomo import run_cli
 
     raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
-                             settings=_settings("WARNING")))
+                             settings=_settings("WARNING"), variants=variants))
 
 
 @bench_app.command("perf")

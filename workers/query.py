@@ -160,9 +160,11 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
 
 
 def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:
-    """The top fused candidates with their relevance; the chosen ones with every factor of their score."""
+    """The top fused candidates with their relevance, and every chosen one (a reserved place may go to a
+    memory below the top 20) with every factor of its score."""
     factors = {h.id: {name: round(v, 6) for name, v in h.scores.items()} for h in result.hits}
-    return [{"id": m.id, "score": round(score, 6), **factors.get(m.id, {})} for m, score in scored[:20]]
+    shown = [(m, score) for i, (m, score) in enumerate(scored) if i < 20 or m.id in factors]
+    return [{"id": m.id, "score": round(score, 6), **factors.get(m.id, {})} for m, score in shown]
 
 
 def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: str | None) -> dict[str, Any]:

@@ -13,7 +13,18 @@ from shared.settings import Settings, to_env
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     parent = Settings(redis_url="redis://127.0.0.1:1/0", stream_prefix="p:", data_dir=Path("/tmp/x"),
                       reclaim_idle_ms=300, intent_planning=False, qdrant_api_key=SecretStr("k"),
-                      whole_subject_weight=0.25)
+                      whole_subject_weight=0.25, decay_tau_hours={"preference": 100.0},
+                      type_quotas={"episode": 0.5}, reserved_types={}, fusion="rrf")
     for name, value in to_env(parent).items():
         monkeypatch.setenv(name, value)
     assert Settings() == parent
+
+
+def test_dict_settings_are_json_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFLOW_DECAY_TAU_HOURS", '{"preference": 2160, "fact": 4320}')
+    monkeypatch.setenv("MEMFLOW_RESERVED_TYPES", "{}")
+    settings = Settings()
+    assert settings.decay_tau_hours == {"preference": 2160.0, "fact": 4320.0} and settings.reserved_types == {}
+    monkeypatch.setenv("MEMFLOW_FUSION", "max")
+    with pytest.raises(ValueError, match="fusion"):
+        Settings()

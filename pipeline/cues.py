@@ -131,7 +131,7 @@ FIRST_PERSON_FACT = _rx(
 
 # Asserting something about a topic or a project ("数据库是…", "CI 用的是…").
 ASSERTION = _rx(
-    r"(?<![不还就但可])是|用的|用了|使用|采用|叫|住|搬|在做|负责",
+    r"(?<![不还就但可])是|用的|用了|使用|采用|叫|住|搬|在做|负责|跳槽|入职|加入",
     r"\b(?:is|are|was|were|uses?|using|used|called|named|lives?|moved|works?|runs?|built)\b",
 )
 
@@ -214,6 +214,13 @@ TOPICS: tuple[Topic, ...] = (
     _topic("tool.package_manager", _P, r"包管理|依赖管理", r"\bpnpm\b|\bnpm\b|\byarn\b|\bpoetry\b|\bpackage manager\b"),
     _topic("tool.editor", _P, r"编辑器", r"\bvim\b|\bneovim\b|\bemacs\b|\bvs ?code\b|\bide\b|\bpycharm\b|\beditor\b"),
     _topic("location.address", _F, r"地址|住址|门牌", r"\baddress\b"),
+    # The manager before places: "my manager is now Aisha, Tom moved to another team" is no city.
+    _topic(
+        "person.manager",
+        _F,
+        r"我的?(?:直属)?(?:领导|上司|老板|主管|经理)",
+        r"\bmy (?:manager|boss|supervisor|team lead|lead)\b",
+    ),
     _topic(
         "location.city",
         _F,
@@ -231,13 +238,14 @@ TOPICS: tuple[Topic, ...] = (
         r"|student|researcher|scientist|nurse|lawyer|consultant|architect)\b|\bmy (?:job|role|title)\b"
         r"|\bi work as\b",
     ),
-    _topic(
-        "person.manager",
-        _F,
-        r"我的?(?:直属)?(?:领导|上司|老板|主管|经理)",
-        r"\bmy (?:manager|boss|supervisor|team lead|lead)\b",
-    ),
     _topic("health.diet", _F, r"素食|吃素|忌口|清真", r"\bvegetarian\b|\bvegan\b|\bkosher\b|\bhalal\b"),
+    # Saying where one works comes before the tech stack: "I work at Stripe as a backend engineer".
+    _topic(
+        "work.employer",
+        _F,
+        r"在[^，,。]{1,15}?(?:工作|上班|任职|实习)|入职|就职|跳槽到|跳槽去",
+        r"\bi (?:now )?work (?:at|for|in)\b|\bi(?:'ve| have)? joined\b",
+    ),
     _topic(
         "tech.db",
         _F,
@@ -256,10 +264,6 @@ TOPICS: tuple[Topic, ...] = (
     ),
     _topic("tech.cloud", _F, r"阿里云|腾讯云|华为云|云服务", r"\baws\b|\bgcp\b|\bazure\b|\bgoogle cloud\b", True),
     _topic("tech.deploy", _F, r"部署在|部署到|部署方式", r"\bdeployed (?:on|to)\b|\bkubernetes\b|\bk8s\b", True),
-    _topic(
-        "work.employer",
-        _F,
-        r"在[^，,。]{1,15}?(?:工作|上班|任职|实习)|入职|就职|我(?:们)?公司",
-        r"\bi work (?:at|for|in)\b|\bmy (?:company|employer)\b|\bi joined\b",
-    ),
+    # "我们公司…" / "my company…" only names the employer when no tech topic claimed the sentence.
+    _topic("work.employer", _F, r"我(?:们)?公司", r"\bmy (?:company|employer)\b"),
 )

@@ -69,7 +69,8 @@ SECRETS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "api_key",
         _rx(
-            r"(?:\b(?:api[_ -]?key|secret(?:[_ -]?key)?|access[_ -]?token|auth[_ -]?token|token)\b"
+            r"(?:\b(?:api[_ -]?key|(?:aws[_ -])?secret(?:[_ -]?access)?(?:[_ -]?key)?|private[_ -]?key"
+            r"|access[_ -]?token|auth[_ -]?token|token)\b"
             r"|密钥|秘钥|令牌)\s*(?:是|为|=|:|：|\bis\b)\s*(?P<secret>[\x21-\x7e]{6,})"
         ),
     ),
@@ -105,7 +106,7 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 # A message is filler when every piece of it is one of these.
 FILLER_ZH = tuple(
     "好的 好滴 好嘞 好吧 好了 好 行吧 行 可以 没问题 嗯 哦 噢 喔 哈 呵呵 嘿嘿 明白了 明白 懂了 知道了 了解了 了解"
-    " 收到了 收到 谢谢你 谢谢 谢了 多谢 感谢 辛苦了 对的 对 是的 没错 请稍等 稍等 okay ok"
+    " 收到了 收到 谢谢你 谢谢 谢了 谢 多谢 感谢 辛苦了 对的 对 是的 没错 请稍等 稍等 okay ok"
     # Particles that only colour the words above ("好的呀", "嗯嗯").
     " 呀 啦 啊 呢 吧 嘛 了 的".split()
 )

@@ -46,7 +46,9 @@ INTENT_DIRS: dict[Intent, tuple[Dir, ...]] = {
     "event_recall": (_D.events, _D.entities),
     # Decisions are filed under `events` with their reasons (tagging.CATEGORY_DIR).
     "decision_trace": (_D.events, _D.patterns, _D.entities),
-    "rule_statement": (_D.system, _D.general),
+    # Only `system`: with `general` beside it an ordinary fact outranked the rule asked for
+    # (a rule the tagger missed is still found by the whole-subject route).
+    "rule_statement": (_D.system,),
     "skill_request": (_D.skills, _D.tools),
     "correction": (_D.preferences, _D.system, _D.entities),
     # A new task needs how the user wants things done and what must not be done, not history.
@@ -168,8 +170,8 @@ CUES: tuple[Cue, ...] = (
             r"选型|理由|依据|原因|怎么定的|决策|取舍|最[后终](?:定|选|用)",
             r"\b(?:land|landed|settle|settled) on\b",
             r"\bwhy (?:did|do|does|were|was|are) (?:we|you|i|they)\b|\bwhat did (?:we|you|i) (?:decide|choose|pick)\b"
-            r"|\bdecid|\bdecision\b|\brationale\b|\breasons? (?:for|why|behind)\b|\bthe reason\b|\bchose\b|\bchoose\b"
-            r"|\bpicked\b|\bwent with\b|\btrade-?offs?\b",
+            r"|\bdecid|\bdecision\b|\brationale\b|\breason(?:s|ing)? (?:for|why|behind)\b|\bthe reason\b"
+            r"|\bchose\b|\bchoose\b|\bpick(?:ed|ing)\b|\bwent with\b|\btrade-?offs?\b",
         ),
         3,
     ),

@@ -41,7 +41,7 @@ _REMEMBER_TAIL = re.compile(
     re.I,
 )
 _CORRECTION_HEAD = re.compile(
-    r"^(?:更正一下|更正|纠正一下|纠正|说错了|搞错了|弄错了|记错了|不对|correction|update|actually|sorry"
+    r"^(?:更正一下|更正|纠正一下|纠正|(?:你|我)?(?:说错了|搞错了|弄错了|记错了)|不对|correction|update|actually|sorry"
     r"|to correct|let me correct(?: that)?|you got (?:it|that) wrong)[\s:：,，!！]*",
     re.I,
 )

@@ -162,6 +162,22 @@ def test_correction_supersedes_by_key_with_the_new_value() -> None:
     assert "上海" in new.content and "北京" not in new.content
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("我在阿里巴巴工作，做后端开发。", "我已经跳槽到字节跳动了。", "work.employer"),
+        ("I work at Stripe as a backend engineer.", "Correction: I work at Shopify now.", "work.employer"),
+        ("My manager is Tom Berger.", "Update: my manager is now Aisha Khan, Tom moved to another team.",
+         "person.manager"),
+        ("我住在北京，平时在海淀上班。", "你记错了，我住在杭州，不在北京。", "location.city"),
+    ],
+)
+def test_an_update_in_other_words_keeps_the_topic_key(old: str, new: str, key: str) -> None:
+    before = one(run(TriggerReason.session_end, turn(old)))
+    after = one(run(TriggerReason.session_end, turn(new, "e2")))
+    assert before.key == after.key == key
+
+
 def test_english_correction_of_an_entity_attribute() -> None:
     old = one(run(TriggerReason.session_end, turn("My manager is called Dana.")))
     new = one(realtime("Correction: my manager is not Dana anymore, it's Priya now."))

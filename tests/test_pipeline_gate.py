@@ -27,6 +27,7 @@ from pipeline.models import Role
         "🙏🙏🎉",
         "...",
         "好的 thanks",
+        "行吧，谢啦",
     ],
 )
 def test_filler_is_dropped(text: str) -> None:
@@ -58,6 +59,8 @@ def test_filler_words_inside_a_statement_do_not_drop_it(text: str) -> None:
         ("AKIAIOSFODNN7EXAMPLE is our AWS key id", "AKIAIOSFODNN7EXAMPLE", "api_key"),
         ("token ghp_abcdefghijklmnopqrstuvwxyz0123456789 works", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "api_key"),
         ("the api_key = 9f8e7d6c5b4a3210", "9f8e7d6c5b4a3210", "api_key"),
+        ("My AWS secret access key is wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI", "api_key"),
+        ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI", "api_key"),
         ("Authorization: Bearer abcdef0123456789abcdef", "abcdef0123456789abcdef", "token"),
         ("我的身份证号是 11010519491231002X。", "11010519491231002X", "id_card"),
         ("工资卡号 6222 0212 3456 7890 123，别弄丢", "6222 0212 3456 7890 123", "bank_card"),

@@ -69,6 +69,7 @@ CASES: list[tuple[str, Intent]] = [
     ("为什么用 Redis 而不用 Kafka？", "decision_trace"),
     ("what did we decide about the database?", "decision_trace"),
     ("Why did we choose Postgres for Atlas?", "decision_trace"),
+    ("What was the reasoning behind picking RabbitMQ?", "decision_trace"),
     ("不能把密钥提交到 git", "rule_statement"),
     ("有什么事情是绝对不能做的？", "rule_statement"),
     ("有哪些规矩要遵守？", "rule_statement"),

@@ -203,6 +203,7 @@ TOPICS: tuple[Topic, ...] = (
     _topic("reply.tone", _P, r"语气|口语化|正式一点|表情", r"\btone\b|\bformal\b|\bcasual\b|\bemojis?\b"),
     _topic("contact.email", _F, r"邮箱|邮件地址", r"\bemail address\b|\bmy e-?mail\b"),
     _topic("contact.phone", _F, r"手机号|电话号码|联系电话", r"\bphone number\b|\bmy number\b"),
+    _topic("device.phone", _F, r"手机(?!号)", r"\bmy (?:phone|smartphone|mobile)\b(?! number)"),
     _topic("contact.wechat", _F, r"微信号", r"\bwechat id\b"),
     _topic(
         "notify.channel",
@@ -219,7 +220,7 @@ TOPICS: tuple[Topic, ...] = (
         "person.manager",
         _F,
         r"我的?(?:直属)?(?:领导|上司|老板|主管|经理)",
-        r"\bmy (?:manager|boss|supervisor|team lead|lead)\b",
+        r"\bmy (?:manager|boss|supervisor|team lead|lead)\b|\breports? to\b",
     ),
     _topic(
         "location.city",

@@ -314,6 +314,8 @@ class Route(Wire):
     dirs: list[Dir] = Field(default_factory=list)
     strategy: Strategy = "semantic"
     weight: float = Field(default=1.0, ge=0.0, le=10.0)
+    # Only memories stored under one of these topic keys (the topic the query asks about).
+    keys: list[str] = Field(default_factory=list, max_length=5)
 
 
 class QueryPlan(Wire):

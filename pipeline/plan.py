@@ -20,6 +20,7 @@ from typing import Literal
 from pipeline import cues
 from pipeline.models import Dir, MType, QueryPlan, Route
 from pipeline.statements import is_question
+from pipeline.topics import asked_topic_key
 
 Intent = Literal[
     "preference_update",
@@ -287,6 +288,9 @@ BM25_WEIGHT = 0.5
 BM25_WEIGHT_BY_INTENT: dict[Intent, float] = {"decision_trace": 0.8}
 EXACT_WEIGHT = 0.7
 MAX_EXACT_ROUTES = 3
+# A query about a single-valued topic ("Who do I report to?") also searches that topic's key:
+# the current value wins even when it shares no word with the question.
+TOPIC_WEIGHT = 0.5
 # A low-weight whole-subject route: a misclassified query must never end in a silent
 # "I don't remember" (seed 000: 宁可多查一个目录). 0 drops it.
 WHOLE_SUBJECT_WEIGHT = 0.3
@@ -377,6 +381,9 @@ def routes_for(query: str, intent: Intent) -> list[Route]:
         weight = BM25_WEIGHT_BY_INTENT.get(intent, BM25_WEIGHT)
         routes.append(Route(text=query, dirs=dirs, strategy="bm25", weight=weight))
     routes += [Route(text=name, dirs=dirs, strategy="exact_match", weight=EXACT_WEIGHT) for name in names]
+    topic = asked_topic_key(query)
+    if topic is not None:
+        routes.append(Route(text=query, keys=[topic], weight=TOPIC_WEIGHT))
     if dirs and WHOLE_SUBJECT_WEIGHT > 0:
         routes.append(Route(text=query, dirs=[], strategy="semantic", weight=WHOLE_SUBJECT_WEIGHT))
     return routes

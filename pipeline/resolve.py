@@ -139,16 +139,19 @@ def _guarded(m: Memory) -> bool:
 
 
 def _settle(c: Candidate, rivals: list[Memory], version: int) -> WriteBatch:
-    """Same key, other content: correct, hold for review, sit beside, or weigh."""
-    if c.source is Source.explicit_correction:
-        return _supersede(c, rivals, version, "explicit correction")
-    if any(_guarded(m) for m in rivals):
-        return _review(c, rivals, version, "would override a pinned or system memory")
+    """Same key, other content: sit beside, arrive too late, correct, hold for review, or weigh."""
     old = max(rivals, key=lambda m: (m.version, m.updated_at))
     if c.source is Source.tool and old.source is not Source.tool:
         return _put(c, Action.complement, "tool output is kept apart from what was said", version)
     if c.mtype is MType.temp_preference and old.mtype is MType.preference:
         return _put(c, Action.complement, "a temporary wish sits beside the standing preference", version)
+    newest = max(rivals, key=lambda m: (m.created_at, m.version))
+    if newest.created_at > c.ts:
+        return _late(c, newest, version)
+    if c.source is Source.explicit_correction:
+        return _supersede(c, rivals, version, "explicit correction")
+    if any(_guarded(m) for m in rivals):
+        return _review(c, rivals, version, "would override a pinned or system memory")
     return _weigh(c, old, rivals, version)
 
 
@@ -187,6 +190,16 @@ def _supersede(c: Candidate, rivals: list[Memory], version: int, why: str) -> Wr
     retire = {"status": Status.superseded.value, "superseded_by": new.id, "valid_to": c.ts}
     patches = [PatchOp(id=m.id, expected_rev=m.rev, set=retire, why=why) for m in rivals]
     return _batch(c, Action.supersede, why, [PutOp(memory=new), *patches])
+
+
+def _late(c: Candidate, newer: Memory, version: int) -> WriteBatch:
+    """A statement that arrives after a newer one on its key (a session's end is processed after a
+    realtime correction made later): it is history at once, never the current value. Event time, not
+    arrival order, decides what is current."""
+    old = new_memory(c, version=version, status=Status.superseded)
+    old = old.model_copy(update={"superseded_by": newer.id, "valid_to": newer.created_at})
+    return _batch(c, Action.supersede, f"older than the current memory ({newer.created_at.isoformat()})",
+                  [PutOp(memory=old)])
 
 
 def _contest(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:

@@ -55,6 +55,8 @@ class Found:
     weight: float
     keyword: Sequence[Scored] = ()
     dense: Sequence[Scored] = ()
+    # Every memory found counts 1 (a topic-key route: being stored under the asked topic is the match).
+    flat: bool = False
 
     @property
     def empty(self) -> bool:
@@ -74,6 +76,9 @@ def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: floa
     dense_best = max((score for f in found for _, score in f.dense), default=0.0)
     routes = []
     for f in found:
+        if f.flat:
+            routes.append((f.weight, [(m, 1.0) for m in {m.id: m for m, _ in [*f.keyword, *f.dense]}.values()]))
+            continue
         keyword = smoothed(normalised(f.keyword, 0.0, keyword_best), smoothing)
         meaning = normalised(f.dense, dense_floor, dense_best)
         routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
@@ -123,10 +128,13 @@ def unscoped(plan: QueryPlan) -> QueryPlan:
     return plan.model_copy(update={"routes": [r.model_copy(update={"dirs": []}) for r in plan.routes]})
 
 
-def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25: float) -> QueryPlan:
-    """The plan with the weights that live in settings: whole-subject routes (no dirs),
-    exact-match routes and bm25 routes. A route weighted 0 is dropped (not run at all)."""
+def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25: float,
+             topic: float = 0.5) -> QueryPlan:
+    """The plan with the weights that live in settings: whole-subject routes (no dirs), exact-match,
+    bm25 and topic-key routes. A route weighted 0 is dropped (not run at all)."""
     def weight(r: Route) -> float:
+        if r.keys:
+            return topic
         if r.strategy == "exact_match":
             return exact_match
         if r.strategy == "bm25":

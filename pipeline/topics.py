@@ -101,6 +101,13 @@ def key_for(mtype: MType, text: str) -> str:
     return normalize_key(f"{_PREFIX.get(mtype, mtype.value)}.{'.'.join(words) or _compact(scope)}")
 
 
+def asked_topic_key(query: str) -> str | None:
+    """The key a statement on the topic a query asks about is stored under ("Who do I report to?" →
+    person.manager), or None when it names no known topic: single-valued topics are answered by key."""
+    topic = topic_of(query)
+    return _topic_key(topic.mtype, query) if topic is not None else None
+
+
 def _topic_key(mtype: MType, scope: str) -> str | None:
     topic, project = topic_of(scope), project_of(scope)
     if topic and topic.per_project and project:

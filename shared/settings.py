@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     # bm25 route only double-counts the keyword half of the semantic routes (bench/RESULTS.md).
     exact_match_weight: float = Field(default=0.0, ge=0.0)
     bm25_route_weight: float = Field(default=0.0, ge=0.0)
+    # Score given to memories stored under the key of the topic a query asks about ("Who do I
+    # report to?" → person.manager), on top of their relevance; 0 drops the route.
+    topic_route_weight: float = Field(default=0.5, ge=0.0)
     # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
     episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:

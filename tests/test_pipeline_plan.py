@@ -239,3 +239,14 @@ def test_is_ambiguous(query: str, ambiguous: bool) -> None:
 def test_a_route_outside_the_closed_set_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         Route.model_validate({"text": "q", **bad})
+
+
+@pytest.mark.parametrize(
+    ("query", "key"),
+    [("Who do I report to?", "person.manager"), ("我现在用什么型号的手机？", "device.phone"),
+     ("我现在住在哪个城市？", "location.city"), ("What's the weather like today?", None)],
+)
+def test_a_question_about_a_known_topic_also_searches_its_key(query: str, key: str | None) -> None:
+    keyed = [r for r in plan(query).routes if r.keys]
+    assert [r.keys for r in keyed] == ([[key]] if key else [])
+    assert all(r.dirs == [] and r.strategy == "semantic" for r in keyed)

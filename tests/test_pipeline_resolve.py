@@ -218,6 +218,17 @@ def test_explicit_correction_supersedes() -> None:
     assert op.set == {"status": "superseded", "superseded_by": new.id, "valid_to": T1}
 
 
+def test_a_statement_older_than_the_current_value_arrives_as_history() -> None:
+    """A session's end is processed after a later realtime correction: event time decides, not arrival."""
+    current = new_memory(cand("更正：我住在上海", source=Source.explicit_correction, ts=T1))
+    late = cand("我住在北京", ts=T0, events=("e0",), session="s0")
+    batch = decide(late, [near(current)])
+    [put] = puts(batch)
+    assert batch.action is Action.supersede and patches(batch) == []  # the current value is untouched
+    assert put.status is Status.superseded and put.superseded_by == current.id and put.valid_to == T1
+    assert put.version == current.version + 1 and put.id != current.id
+
+
 def test_new_version_counts_past_superseded_history() -> None:
     v1 = mem("住在北京").model_copy(update={"status": Status.superseded})
     v2 = mem("住在上海").model_copy(update={"version": 2, "id": memory_id("u1", "location.city", 2)})

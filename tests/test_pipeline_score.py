@@ -165,3 +165,11 @@ def test_a_relevant_long_term_preference_keeps_a_place_among_chatter() -> None:
     short = (memory("s", mtype=MType.preference), {"final": 0.9})  # an inference on probation: no place kept
     assert with_reserved(chatter, [*chatter, short], {"preference": 1}, 0.25) == chatter
     assert with_reserved([pref, *chatter[:4]], ranked, {"preference": 1}, 0.25) == [pref, *chatter[:4]]
+
+
+def test_a_topic_key_route_adds_a_flat_score_to_what_is_stored_under_the_key() -> None:
+    chatter, manager = memory("chatter"), memory("manager", key="person.manager")
+    whole = Found(1.0, keyword=[(chatter, 4.0)], dense=[(chatter, 0.6), (manager, 0.3)])
+    keyed = Found(0.5, keyword=[], dense=[(manager, 0.3)], flat=True)
+    fused = dict((m.id, round(s, 6)) for m, s in fuse_found([whole, keyed], dense_weight=0.3))
+    assert fused == {"chatter": 1.3, "manager": round(0.3 * 0.5 + 0.5, 6)}

@@ -60,3 +60,17 @@ def test_chatter_that_parrots_the_question_does_not_crowd_out_a_used_preference(
     trace = orjson.loads(fields[FIELD.encode()])
     chosen = next(c for c in trace["candidates"] if c["id"] == pref["id"])
     assert {"relevance", "strength", "hotness", "tier", "lifecycle", "final"} <= chosen.keys()
+
+
+def test_a_question_about_a_topic_finds_its_current_value_in_other_words(system: System) -> None:
+    say(system, "boss", "b1", "My manager is Tom Becker, he runs the platform group.", at=T0)
+    say(system, "boss", "b2", "I have a one-on-one every Monday.", at=T0 + timedelta(minutes=1))
+    end(system, "boss", "s1", at=T0 + timedelta(minutes=5))
+    later = T0 + timedelta(days=20)
+    say(system, "boss", "b3", "Correction: my manager is now Aisha Khan, Tom moved to another team.", session="s2",
+        at=later)
+    end(system, "boss", "s2", at=later + timedelta(minutes=5))
+    assert system.client.wait_idle(timeout_s=60)
+    result = system.client.search("boss", "Who do I report to?", k=3, now=later + timedelta(days=1))
+    assert "Aisha" in result.hits[0].content, [h.content for h in result.hits]
+    assert all("Tom Becker" not in h.content for h in result.hits)

@@ -83,7 +83,8 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
     if not settings.intent_planning:
         return flat_plan(req.query)
     plan = reweight(make_plan(req.query), whole_subject=settings.whole_subject_weight,
-                    exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight)
+                    exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight,
+                    topic=settings.topic_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
 
 
@@ -128,13 +129,14 @@ def _fused(settings: Settings, found: list[Found]) -> list[Scored]:
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
                pool: int) -> Found:
     """One route's raw candidates (in "rrf" mode: the engine's fused list, as `keyword`)."""
-    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes)
+    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
+                       keys=route.keys or None)
     dense = vectors.get(route.text) if route.strategy == "semantic" else None
     try:
         if ctx.settings.fusion == "rrf" and dense is not None:
             return Found(route.weight, _query(ctx, flt, "hybrid", route.text, dense, pool))
         meaning = _query(ctx, flt, "dense", None, dense, pool) if dense is not None else []
-        return Found(route.weight, _query(ctx, flt, "sparse", route.text, None, pool), meaning)
+        return Found(route.weight, _query(ctx, flt, "sparse", route.text, None, pool), meaning, flat=bool(route.keys))
     except StoreUnavailable:
         if not route.dirs:
             raise

@@ -268,3 +268,15 @@ def test_a_small_eval_through_the_real_pipeline(settings, embedder, monkeypatch)
     assert {"id", "passed", "expectations", "runnable", "reason"} <= dumped["scenarios"][0].keys()
     text = render(report)
     assert "NOT RUNNABLE" in text and "decay" in text and "pass rate" in text
+
+
+PROBES = Path(__file__).parent.parent / "bench" / "probe-scenarios.jsonl"
+
+
+def test_the_probe_scenarios_hold(settings, embedder) -> None:
+    """28 scenarios written to probe generalisation (new wording, domains, distractors; zh and en):
+    a regression guard on the whole write and read path. 53 of 56 expectations passed when written."""
+    report = evaluate(parse_lines(PROBES.read_text().splitlines()), settings, embedder, file=str(PROBES))
+    failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
+    assert report.not_runnable == 0
+    assert len(failed) <= 3, failed

@@ -32,7 +32,7 @@ from pipeline.models import (
     WriteBatch,
     WriteOp,
 )
-from pipeline.statements import negations
+from pipeline.statements import negations, normal, overlap
 
 # Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
 PROTECTED_USES = 5
@@ -51,7 +51,6 @@ REPEATED_CONFIDENCE = 0.75
 # A candidate may already be one of these (a redelivery after a `review` put included).
 _HELD = frozenset({*SEARCHABLE_STATUSES, Status.pending_review})
 _PREFERENCES = frozenset({MType.preference, MType.temp_preference})
-_NOT_CONTENT = re.compile(r"[\W_]+")
 # Fields a patch may never set: identity, provenance (only grown by union) and revision.
 _FROZEN_FIELDS = frozenset({"id", "subject", "rev", "created_at", "source_event_ids", "session_ids"})
 
@@ -112,7 +111,7 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
 
 
 def _restates(c: Candidate, m: Memory) -> bool:
-    return m.key == c.key and m.status in _HELD and _normal(m.content) == _normal(c.content)
+    return m.key == c.key and m.status in _HELD and normal(m.content) == normal(c.content)
 
 
 def _rivals(c: Candidate, m: Memory) -> bool:
@@ -130,7 +129,7 @@ def _contradicts_guarded(c: Candidate, n: Neighbour) -> bool:
     m = n.memory
     if not is_keyed(c.mtype) or m.status not in SEARCHABLE_STATUSES or not _guarded(m):
         return False
-    close = n.similarity >= CONTRADICTION_SIMILARITY and _overlap(c.content, m.content) >= CONTRADICTION_OVERLAP
+    close = n.similarity >= CONTRADICTION_SIMILARITY and overlap(c.content, m.content) >= CONTRADICTION_OVERLAP
     return close and negations(c.content) % 2 != negations(m.content) % 2
 
 
@@ -256,22 +255,8 @@ def _union(old: Iterable[str], new: Iterable[str]) -> list[str]:
     return list(dict.fromkeys([*old, *new]))
 
 
-def _normal(text: str) -> str:
-    return _NOT_CONTENT.sub("", text.lower())
-
-
-def _bigrams(text: str) -> set[str]:
-    s = _normal(text)
-    return {s[i : i + 2] for i in range(len(s) - 1)} or {s}
-
-
-def _overlap(a: str, b: str) -> float:
-    x, y = _bigrams(a), _bigrams(b)
-    return len(x & y) / len(x | y)
-
-
 def _same_wording(a: str, b: str) -> bool:
     """Close wording, same polarity, same numbers: "PostgreSQL 15" is no duplicate of "PostgreSQL 16"."""
     digits_a, digits_b = re.findall(r"\d+", a), re.findall(r"\d+", b)
     same_polarity = negations(a) % 2 == negations(b) % 2
-    return same_polarity and digits_a == digits_b and _overlap(a, b) >= LEXICAL_DUPLICATE
+    return same_polarity and digits_a == digits_b and overlap(a, b) >= LEXICAL_DUPLICATE

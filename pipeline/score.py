@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Literal
 
 from pipeline.models import Dir, Hit, Memory, MType, QueryPlan, Route, Status, Tier
+from pipeline.statements import coverage
 
 # A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
 # original RRF paper. The store engines fuse their prefetches with the same constant.
@@ -146,13 +147,19 @@ def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25:
     return plan.model_copy(update={"routes": kept})
 
 
+# A distilled memory stands in for its episode only if it repeats this much of the turn's wording.
+COLLAPSE_COVERAGE = 0.8
+
+
 def collapse_records(candidates: Sequence[tuple[Memory, float]]) -> list[tuple[Memory, float]]:
-    """One entry per thing said: an episode gives way to a memory distilled from the same events.
+    """One entry per thing said: an episode gives way to a memory distilled from the same events
+    that says (nearly) all the episode says.
 
     A turn is kept verbatim (episode) and may also yield a preference or fact; both would
     otherwise fill two of the k places (and two lines of a packed prompt) with the same
     words. The distilled memory stays, with the better of the two relevances; its
-    provenance names the same events.
+    provenance names the same events. A turn that said more than was distilled ("I don't
+    like long examples; keep any example under 10 lines") keeps its episode.
     """
     by_event: dict[str, int] = {}
     for i, (memory, _) in enumerate(candidates):
@@ -165,7 +172,9 @@ def collapse_records(candidates: Sequence[tuple[Memory, float]]) -> list[tuple[M
         if memory.mtype is not MType.episode or not memory.source_event_ids:
             continue
         owner = by_event.get(memory.source_event_ids[0])
-        if owner is not None and all(by_event.get(e) == owner for e in memory.source_event_ids):
+        if owner is None or any(by_event.get(e) != owner for e in memory.source_event_ids):
+            continue
+        if coverage(candidates[owner][0].content, memory.content) >= COLLAPSE_COVERAGE:
             best[owner] = max(best[owner], score)
             dropped.add(i)
     return [(m, best[i]) for i, (m, _) in enumerate(candidates) if i not in dropped]

@@ -98,3 +98,29 @@ def _drop_restated_old(body: str) -> str:
         if not _RESTATES_OLD.match(clause.strip()):
             kept += [sep, clause]
     return "".join(kept).strip(" ，,")
+
+
+_NOT_CONTENT = re.compile(r"[\W_]+")
+
+
+def normal(text: str) -> str:
+    """Lowercased, without punctuation or spaces: for comparing wordings."""
+    return _NOT_CONTENT.sub("", text.lower())
+
+
+def bigrams(text: str) -> set[str]:
+    """Character bigrams of the normal form (Chinese has no word boundaries)."""
+    s = normal(text)
+    return {s[i : i + 2] for i in range(len(s) - 1)} or {s}
+
+
+def overlap(a: str, b: str) -> float:
+    """Jaccard similarity of the two wordings' bigrams."""
+    x, y = bigrams(a), bigrams(b)
+    return len(x & y) / len(x | y)
+
+
+def coverage(part: str, whole: str) -> float:
+    """How much of `whole`'s wording `part` repeats (share of whole's bigrams)."""
+    x, y = bigrams(part), bigrams(whole)
+    return len(x & y) / len(y)

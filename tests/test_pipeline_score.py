@@ -125,13 +125,16 @@ def test_quotas_keep_one_type_from_filling_the_top_k_but_never_return_fewer() ->
 
 
 def test_an_episode_gives_way_to_what_was_distilled_from_the_same_turn() -> None:
-    episode = memory("ep", mtype=MType.episode, source_event_ids=["e1"])
-    fact = memory("fact", source_event_ids=["e1", "e7"])
+    episode = memory("ep", mtype=MType.episode, source_event_ids=["e1"], content="Mel: I prefer short answers.")
+    fact = memory("fact", source_event_ids=["e1", "e7"], content="Mel: I prefer short answers")
     other = memory("other-ep", mtype=MType.episode, source_event_ids=["e2"])
     both = memory("both", mtype=MType.episode, source_event_ids=["e1", "e3"])  # e3 is covered by no memory
     collapsed = collapse_records([(episode, 0.9), (other, 0.5), (fact, 0.3), (both, 0.2)])
     assert [(m.id, s) for m, s in collapsed] == [("other-ep", 0.5), ("fact", 0.9), ("both", 0.2)]
     assert [h.id for h in rank([(episode, 0.9), (fact, 0.3)], T0, 5, Lifecycle.off(collapse_records=True))] == ["fact"]
+    # The turn said more than was distilled from it: the episode stays.
+    longer = episode.model_copy(update={"content": "Mel: I prefer short answers; keep any example under 10 lines."})
+    assert [m.id for m, _ in collapse_records([(longer, 0.9), (fact, 0.3)])] == ["ep", "fact"]
 
 
 def test_smoothing_lifts_a_turn_by_the_turns_its_context_came_from() -> None:

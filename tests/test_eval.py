@@ -277,8 +277,11 @@ def test_the_probe_scenarios_hold(settings, embedder) -> None:
     """28 scenarios written to probe generalisation (new wording, domains, distractors; zh and en):
     a regression guard on the whole write and read path. 53 of 56 expectations pass on a quiet run;
     the correction scenarios are timing-sensitive on a busy machine (a session's end and a later
-    correction racing through resolve: seen as 51/56 in 1 run of 3), hence the margin of 2."""
-    report = evaluate(parse_lines(PROBES.read_text().splitlines()), settings, embedder, file=str(PROBES))
+    correction racing through resolve: seen as 51/56 in 1 run of 3), hence a margin of 2."""
+    # The suite's 300 ms reclaim (for its crash tests) re-delivers a resolve batch still being embedded on a
+    # busy machine; same-key candidates then race through re-resolves (a known write-path gap, issue 7).
+    quiet = settings.model_copy(update={"reclaim_idle_ms": 60_000})
+    report = evaluate(parse_lines(PROBES.read_text().splitlines()), quiet, embedder, file=str(PROBES))
     failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
     assert report.not_runnable == 0
     assert len(failed) <= 5, failed

@@ -52,7 +52,10 @@ class Settings(BaseSettings):
     # Resolve.
     duplicate_threshold: float = 0.92
     neighbour_threshold: float = 0.7
-    max_resolve_retries: int = 3
+    # Same-key candidates in one resolve batch all see the store as it was: each stale round settles at
+    # least one of them, so a burst of k writes on one key may need k rounds before the last one lands
+    # (a correction, its repeat at session end and the session it corrects are three already).
+    max_resolve_retries: int = 8
 
     # Search.
     search_k: int = 5

@@ -1,6 +1,6 @@
 """Turning engine candidates into ranked hits, as of `now` (DESIGN §4.3–4.4).
 
-score = relevance × lifecycle, where relevance is the routes' fused RRF score and
+score = relevance × lifecycle, where relevance is the routes' fused score (`fuse_found`) and
 
     lifecycle = (floor + (1 − floor) · strength) × hotness × (1 + long_term_bonus if long-term)
     strength  = exp(−Δt / τ[type])    Δt since the memory was last used or changed
@@ -130,7 +130,7 @@ def unscoped(plan: QueryPlan) -> QueryPlan:
 
 
 def reweight(plan: QueryPlan, *, whole_subject: float, exact_match: float, bm25: float,
-             topic: float = 0.5) -> QueryPlan:
+             topic: float) -> QueryPlan:
     """The plan with the weights that live in settings: whole-subject routes (no dirs), exact-match,
     bm25 and topic-key routes. A route weighted 0 is dropped (not run at all)."""
     def weight(r: Route) -> float:
@@ -230,11 +230,10 @@ class Lifecycle:
     reserved: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_RESERVED))
     reserve_min_share: float = 0.25
     enabled: bool = True
-    collapse_records: bool = False
 
     @classmethod
-    def off(cls, *, collapse_records: bool = False) -> Lifecycle:
-        return cls(enabled=False, quotas={}, reserved={}, collapse_records=collapse_records)
+    def off(cls) -> Lifecycle:
+        return cls(enabled=False, quotas={}, reserved={})
 
 
 def strength(memory: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
@@ -269,11 +268,12 @@ def lifecycle_scores(memory: Memory, relevance: float, now: datetime, cfg: Lifec
 
 
 def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int,
-         cfg: Lifecycle | None = None) -> list[Hit]:
-    """The top k visible candidates by relevance × lifecycle, within the per-type quotas."""
+         cfg: Lifecycle | None = None, *, collapse: bool = False) -> list[Hit]:
+    """The top k visible candidates by relevance × lifecycle, within the per-type quotas;
+    with `collapse`, one entry per thing said (`collapse_records`)."""
     cfg = cfg or Lifecycle.off()
     visible = [(m, s) for m, s in candidates if visible_at(m, now)]
-    if cfg.collapse_records:
+    if collapse:
         visible = collapse_records(visible)
     scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in visible]
     scored.sort(key=lambda pair: pair[1]["final"], reverse=True)

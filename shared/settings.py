@@ -14,7 +14,11 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS
+from pipeline.plan import TOPIC_WEIGHT
+from pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
+
+# The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
+_LC = Lifecycle()
 
 
 class Settings(BaseSettings):
@@ -76,7 +80,7 @@ class Settings(BaseSettings):
     bm25_route_weight: float = Field(default=0.0, ge=0.0)
     # Score given to memories stored under the key of the topic a query asks about ("Who do I
     # report to?" → person.manager), on top of their relevance; 0 drops the route.
-    topic_route_weight: float = Field(default=0.5, ge=0.0)
+    topic_route_weight: float = Field(default=TOPIC_WEIGHT, ge=0.0)
     # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
     episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
@@ -94,14 +98,14 @@ class Settings(BaseSettings):
     decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
     # Share of relevance a memory keeps however long unused: decay is a tie-breaker in ranking
     # (archiving what faded is the decay job's). 0.5 cost 9 points of LoCoMo R@5, 0.9 cost 0.3.
-    decay_floor: float = Field(default=0.9, ge=0.0, le=1.0)
-    hotness_step: float = Field(default=0.05, ge=0.0)
-    hotness_cap: float = Field(default=0.5, ge=0.0)
-    long_term_bonus: float = Field(default=0.15, ge=0.0)
+    decay_floor: float = Field(default=_LC.floor, ge=0.0, le=1.0)
+    hotness_step: float = Field(default=_LC.hotness_step, ge=0.0)
+    hotness_cap: float = Field(default=_LC.hotness_cap, ge=0.0)
+    long_term_bonus: float = Field(default=_LC.long_term_bonus, ge=0.0)
     type_quotas: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QUOTAS))
     # Places in the top k kept for a relevant long-term memory of these types (score ≥ share × best).
     reserved_types: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RESERVED))
-    reserve_min_share: float = Field(default=0.25, ge=0.0, le=1.0)
+    reserve_min_share: float = Field(default=_LC.reserve_min_share, ge=0.0, le=1.0)
     # An episode gives way to a memory distilled from the same turn (one result per thing said).
     collapse_records: bool = True
 

@@ -58,11 +58,11 @@ def test_score_fusion_sums_weighted_normalised_scores() -> None:
 def test_plan_switches() -> None:
     plan = QueryPlan(intent="preference_query", routes=[Route(text="q", dirs=[Dir.preferences]), Route(text="q")])
     assert all(r.dirs == [] for r in unscoped(plan).routes)
-    weighted = reweight(plan, whole_subject=0.7, exact_match=0.0, bm25=0.5)
+    weighted = reweight(plan, whole_subject=0.7, exact_match=0.0, bm25=0.5, topic=0.5)
     assert [r.weight for r in weighted.routes] == [1.0, 0.7]
     exact = QueryPlan(intent="entity_recall", routes=[Route(text="q", dirs=[Dir.entities]),
                                                        Route(text="Mia", dirs=[Dir.entities], strategy="exact_match")])
-    assert [r.strategy for r in reweight(exact, whole_subject=0.3, exact_match=0.0, bm25=0.5).routes] == ["semantic"]
+    assert [r.strategy for r in reweight(exact, whole_subject=0.3, exact_match=0.0, bm25=0.5, topic=0.5).routes] == ["semantic"]
     assert flat_plan("q").routes == [Route(text="q")]
 
 
@@ -131,7 +131,7 @@ def test_an_episode_gives_way_to_what_was_distilled_from_the_same_turn() -> None
     both = memory("both", mtype=MType.episode, source_event_ids=["e1", "e3"])  # e3 is covered by no memory
     collapsed = collapse_records([(episode, 0.9), (other, 0.5), (fact, 0.3), (both, 0.2)])
     assert [(m.id, s) for m, s in collapsed] == [("other-ep", 0.5), ("fact", 0.9), ("both", 0.2)]
-    assert [h.id for h in rank([(episode, 0.9), (fact, 0.3)], T0, 5, Lifecycle.off(collapse_records=True))] == ["fact"]
+    assert [h.id for h in rank([(episode, 0.9), (fact, 0.3)], T0, 5, collapse=True)] == ["fact"]
     # The turn said more than was distilled from it: the episode stays.
     longer = episode.model_copy(update={"content": "Mel: I prefer short answers; keep any example under 10 lines."})
     assert [m.id for m, _ in collapse_records([(longer, 0.9), (fact, 0.3)])] == ["ep", "fact"]

@@ -24,6 +24,7 @@ from pipeline.gate import redact
 from pipeline.models import (
     SEARCHABLE_STATUSES,
     Change,
+    Hit,
     Memory,
     QueryPlan,
     Route,
@@ -65,7 +66,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     plan = plan_for(ctx.settings, req)
     try:
         scored, fallback = retrieve(ctx, req, plan)
-        hits = rank(scored, now, req.k, lifecycle_of(ctx.settings))
+        hits = ranked(ctx.settings, scored, now, req.k)
         result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
                               plan=plan.model_copy(update={"fallback": fallback}), fallback=fallback)
     except MemflowError as exc:
@@ -88,14 +89,18 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
     return plan if settings.dir_scoping else unscoped(plan)
 
 
+def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int) -> list[Hit]:
+    """The top k of the fused candidates, scored and chosen as the settings say."""
+    return rank(scored, now, k, lifecycle_of(settings), collapse=settings.collapse_records)
+
+
 def lifecycle_of(settings: Settings) -> Lifecycle:
     if not settings.lifecycle_scoring:
-        return Lifecycle.off(collapse_records=settings.collapse_records)
+        return Lifecycle.off()
     return Lifecycle(tau_hours=settings.decay_tau_hours, floor=settings.decay_floor,
                      hotness_step=settings.hotness_step, hotness_cap=settings.hotness_cap,
                      long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas,
-                     reserved=settings.reserved_types, reserve_min_share=settings.reserve_min_share,
-                     collapse_records=settings.collapse_records)
+                     reserved=settings.reserved_types, reserve_min_share=settings.reserve_min_share)
 
 
 def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Scored], bool]:
@@ -175,7 +180,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
     scored, _ = retrieve(ctx, req, plan_for(ctx.settings, req))
-    hits = rank(scored, when, req.k, lifecycle_of(ctx.settings))
+    hits = ranked(ctx.settings, scored, when, req.k)
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
     feedback(subject, packed.used_ids, when.isoformat())
     return packed.model_dump(mode="json")

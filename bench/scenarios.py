@@ -5,7 +5,7 @@ redis-server started for the run, with the embedding model loaded once. Steps ru
 order on the scenario's clock: `at` is the event time and the search `now`. Before every
 query, pack, forget and job the runner waits until the pipeline is idle.
 
-Liberal in what it reads, strict in what it reports: a line that is not JSON stops the run
+Liberal in what it reads, strict in what it reports: a line that is not a JSON object stops the run
 (the file is broken); a scenario it cannot replay faithfully (invalid, an unknown step, a
 job that does not exist yet) is reported "not runnable" with the reason and left out of
 the scores; an error of the system under test fails the expectations it kept from running.
@@ -33,8 +33,9 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from bench.ablation import ladder
 from bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
 from pipeline.models import Dir, MType, Role, Subject
+from shared.codec import json_object
 from shared.embedder import Embedder
-from shared.errors import MemflowError
+from shared.errors import DecodeError, MemflowError
 from shared.redis_server import start_redis
 from shared.settings import Settings
 from workers.embedded import Embedded, embedded
@@ -186,11 +187,9 @@ def parse_lines(lines: Iterable[str]) -> list[Entry]:
         if not line.strip():
             continue
         try:
-            raw = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise ScenarioFileError(f"line {number}: not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ScenarioFileError(f"line {number}: expected a JSON object, got {type(raw).__name__}")
+            raw = json_object(line)
+        except DecodeError as exc:
+            raise ScenarioFileError(f"line {number}: {exc}") from exc
         entries.append(parse_entry(number, raw))
     return entries
 

@@ -13,13 +13,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.models import Change, Memory
+from pipeline.models import Memory
 from pipeline.tagging import TAG_VERSION, retag
-from shared.codec import encode
 from shared.errors import MemflowError
-from shared.keys import FIELD
 from shared.store import MemoryFilter
-from workers.runtime import Context
+from workers.runtime import Context, fields_of
 
 # (the memory, the fields the job sets on it)
 Planned = list[tuple[Memory, dict[str, Any]]]
@@ -48,25 +46,12 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
         memories = ctx.store.get(MemoryFilter(s))
         examined += len(memories)
         for memory, fields in planner(memories, now):
-            before = {k: _plain(getattr(memory, k)) for k in fields}
             changed.append({"id": memory.id, "subject": s, "content": memory.content[:120],
-                            "before": before, "after": fields})
+                            "before": fields_of(memory, fields), "after": fields})
             if not dry_run:
-                _apply(ctx, memory, fields, f"{name}: {why}", before, now)
+                ctx.set_fields(memory, fields, action="job", why=f"{name}: {why}", at=now)
     return {"job": name, "subjects": len(subjects), "examined": examined, "dry_run": dry_run,
             "now": now.isoformat(), "changed": changed}
-
-
-def _apply(ctx: Context, memory: Memory, fields: dict[str, Any], why: str, before: dict[str, Any],
-           now: datetime) -> None:
-    ctx.store.set_fields(memory.id, fields)
-    change = Change(memory_id=memory.id, subject=memory.subject, action="job", why=why, before=before,
-                    after=fields, at=now)
-    ctx.client.xadd(ctx.keys.changes, {FIELD: encode(change)}, maxlen=ctx.settings.changes_maxlen, approximate=True)
-
-
-def _plain(value: Any) -> Any:
-    return getattr(value, "value", value)
 
 
 def now_or_clock(now: str | None) -> datetime:

@@ -23,7 +23,6 @@ from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 from pipeline.gate import redact
 from pipeline.models import (
     SEARCHABLE_STATUSES,
-    Change,
     Hit,
     Memory,
     QueryPlan,
@@ -209,11 +208,7 @@ def forget(subject: str, memory_ids: list[str] | None = None, contains: str | No
     targets = _forget_targets(ctx, subject, memory_ids, contains)
     now = datetime.now(UTC)
     for memory in targets:
-        ctx.store.set_fields(memory.id, {"status": Status.deleted.value})
-        change = Change(memory_id=memory.id, subject=subject, action="forget", why="forget requested",
-                        before={"status": memory.status.value}, after={"status": "deleted"}, at=now)
-        ctx.client.xadd(ctx.keys.changes, {FIELD: encode(change)}, maxlen=ctx.settings.changes_maxlen,
-                        approximate=True)
+        ctx.set_fields(memory, {"status": Status.deleted.value}, action="forget", why="forget requested", at=now)
     ctx.store.delete([m.id for m in targets])
     return len(targets)
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import redis
 
+from pipeline.models import Change, Memory
+from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.embedder import Embedder
-from shared.keys import Keys
+from shared.keys import FIELD, Keys
 from shared.settings import Settings
 from shared.store import Store, open_store
 from shared.streams import ConsumerConfig, StreamConsumer
@@ -63,10 +66,24 @@ class Context:
                               block_ms=s.block_ms, count=s.read_count, retry_base_s=s.retry_base_s,
                               retry_max_s=s.retry_max_s, decode_context={"max_text_bytes": s.max_text_bytes})
 
+    def set_fields(self, memory: Memory, fields: dict[str, Any], *, action: str, why: str, at: datetime) -> None:
+        """Change a stored memory outside the write path (forget, jobs) and say so on `changes`."""
+        before = fields_of(memory, fields)
+        self.store.set_fields(memory.id, fields)
+        change = Change(memory_id=memory.id, subject=memory.subject, action=action, why=why, before=before,
+                        after=fields, at=at)
+        self.client.xadd(self.keys.changes, {FIELD: encode(change)}, maxlen=self.settings.changes_maxlen,
+                         approximate=True)
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def fields_of(memory: Memory, names: Iterable[str]) -> dict[str, Any]:
+    """The memory's current values of these fields, as plain JSON values."""
+    return {name: getattr(getattr(memory, name), "value", getattr(memory, name)) for name in names}
 
 
 def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:

@@ -1,5 +1,4 @@
-"""The APScheduler app and the job bodies (decay, consolidate, review).
-
-Not built yet: the scheduled jobs arrive with the memory-evolution work. The package
-exists so that the layout (and the import rules between packages) is fixed from the start.
+"""The APScheduler app (`memflow scheduler`, and inside `memflow up`): decay, consolidate and
+review on a cron schedule. It only enqueues: each firing becomes one RQ job on the
+`<prefix>-jobs` queue, run by a query worker (workers/jobs.py holds the job bodies).
 """

@@ -113,8 +113,12 @@ class Settings(BaseSettings):
     changes_maxlen: int = 100_000
     traces_maxlen: int = 100_000
 
-    # Scheduler.
-    timezone: str = "UTC"
+    # Scheduler (scheduler/app.py): the zone its cron times are read in (an IANA name), how late a
+    # firing may still be enqueued (a busy or restarted scheduler), and how long a job it enqueued
+    # may run in the query worker.
+    scheduler_timezone: str = "UTC"
+    scheduler_misfire_grace_s: int = Field(default=3600, ge=1)
+    scheduler_job_timeout_s: int = Field(default=3600, ge=1)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,11 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
 
+from scheduler.app import build_scheduler, next_fire_times
 from shared import dlq as dead
 from shared.client import MemoryClient
 from shared.connections import connect, require_url
@@ -65,15 +70,60 @@ def query_worker() -> None:
 @app.command()
 def up() -> None:
     """Run the whole system on this machine: Redis (started if MEMFLOW_REDIS_URL is unset), every stage,
-    the query worker. The stages that hold the store share this process (an Edge shard has one owner)."""
+    the query worker, the scheduler. The stages that hold the store share this process (an Edge shard has
+    one owner); the scheduler runs in a thread of it."""
     with own_redis(_settings()) as settings:
+        jobs = _build_scheduler(settings, BackgroundScheduler)
         children = [spawn_stage(settings, stage) for stage in ("trigger", "extract")]
         typer.echo(f"memflow up: redis {settings.redis_url}, prefix {settings.stream_prefix}, "
                    f"store {settings.qdrant_url or settings.data_dir}")
+        _print_schedule(settings, jobs)
         try:
+            jobs.start()
             run_stages(settings, ["resolve", "upsert", QUERY])
         finally:
+            if jobs.running:
+                jobs.shutdown()
             stop_children(children)
+
+
+@app.command("scheduler")
+def run_scheduler() -> None:
+    """Run the maintenance schedule (decay, consolidate, review) until SIGTERM/SIGINT. It only enqueues
+    jobs on the jobs queue; a query worker runs them."""
+    settings = _settings()
+    jobs = _build_scheduler(settings, BlockingScheduler)
+    # SIGTERM stops it the way Ctrl-C does: the exception leaves the scheduler's loop (releasing its
+    # locks on the way), and the shutdown below runs outside it.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupt)
+    try:
+        _print_schedule(settings, jobs)
+        jobs.start()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if jobs.running:
+            jobs.shutdown()
+    typer.echo("memflow scheduler: stopped")
+
+
+def _build_scheduler(settings: Settings, kind: type[BaseScheduler]) -> BaseScheduler:
+    try:
+        return build_scheduler(settings, kind)
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _print_schedule(settings: Settings, jobs: BaseScheduler) -> None:
+    typer.echo(f"scheduler: timezone {settings.scheduler_timezone}, enqueues on "
+               f"{Keys(settings.stream_prefix).jobs_queue}")
+    for job_id, trigger, next_time in next_fire_times(jobs, datetime.now(UTC)):
+        typer.echo(f"  {job_id:<17} {trigger:<30} next {next_time.isoformat() if next_time else 'never'}")
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # -- talking to a running system ---------------------------------------------------

@@ -1,0 +1,81 @@
+"""The APScheduler app: the maintenance schedule, and a callback per entry that only enqueues.
+
+The jobs themselves (workers/jobs.py) run in a query worker, the process that holds the
+store. A scheduler holds nothing but a Redis connection, so a second one (or a restarted
+one) does no harm: each firing is enqueued once (scheduler/firings.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.triggers.cron import CronTrigger
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from pipeline.models import Tier
+from scheduler.firings import Entry, enqueue_firing, last_fire_time
+from shared.connections import connect, require_url
+from shared.errors import MemflowError
+from shared.keys import Keys
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Cron fields in the scheduler's timezone (MEMFLOW_SCHEDULER_TIMEZONE). Long-term decay runs
+# before consolidation promotes the day's short-term memories; review comes last.
+SCHEDULE = (
+    Entry("decay", Tier.short_term, {"minute": 5}, timedelta(hours=1)),
+    Entry("decay", Tier.long_term, {"hour": 3, "minute": 0}, timedelta(days=1)),
+    Entry("consolidate", None, {"hour": 3, "minute": 30}, timedelta(days=1)),
+    Entry("review", None, {"hour": 4, "minute": 0}, timedelta(days=1)),
+)
+# Looking back two periods finds the latest firing even when a day lasts 25 h (DST).
+LOOKBACK_PERIODS = 2
+
+SchedulerT = TypeVar("SchedulerT", bound=BaseScheduler)
+
+
+def build_scheduler(settings: Settings, kind: type[SchedulerT]) -> SchedulerT:
+    """A scheduler (BlockingScheduler for `memflow scheduler`, BackgroundScheduler inside `memflow up`)
+    holding one job per SCHEDULE entry; not started."""
+    timezone = zone(settings.scheduler_timezone)
+    scheduler: SchedulerT = kind(timezone=timezone)
+    queue = Queue(Keys(settings.stream_prefix).jobs_queue, connection=connect(require_url(settings.redis_url)),
+                  serializer=JSONSerializer)  # the query worker reads its queues with this serializer
+    for entry in SCHEDULE:
+        # A trigger built without a timezone would read its fields in the host's zone, not the scheduler's.
+        trigger = CronTrigger(timezone=timezone, **entry.cron)
+        scheduler.add_job(fire, trigger, args=(queue, settings.stream_prefix, entry, trigger,
+                                               settings.scheduler_job_timeout_s),
+                          id=entry.id, name=entry.id, coalesce=True, max_instances=1,
+                          misfire_grace_time=settings.scheduler_misfire_grace_s, replace_existing=True)
+    return scheduler
+
+
+def zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise MemflowError(f"MEMFLOW_SCHEDULER_TIMEZONE={name!r} is not an IANA timezone name") from exc
+
+
+def fire(queue: Queue, prefix: str, entry: Entry, trigger: CronTrigger, job_timeout_s: int,
+         now: datetime | None = None) -> Job | None:
+    """The callback of one entry: enqueue the firing due at `now` (default: the clock), once."""
+    fire_time = last_fire_time(trigger, now or datetime.now(UTC), entry.period * LOOKBACK_PERIODS)
+    if fire_time is None:
+        log.warning("%s ran with no firing due (clock moved back?); nothing enqueued", entry.id)
+        return None
+    return enqueue_firing(queue, prefix, entry, fire_time, job_timeout_s=job_timeout_s)
+
+
+def next_fire_times(scheduler: BaseScheduler, now: datetime) -> list[tuple[str, str, datetime | None]]:
+    """(job id, trigger, next fire time after `now`) for every job, started or not."""
+    jobs: list[Any] = scheduler.get_jobs()
+    return [(job.id, str(job.trigger), job.trigger.get_next_fire_time(None, now)) for job in jobs]

@@ -48,11 +48,19 @@ IDLE_TIMEOUT_S = 60.0
 EVAL_BLOCK_MS = 50
 
 # The maintenance jobs a `run` step may name, called with the running system and the step's
-# `at`. None exists yet; when the scheduler grows them, register each here, e.g.
-#   JOBS["decay"] = lambda system, now: run_job("decay", system.ctx, now)
-# Until then a scenario naming one is reported not runnable, never replayed without it.
+# `at`: each runs in the system's query worker over the scenario's subjects, as the scheduler
+# would have it (decay over both tiers). A job not listed makes its scenario not runnable.
 JobRunner = Callable[[Embedded, datetime], None]
-JOBS: dict[str, JobRunner] = {}
+
+
+def _job(name: str) -> JobRunner:
+    def run(system: Embedded, now: datetime) -> None:
+        system.client.run_job(name, now=now)
+
+    return run
+
+
+JOBS: dict[str, JobRunner] = {name: _job(name) for name in ("decay", "consolidate", "review")}
 
 
 # -- the format -----------------------------------------------------------------------

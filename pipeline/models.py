@@ -201,6 +201,15 @@ class Candidate(Wire):
     retries: int = 0
 
 
+class Revision(Wire):
+    """One change to a stored point: when, why, and the values it replaced (its history)."""
+
+    rev: int
+    at: datetime
+    why: str
+    before: dict[str, Any] = Field(default_factory=dict)
+
+
 class Memory(Wire):
     """A point in the store: the payload of one version of one memory."""
 
@@ -221,6 +230,8 @@ class Memory(Wire):
     last_accessed_at: datetime | None = None
     access_count: int = 0
     strength: float = 1.0
+    # When the decay job last computed `strength` (it never rises again without a use or a restatement).
+    strength_at: datetime | None = None
     pinned: bool = False
     expires_at: datetime | None = None
     valid_from: datetime | None = None
@@ -242,6 +253,10 @@ class Memory(Wire):
     context: str = ""
     # The events `context` was taken from: a search adds part of their keyword score to this one's.
     context_event_ids: list[str] = Field(default_factory=list)
+    # Every change made to this point since it was written, oldest first: a new value of the
+    # memory is a new version (another point), and a change of state is logged here, so
+    # `memflow history` can say what each version was and why it changed.
+    revisions: list[Revision] = Field(default_factory=list)
 
 
 class PutOp(Wire):
@@ -276,6 +291,7 @@ class Action(str, Enum):
     contest = "contest"
     review = "review"
     complement = "complement"
+    reactivate = "reactivate"
 
 
 class WriteBatch(Wire):

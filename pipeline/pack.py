@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipeline.models import Dir, Hit, MType, PackedPrompt
+from pipeline.topics import topic_base
 
 MUST_CONFIDENCE = 0.9
 PREFERENCE_TYPES = (MType.preference, MType.temp_preference)
@@ -27,11 +28,12 @@ def line_for(hit: Hit) -> tuple[str, str]:
 
 
 def one_per_key(hits: Sequence[Hit]) -> list[Hit]:
+    """The best hit per topic: a temporary wish ranked above the standing preference speaks for it."""
     seen: set[str] = set()
     kept = []
     for hit in hits:
-        if hit.key not in seen:
-            seen.add(hit.key)
+        if topic_base(hit.key) not in seen:
+            seen.add(topic_base(hit.key))
             kept.append(hit)
     return kept
 

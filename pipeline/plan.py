@@ -20,7 +20,7 @@ from typing import Literal
 from pipeline import cues
 from pipeline.models import Dir, MType, QueryPlan, Route
 from pipeline.statements import is_question
-from pipeline.topics import asked_topic_key
+from pipeline.topics import TEMPORARY, asked_topic_key
 
 Intent = Literal[
     "preference_update",
@@ -383,7 +383,7 @@ def routes_for(query: str, intent: Intent) -> list[Route]:
     routes += [Route(text=name, dirs=dirs, strategy="exact_match", weight=EXACT_WEIGHT) for name in names]
     topic = asked_topic_key(query)
     if topic is not None:
-        routes.append(Route(text=query, keys=[topic], weight=TOPIC_WEIGHT))
+        routes.append(Route(text=query, keys=[topic, topic + TEMPORARY], weight=TOPIC_WEIGHT))
     if dirs and WHOLE_SUBJECT_WEIGHT > 0:
         routes.append(Route(text=query, dirs=[], strategy="semantic", weight=WHOLE_SUBJECT_WEIGHT))
     return routes

@@ -16,8 +16,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from pipeline.ids import is_keyed, new_memory
+from pipeline.ids import is_keyed, new_memory, starting_tier
 from pipeline.models import (
     SEARCHABLE_STATUSES,
     Action,
@@ -27,6 +28,7 @@ from pipeline.models import (
     MType,
     PatchOp,
     PutOp,
+    Revision,
     Source,
     Status,
     WriteBatch,
@@ -47,6 +49,8 @@ CONTRADICTION_SIMILARITY = 0.8
 CONTRADICTION_OVERLAP = 0.3
 # A repeat of an inference in another session is repeated evidence (seed 002 §3.2: 0.7–0.8).
 REPEATED_CONFIDENCE = 0.75
+# An archived memory brought back by a later mention had faded once: trust it a little less.
+REACTIVATION_DISCOUNT = 0.8
 
 # A candidate may already be one of these (a redelivery after a `review` put included).
 _HELD = frozenset({*SEARCHABLE_STATUSES, Status.pending_review})
@@ -75,14 +79,17 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
         return retire_records(_settle(candidate, rivals, version), rivals, records)
+    faded = next((n.memory for n in mine if _revives(candidate, n, duplicate_threshold)), None)
+    if faded is not None:
+        return _reactivate(candidate, faded)
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
     guarded = [n.memory for n in mine if _contradicts_guarded(candidate, n)]
     if guarded:
         return _review(candidate, guarded, version, "contradicts a pinned or system memory")
-    if candidate.mtype is MType.rule and candidate.source is Source.inferred:
-        return _review(candidate, [], version, "an inferred rule waits for review")
+    if _unconfirmed_rule(candidate):
+        return _review(candidate, [], version, f"a {candidate.source.value} rule waits for review")
     return _put(candidate, Action.add, "nothing known on this topic", version)
 
 
@@ -118,6 +125,21 @@ def _rivals(c: Candidate, m: Memory) -> bool:
     return is_keyed(c.mtype) and m.key == c.key and m.status in SEARCHABLE_STATUSES
 
 
+def _revives(c: Candidate, n: Neighbour, threshold: float) -> bool:
+    """A later mention of an archived memory (same key and words, or the same wording nearby)."""
+    m = n.memory
+    if m.status is not Status.archived or m.mtype is not c.mtype:
+        return False
+    if m.key == c.key and normal(m.content) == normal(c.content):
+        return True
+    return n.similarity >= threshold and _same_wording(c.content, m.content)
+
+
+def _unconfirmed_rule(c: Candidate) -> bool:
+    """Rules and system items nobody stated (inferred, or found by consolidation) wait for review."""
+    return (c.mtype is MType.rule or c.dir is Dir.system) and c.source in (Source.inferred, Source.derived)
+
+
 def _near_duplicate(c: Candidate, n: Neighbour, threshold: float) -> bool:
     m = n.memory
     if m.status not in SEARCHABLE_STATUSES or m.mtype is not c.mtype or n.similarity < threshold:
@@ -142,8 +164,6 @@ def _settle(c: Candidate, rivals: list[Memory], version: int) -> WriteBatch:
     old = max(rivals, key=lambda m: (m.version, m.updated_at))
     if c.source is Source.tool and old.source is not Source.tool:
         return _put(c, Action.complement, "tool output is kept apart from what was said", version)
-    if c.mtype is MType.temp_preference and old.mtype is MType.preference:
-        return _put(c, Action.complement, "a temporary wish sits beside the standing preference", version)
     newest = max(rivals, key=lambda m: (m.created_at, m.version))
     if newest.created_at > c.ts:
         return _late(c, newest, version)
@@ -181,6 +201,18 @@ def _duplicate(c: Candidate, m: Memory, why: str) -> WriteBatch:
         id=m.id, expected_rev=m.rev, set=fields, add_source_event_ids=events, add_session_ids=sessions, why=why
     )
     return _batch(c, Action.duplicate, why, [op])
+
+
+def _reactivate(c: Candidate, m: Memory) -> WriteBatch:
+    """Back from the archive, a little less trusted: it had faded once (seed 002 §3.5)."""
+    events = [e for e in dict.fromkeys(c.source_event_ids) if e not in m.source_event_ids]
+    sessions = [c.session_id] if c.session_id and c.session_id not in m.session_ids else []
+    fields = {"status": Status.active.value, "tier": starting_tier(c).value, "strength": 1.0, "strength_at": None,
+              "confidence": round(m.confidence * REACTIVATION_DISCOUNT, 4)}
+    why = f"mentioned again after it was archived: back with confidence × {REACTIVATION_DISCOUNT}"
+    op = PatchOp(id=m.id, expected_rev=m.rev, set=fields, add_source_event_ids=events, add_session_ids=sessions,
+                 why=why)
+    return _batch(c, Action.reactivate, why, [op])
 
 
 def _supersede(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
@@ -248,7 +280,18 @@ def apply_patch(memory: Memory, op: PatchOp, at: datetime) -> Memory:
     data["session_ids"] = _union(memory.session_ids, op.add_session_ids)
     data["rev"] = memory.rev + 1
     data["updated_at"] = at
-    return Memory.model_validate(data)
+    after = Memory.model_validate(data)
+    before = changed_fields(memory, after, op.set)
+    if not before:
+        return after
+    revision = Revision(rev=after.rev, at=at, why=op.why, before=before)
+    return after.model_copy(update={"revisions": [*memory.revisions, revision]})
+
+
+def changed_fields(before: Memory, after: Memory, names: Iterable[str]) -> dict[str, Any]:
+    """The old JSON values of the fields among `names` that differ between the two."""
+    old, new = before.model_dump(mode="json"), after.model_dump(mode="json")
+    return {name: old[name] for name in names if old.get(name) != new.get(name)}
 
 
 def _union(old: Iterable[str], new: Iterable[str]) -> list[str]:

@@ -63,8 +63,12 @@ _COPULA = re.compile(r"(?<![不还就但可])是|\b(?:is|are|was|were)\b", re.I)
 _REASON = re.compile(r"因为|由于|\bbecause\b|\bsince\b", re.I)
 
 # Key prefix per memory type when no topic matches; preference and temp_preference
-# share one, so that a temporary wish sits on the same key as the standing one.
+# share one, so that a temporary wish names the same topic as the standing one.
 _PREFIX = {MType.temp_preference: "preference", MType.session_context: "context"}
+# ...under a key of its own: "today, keep it short" must not replace (or be contested by) the
+# standing "I like detail", and one key never holds two active memories. The wish supersedes
+# the previous wish, lapses when it expires, and the standing preference was never touched.
+TEMPORARY = ".now"
 # Types whose key is the bare topic ("location.city"); the others say what they are
 # ("rule.…", "decision.tech.db"), so a decision never supersedes the fact it is about.
 _BARE_TOPIC = frozenset({MType.preference, MType.temp_preference, MType.fact})
@@ -94,11 +98,16 @@ def key_for(mtype: MType, text: str) -> str:
     their salient words (callers strip time phrases from events first).
     """
     scope = _REASON.split(text, maxsplit=1)[0] if mtype is MType.decision else text
-    topical = _topic_key(mtype, scope) if mtype in _TOPICAL else None
-    if topical is not None:
-        return topical
-    words = salient_words(_subject_part(mtype, scope))
-    return normalize_key(f"{_PREFIX.get(mtype, mtype.value)}.{'.'.join(words) or _compact(scope)}")
+    key = _topic_key(mtype, scope) if mtype in _TOPICAL else None
+    if key is None:
+        words = salient_words(_subject_part(mtype, scope))
+        key = normalize_key(f"{_PREFIX.get(mtype, mtype.value)}.{'.'.join(words) or _compact(scope)}")
+    return key + TEMPORARY if mtype is MType.temp_preference else key
+
+
+def topic_base(key: str) -> str:
+    """The topic a key names, a temporary wish's included ("reply.length.now" → "reply.length")."""
+    return key.removesuffix(TEMPORARY)
 
 
 def asked_topic_key(query: str) -> str | None:

@@ -104,18 +104,40 @@ class MemoryClient:
     def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None) -> int:
         return int(self._call("feedback", subject, list(memory_ids), _iso(at)))
 
-    def inspect(self, subject: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("inspect", subject)
+    def inspect(self, subject: str, *, now: datetime | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("inspect", subject, _iso(now))
         return result
 
     # -- maintenance ---------------------------------------------------------------
 
     def run_job(self, name: str, *, subject: str | None = None, now: datetime | None = None,
-                dry_run: bool = False, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Run a maintenance job (retag, ...) in a query worker and wait for its report."""
-        report: dict[str, Any] = self._call("run_job", name, subject, _iso(now), dry_run, timeout_s=timeout_s,
+                dry_run: bool = False, tier: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Run a maintenance job (decay, consolidate, review, retag) in a query worker; its report."""
+        report: dict[str, Any] = self._call("run_job", name, subject, _iso(now), dry_run, tier, timeout_s=timeout_s,
                                             queue=self._jobs)
         return report
+
+    def history(self, memory_id: str, *, subject: str | None = None) -> dict[str, Any]:
+        """Every version of a memory (of its key) and each change of each, oldest first."""
+        result: dict[str, Any] = self._call("history", memory_id, subject)
+        return result
+
+    def rollback(self, memory_id: str, to_version: int, *, subject: str | None = None,
+                 at: datetime | None = None) -> dict[str, Any]:
+        """Restore an old version of a keyed memory as a new version (itself recorded as a change)."""
+        result: dict[str, Any] = self._call("rollback", memory_id, to_version, subject, _iso(at))
+        return result
+
+    def review_list(self, subject: str | None = None) -> list[dict[str, Any]]:
+        """Memories waiting for a decision: pending_review and contested."""
+        result: list[dict[str, Any]] = self._call("review_list", subject)
+        return result
+
+    def review(self, memory_id: str, *, accept: bool, subject: str | None = None,
+               at: datetime | None = None) -> dict[str, Any]:
+        """Accept (active; the rivals it contested are superseded) or reject (never searched again)."""
+        result: dict[str, Any] = self._call("review_decide", memory_id, accept, subject, _iso(at))
+        return result
 
     def _call(self, name: str, *args: Any, timeout_s: float | None = None, queue: Queue | None = None) -> Any:
         timeout = timeout_s or self.settings.rpc_timeout_s

@@ -41,6 +41,10 @@ class Keys:
     def session_buffer(self, subject: str, session_id: str) -> str:
         return f"{self.prefix}session:{subject}:{session_id}"
 
+    def utilisation(self, subject: str) -> str:
+        # Per-day counters of recalled and adopted memories (workers/ops.py).
+        return f"{self.prefix}util:{subject}"
+
     @property
     def changes(self) -> str:
         return self.stream("changes")

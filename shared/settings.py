@@ -14,11 +14,13 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.lifecycle import Policy
 from pipeline.plan import TOPIC_WEIGHT
 from pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
 
 # The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
 _LC = Lifecycle()
+_POLICY = Policy()
 
 
 class Settings(BaseSettings):
@@ -109,6 +111,14 @@ class Settings(BaseSettings):
     # An episode gives way to a memory distilled from the same turn (one result per thing said).
     collapse_records: bool = True
 
+    # The lifecycle jobs (DESIGN §5, pipeline/lifecycle.py): decay archives a memory whose
+    # strength falls below its tier's threshold, as JSON: '{"short_term": 0.1, "long_term": 0.01}'.
+    archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below))
+    promote_sessions: int = Field(default=_POLICY.promote_sessions, ge=1)
+    pattern_days: int = Field(default=_POLICY.pattern_days, ge=1)
+    pattern_sessions: int = Field(default=_POLICY.pattern_sessions, ge=2)
+    review_after_hours: float = Field(default=_POLICY.review_after_hours, ge=0.0)
+
     # Feeds.
     changes_maxlen: int = 100_000
     traces_maxlen: int = 100_000
@@ -121,6 +131,13 @@ class Settings(BaseSettings):
     scheduler_job_timeout_s: int = Field(default=3600, ge=1)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+def policy_of(settings: Settings) -> Policy:
+    """The lifecycle jobs' policy from settings (τ shared with the read path's scoring)."""
+    return Policy(tau_hours=settings.decay_tau_hours, archive_below=settings.archive_below,
+                  promote_sessions=settings.promote_sessions, pattern_days=settings.pattern_days,
+                  pattern_sessions=settings.pattern_sessions, review_after_hours=settings.review_after_hours)
 
 
 def to_env(settings: Settings) -> dict[str, str]:

@@ -196,7 +196,7 @@ def test_what_cannot_be_replayed_is_not_runnable_with_the_reason() -> None:
         line(id="no-subject", subject=None),
         line(id="bad-subject", subject="has spaces"),
         line(id="steps", steps=[{"at": "2026-01-05T09:00:00Z", "feedback": {"ids": ["m1"]}},
-                                {"at": "2026-01-05T09:00:00Z", "run": "decay"},
+                                {"at": "2026-01-05T09:00:00Z", "run": "reindex"},
                                 {"at": "2026-01-05T09:00:00Z", "say": {"text": "hi"}, "query": {"text": "q"}},
                                 {"at": "2026-01-05T09:00:00Z", "end_session": "s1", "expect": {"empty": True}},
                                 {"at": "2026-01-05T09:00:00Z", "query": {"text": "q", "rerank": True}}]),
@@ -204,7 +204,7 @@ def test_what_cannot_be_replayed_is_not_runnable_with_the_reason() -> None:
     assert [e.id for e in entries] == ["no-subject", "bad-subject", "steps"]
     assert "subject" in preflight(entries[0])[0] and "subject" in preflight(entries[1])[0]
     assert preflight(entries[2]) == [
-        "step 0: unknown step kind 'feedback'", "step 1: job 'decay' does not exist yet",
+        "step 0: unknown step kind 'feedback'", "step 1: job 'reindex' does not exist yet",
         "step 2: several actions (say, query)", "step 3: `expect` on a step that is not a query",
         "step 4: unknown query option(s) rerank"]
 
@@ -239,6 +239,10 @@ EVAL_FILE = [
         {"at": "2026-03-02T09:00:00Z", "say": {"session": "s1", "text": "I'm tired today."}},
         {"at": "2026-03-09T09:00:00Z", "run": "decay"},
         {"at": "2026-03-09T09:00:01Z", "query": {"text": "how am I?"}, "expect": {"absent": ["tired"]}}]},
+    {"id": "unknown-job", "subject": "u-en-unknown", "steps": [
+        {"at": "2026-03-02T09:00:00Z", "say": {"session": "s1", "text": "I like tea."}},
+        {"at": "2026-03-09T09:00:00Z", "run": "reindex"},
+        {"at": "2026-03-09T09:00:01Z", "query": {"text": "what do I drink?"}, "expect": {"hit": ["tea"]}}]},
     {"id": "with-a-job", "subject": "u-en-job", "steps": [
         {"at": "2026-03-02T09:00:00Z", "say": {"session": "s1", "text": "Remember: never deploy on Fridays."}},
         {"at": "2026-03-04T09:00:00Z", "run": "test-noop"},
@@ -254,20 +258,21 @@ def test_a_small_eval_through_the_real_pipeline(settings, embedder, monkeypatch)
 
     report = evaluate(entries, settings, embedder, file="inline")
 
-    pref, decays, job = report.scenarios
+    pref, decays, unknown, job = report.scenarios
     assert [(c.kind, c.expected, c.passed) for c in pref.expectations] == [
         ("hit", "bullet points", True), ("absent", "long essays", True), ("mystery", 1, None), ("empty", True, True)]
     assert pref.passed is True and pref.queries[1].subject == "u-other"
-    assert not decays.runnable and "job 'decay' does not exist yet" in (decays.reason or "")
+    assert decays.runnable and decays.passed is True, decays.expectations  # "today" was over a week ago
+    assert not unknown.runnable and "job 'reindex' does not exist yet" in (unknown.reason or "")
     assert job.runnable and ran == [datetime(2026, 3, 4, 9, tzinfo=UTC)] and job.error is None
-    assert report.not_runnable == 1 and report.counts["ran"] == 2 and report.counts["unsupported"] == 1
+    assert report.not_runnable == 1 and report.counts["ran"] == 3 and report.counts["unsupported"] == 1
     assert report.metrics["search_p95_ms"] is not None and report.metrics["intent_accuracy"] is None
 
     dumped = orjson.loads(orjson.dumps(report_json(report)))
     assert {"pass_rate", "metrics", "scenarios", "not_runnable"} <= dumped.keys()
     assert {"id", "passed", "expectations", "runnable", "reason"} <= dumped["scenarios"][0].keys()
     text = render(report)
-    assert "NOT RUNNABLE" in text and "decay" in text and "pass rate" in text
+    assert "NOT RUNNABLE" in text and "reindex" in text and "pass rate" in text
 
 
 PROBES = Path(__file__).parent.parent / "bench" / "probe-scenarios.jsonl"

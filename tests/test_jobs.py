@@ -47,7 +47,7 @@ def test_retag_dry_run_then_apply_then_nothing_left(system: System, monkeypatch:
     assert dry["examined"] == 4 and dry["subjects"] == 2
     assert {c["id"]: c["after"]["dir"] for c in dry["changed"]} == {
         old[0].id: "entities", old[1].id: "preferences", old[2].id: "system"}
-    assert "would change 3 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag", "--dry-run")
+    assert "would change 3, write 0, send 0 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag", "--dry-run")
     assert system.client.inspect("ann")["memories"][0]["dir"] == "general"  # a dry run changes nothing
 
     done = system.client.run_job("retag", subject="ann")
@@ -55,11 +55,11 @@ def test_retag_dry_run_then_apply_then_nothing_left(system: System, monkeypatch:
     dirs = {m["id"]: m["dir"] for m in system.client.inspect("ann")["memories"]}
     assert dirs == {old[0].id: "entities", old[1].id: "preferences"}
     feed = [orjson.loads(f[FIELD.encode()]) for _, f in system.ctx.client.xrange(system.ctx.keys.changes)]
-    assert {c["memory_id"] for c in feed if c["action"] == "job"} == {old[0].id, old[1].id}
+    assert {c["memory_id"] for c in feed if c["action"] == "retag"} == {old[0].id, old[1].id}
     found = system.client.search("ann", "who is my manager", dirs=["entities"], now=T0 + timedelta(days=1))
     assert [h.id for h in found.hits] == [old[0].id]
 
-    assert "changed 1 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag")  # bob's system rule
+    assert "did change 1, write 0, send 0 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag")  # bob's rule
     assert system.client.run_job("retag")["changed"] == []  # idempotent: nothing left
 
 

@@ -128,7 +128,7 @@ def test_preferences_on_one_topic_share_a_key(text: str, key: str) -> None:
 def test_a_temporary_wish_is_a_temp_preference_that_lapses() -> None:
     ts = datetime(2026, 2, 20, 21, 0, tzinfo=UTC)
     c = one(realtime("今天好累，别写那么长了。", ts=ts))
-    assert c.mtype is MType.temp_preference and c.key == "reply.length"
+    assert c.mtype is MType.temp_preference and c.key == "reply.length.now"
     assert c.expires_at == datetime(2026, 2, 21, tzinfo=UTC)
 
 

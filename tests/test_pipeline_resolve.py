@@ -256,11 +256,12 @@ def test_a_well_used_preference_is_only_contested() -> None:
     assert decide(corrected, [near(old)]).action is Action.supersede
 
 
-def test_a_temporary_wish_sits_beside_the_standing_preference() -> None:
+def test_a_temporary_wish_sits_beside_the_standing_preference_under_its_own_key() -> None:
     old = mem("我需要深入的技术细节，越详细越好", "reply.length", mtype=MType.preference, uses=6)
-    batch = decide(cand("今天好累，别写那么长了", "reply.length", mtype=MType.temp_preference), [near(old)])
-    assert batch.action is Action.complement and patches(batch) == []
-    assert puts(batch)[0].status is Status.active
+    wish = cand("今天好累，别写那么长了", "reply.length.now", mtype=MType.temp_preference)
+    batch = decide(wish, [near(old)])
+    assert batch.action is Action.add and patches(batch) == []
+    assert puts(batch)[0].status is Status.active and puts(batch)[0].key == "reply.length.now"
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +34,8 @@ traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
 jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
+review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
+app.add_typer(review_app, name="review")
 bench_app = typer.Typer(help="Benchmarks: LoCoMo retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -158,44 +161,131 @@ def search(subject: str, query: str, k: int = 5, now: str | None = None, as_json
 
 
 @app.command()
-def inspect(subject: str, as_json: JsonFlag = False) -> None:
-    """A subject's memories with their state, and the pipeline's backlog."""
-    report = MemoryClient(_settings()).inspect(subject)
+def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+            as_json: JsonFlag = False) -> None:
+    """A subject's memories with state, tier, strength, uses and last change; utilisation; backlog."""
+    report = MemoryClient(_settings()).inspect(subject, now=_when(now))
     if as_json:
         _print_json(report)
         return
     _print_memories(report["memories"])
+    use = report["utilisation"]
+    share = "n/a" if use["share"] is None else f"{use['share']:.0%}"
+    typer.echo(f"utilisation ({use['days']} days): {use['adopted']} adopted of {use['recalled']} recalled = {share}")
     typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report["backlog"].items()))
 
 
 def _print_memories(memories: list[dict[str, Any]]) -> None:
     for m in memories:
-        typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} "
-                   f"key={m['key']} v{m['version']} conf={m['confidence']:.2f}  {m['content']}")
+        last = m.get("last_change") or {}
+        typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} key={m['key']} "
+                   f"v{m['version']} conf={m['confidence']:.2f} strength={m.get('strength_now', m['strength']):.2f} "
+                   f"uses={m['access_count']}  {m['content']}"
+                   + (f"\n         last change {last['at']}: {last['why']}" if last else ""))
     typer.echo(f"{len(memories)} memories")
 
 
-@jobs_app.command("run")
-def jobs_run(job: Annotated[str, typer.Argument(help="retag")],
-             subject: Annotated[str | None, typer.Option(help="One subject; default every subject.")] = None,
-             now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
-             dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
-             as_json: JsonFlag = False) -> None:
-    """Run one job by hand and print what it changed (or, with --dry-run, would change)."""
+def _when(value: str | None) -> datetime | None:
     try:
-        when = datetime.fromisoformat(now) if now else None
-        report = MemoryClient(_settings()).run_job(job, subject=subject, now=when, dry_run=dry_run)
-    except MemflowError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        return datetime.fromisoformat(value) if value else None
+    except ValueError as exc:
+        raise typer.BadParameter(f"not an ISO time: {value!r}") from exc
+
+
+@app.command()
+def history(memory_id: str, subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
+            as_json: JsonFlag = False) -> None:
+    """Every version of a memory and why each changed, oldest first."""
+    report = _rpc(lambda c: c.history(memory_id, subject=subject))
     if as_json:
         _print_json(report)
         return
-    verb = "would change" if report["dry_run"] else "changed"
+    typer.echo(f"{report['subject']} key={report['key']}")
+    for v in report["versions"]:
+        mark = "*" if v["id"] == report["asked"] else " "
+        typer.echo(f"{mark} v{v['version']} {v['id'][:8]} {v['status']:<14} {v['tier']:<10} "
+                   f"{v['created_at']}  {v['content']}")
+        for r in v["revisions"]:
+            before = ", ".join(f"{k}={val}" for k, val in r["before"].items())
+            typer.echo(f"      rev {r['rev']} {r['at']}: {r['why']} (was {before})")
+
+
+@app.command()
+def rollback(memory_id: str, to: Annotated[int, typer.Option("--to", help="The version to restore.")],
+             subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
+             as_json: JsonFlag = False) -> None:
+    """Restore an old version as a new version on top; the change is recorded like any other."""
+    report = _rpc(lambda c: c.rollback(memory_id, to, subject=subject))
+    if as_json:
+        _print_json(report)
+        return
+    restored = report["restored"]
+    if restored is None:
+        typer.echo(f"version {to} is already current: nothing changed")
+        return
+    typer.echo(f"restored version {to} as v{restored['version']} {restored['id'][:8]}: {restored['content']} "
+               f"(superseded {len(report['superseded'])})")
+
+
+@review_app.command("list")
+def review_list(subject: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False) -> None:
+    """Memories waiting for a decision: pending_review (rules, contradictions of pinned memories) and contested."""
+    found = _rpc(lambda c: c.review_list(subject))
+    if as_json:
+        _print_json(found)
+        return
+    for m in found:
+        typer.echo(f"{m['id']} {m['subject']} {m['status']:<14} key={m['key']}  {m['content']}")
+    typer.echo(f"{len(found)} waiting")
+
+
+@review_app.command("accept")
+def review_accept(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
+    """Make it active; the memories it contested on its key are superseded by it."""
+    report = _rpc(lambda c: c.review(memory_id, accept=True, subject=subject))
+    typer.echo(f"accepted {memory_id}: {len(report['changed'])} memories changed")
+
+
+@review_app.command("reject")
+def review_reject(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
+    """Never search it again (kept as history); a memory it contested stands alone again."""
+    report = _rpc(lambda c: c.review(memory_id, accept=False, subject=subject))
+    typer.echo(f"rejected {memory_id}: {len(report['changed'])} memories changed")
+
+
+def _rpc(call: Callable[[MemoryClient], Any]) -> Any:
+    try:
+        return call(MemoryClient(_settings()))
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@jobs_app.command("run")
+def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review or retag")],
+             subject: Annotated[str | None, typer.Option(help="One subject; default every subject.")] = None,
+             now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+             tier: Annotated[str | None, typer.Option(help="decay only: short_term or long_term.")] = None,
+             dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
+             as_json: JsonFlag = False) -> None:
+    """Run one job by hand and print what it changed (or, with --dry-run, would change)."""
+    report = _rpc(lambda c: c.run_job(job, subject=subject, now=_when(now), dry_run=dry_run, tier=tier))
+    if as_json:
+        _print_json(report)
+        return
+    verb = "would" if report["dry_run"] else "did"
     for c in report["changed"]:
         moved = ", ".join(f"{k} {c['before'][k]} → {v}" for k, v in c["after"].items())
-        typer.echo(f"{c['id'][:8]} {c['subject']}: {moved}  {c['content']}")
-    typer.echo(f"{report['job']}: {verb} {len(report['changed'])} of {report['examined']} memories "
-               f"in {report['subjects']} subject(s) as of {report['now']}")
+        typer.echo(f"{c['id'][:8]} {c['subject']}: {moved}  {c['content']}  ({c['why']})")
+    for m in report["written"]:
+        typer.echo(f"{m['id'][:8]} {m['subject']}: new  {m['content']}")
+    for m in report["sent"]:
+        typer.echo(f"-------- {m['subject']}: to resolve {m['mtype']} {m['key']}  {m['content']}")
+    for m in report["undecided"]:
+        typer.echo(f"{m['id'][:8]} {m['subject']}: still contested  {m['content']}")
+    typer.echo(f"{report['job']}: {verb} change {len(report['changed'])}, write {len(report['written'])}, "
+               f"send {len(report['sent'])} of {report['examined']} memories in {report['subjects']} subject(s) "
+               f"as of {report['now']}; {len(report['undecided'])} undecided, {len(report['skipped'])} skipped "
+               "(changed meanwhile)")
 
 
 # -- dead letters --------------------------------------------------------------------

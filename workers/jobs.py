@@ -1,57 +1,148 @@
 """Maintenance jobs, run by a query worker (the process that holds the store) from the
-`<prefix>-jobs` RQ queue, or by hand: `memflow jobs run <job> [--subject S] [--now T] [--dry-run]`.
+`<prefix>-jobs` RQ queue, where the scheduler puts them, or by hand:
+`memflow jobs run <decay|consolidate|review|retag> [--subject S] [--now T] [--dry-run]`.
 
-A job takes `now` and a subject (or walks every subject the store holds), is idempotent
-(running it twice changes nothing the second time) and reports every memory it changed
-or, with `dry_run`, would change. Changes are announced on the `changes` feed.
-The scheduler (issue: evolution) only enqueues these.
+A job takes `now` and a subject (or walks every subject the store holds), plans with the
+pure functions of `pipeline/lifecycle.py`, and reports every memory it changed or, with
+`dry_run`, would change. Planning again at the same `now` plans nothing: each job is
+idempotent per (job, date, subject). Changes are announced on the `changes` feed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.models import Memory
+from pipeline.extract import extract
+from pipeline.lifecycle import (
+    Policy,
+    Step,
+    day_sessions,
+    durable,
+    plan_decay,
+    plan_patterns,
+    plan_promotions,
+    plan_review,
+)
+from pipeline.models import Candidate, Change, Memory, Tier
+from pipeline.statements import normal
 from pipeline.tagging import TAG_VERSION, retag
+from shared.codec import encode
 from shared.errors import MemflowError
+from shared.keys import FIELD
+from shared.settings import policy_of
 from shared.store import MemoryFilter
 from workers.runtime import Context, fields_of
 
-# (the memory, the fields the job sets on it)
-Planned = list[tuple[Memory, dict[str, Any]]]
-Planner = Callable[[list[Memory], datetime], Planned]
+
+@dataclass
+class Plan:
+    """What one job would do to one subject."""
+
+    steps: list[Step] = field(default_factory=list)
+    # New memories the job writes itself (frequency patterns).
+    new: list[Memory] = field(default_factory=list)
+    # Statements found again, sent through resolve like any candidate.
+    candidates: list[Candidate] = field(default_factory=list)
+    # Contested memories review could not settle.
+    undecided: list[Memory] = field(default_factory=list)
 
 
-def plan_retag(memories: list[Memory], now: datetime) -> Planned:
-    """Memories placed by older tagging rules, with their new dir and tag_version (now is unused)."""
-    return [(m, fields) for m in memories if (fields := retag(m, TAG_VERSION)) is not None]
+Planner = Callable[[list[Memory], datetime, Policy, Tier | None], Plan]
 
 
-JOBS: dict[str, tuple[Planner, str]] = {
-    "retag": (plan_retag, f"re-tagged with the rules of tag_version {TAG_VERSION}"),
+def plan_retag(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+    """Memories placed by older tagging rules, with their new dir and tag_version."""
+    why = f"re-tagged with the rules of tag_version {TAG_VERSION}"
+    return Plan(steps=[Step(m, fields, why) for m in memories if (fields := retag(m, TAG_VERSION)) is not None])
+
+
+def plan_decay_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+    return Plan(steps=plan_decay(memories, now, policy, tier))
+
+
+def plan_consolidate(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+    found = durable(c for task in day_sessions(memories, now) for c in extract(task))
+    return Plan(steps=plan_promotions(memories, policy), new=plan_patterns(memories, now, policy),
+                candidates=[c for c in found if not _known(c, memories)])
+
+
+def _known(c: Candidate, memories: list[Memory]) -> bool:
+    """Already stored in these words (any status: a rejected rule is not proposed again)."""
+    return any(m.key == c.key and normal(m.content) == normal(c.content) for m in memories)
+
+
+def plan_review_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+    verdict = plan_review(memories, now, policy)
+    return Plan(steps=verdict.steps, undecided=verdict.undecided)
+
+
+JOBS: dict[str, Planner] = {
+    "decay": plan_decay_job,
+    "consolidate": plan_consolidate,
+    "review": plan_review_job,
+    "retag": plan_retag,
 }
 
 
-def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bool) -> dict[str, Any]:
+def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bool,
+        tier: str | None = None) -> dict[str, Any]:
     """One job over one subject (or all); what it changed, or would change."""
     if name not in JOBS:
         raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted(JOBS))}")
-    planner, why = JOBS[name]
+    only = Tier(tier) if tier else None
+    policy = policy_of(ctx.settings)
     subjects = [subject] if subject else ctx.store.subjects()
-    changed: list[dict[str, Any]] = []
-    examined = 0
+    report: dict[str, Any] = {"job": name, "tier": tier, "subjects": len(subjects), "examined": 0,
+                              "dry_run": dry_run, "now": now.isoformat(), "changed": [], "written": [],
+                              "sent": [], "undecided": [], "skipped": []}
     for s in subjects:
         memories = ctx.store.get(MemoryFilter(s))
-        examined += len(memories)
-        for memory, fields in planner(memories, now):
-            changed.append({"id": memory.id, "subject": s, "content": memory.content[:120],
-                            "before": fields_of(memory, fields), "after": fields})
-            if not dry_run:
-                ctx.set_fields(memory, fields, action="job", why=f"{name}: {why}", at=now)
-    return {"job": name, "subjects": len(subjects), "examined": examined, "dry_run": dry_run,
-            "now": now.isoformat(), "changed": changed}
+        report["examined"] += len(memories)
+        plan = JOBS[name](memories, now, policy, only)
+        _report(report, s, plan)
+        if not dry_run:
+            report["skipped"] += apply(ctx, s, plan, name, now)
+    return report
+
+
+def _report(report: dict[str, Any], subject: str, plan: Plan) -> None:
+    report["changed"] += [{"id": st.memory.id, "subject": subject, "content": st.memory.content[:120],
+                           "why": st.why, "before": fields_of(st.memory, st.fields), "after": _plain(st.fields)}
+                          for st in plan.steps]
+    report["written"] += [{"id": m.id, "subject": subject, "content": m.content[:160]} for m in plan.new]
+    report["sent"] += [{"subject": subject, "mtype": c.mtype.value, "key": c.key, "content": c.content[:120]}
+                       for c in plan.candidates]
+    report["undecided"] += [{"id": m.id, "subject": subject, "key": m.key, "content": m.content[:120]}
+                            for m in plan.undecided]
+
+
+def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime) -> list[str]:
+    """Carry a plan out; the ids of memories left alone because they changed while it was made."""
+    skipped = []
+    ids = [st.memory.id for st in plan.steps]
+    current = {m.id: m for m in ctx.store.get(MemoryFilter(subject, ids=ids))} if ids else {}
+    for st in plan.steps:
+        # Written by the pipeline meanwhile: the next run plans it again from what it is now.
+        if st.memory.id not in current or current[st.memory.id].rev != st.memory.rev:
+            skipped.append(st.memory.id)
+            continue
+        ctx.set_fields(st.memory, st.fields, action=name, why=f"{name}: {st.why}", at=now)
+    if plan.new:
+        ctx.store.put(plan.new, ctx.embedder.encode([m.content for m in plan.new]))
+        for m in plan.new:
+            ctx.announce(Change(memory_id=m.id, subject=subject, action=name, why=f"{name}: {m.content[:80]}",
+                                after={"status": m.status.value, "key": m.key, "content": m.content}, at=now,
+                                source_event_ids=m.source_event_ids))
+    for c in plan.candidates:
+        ctx.client.xadd(ctx.keys.stream("resolve"), {FIELD: encode(c)})
+    return skipped
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in fields.items()}
 
 
 def now_or_clock(now: str | None) -> datetime:

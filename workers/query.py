@@ -41,7 +41,7 @@ from shared.keys import FIELD, STAGES
 from shared.settings import Settings
 from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
-from workers import jobs
+from workers import jobs, ops
 from workers.runtime import Context
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
                                           error=f"{type(exc).__name__}: {exc}")
     result.latency_ms = (time.perf_counter() - started) * 1000
     record_trace(ctx, req, result, scored, now)
+    ops.count_use(ctx, req.subject, now, recalled=len(result.hits))
     return result.model_dump(mode="json")
 
 
@@ -181,6 +182,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     scored, _ = retrieve(ctx, req, plan_for(ctx.settings, req))
     hits = ranked(ctx.settings, scored, when, req.k)
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
+    ops.count_use(ctx, subject, when, recalled=len(hits))
     feedback(subject, packed.used_ids, when.isoformat())
     return packed.model_dump(mode="json")
 
@@ -196,6 +198,7 @@ def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
     for memory in found:
         ctx.store.set_fields(memory.id, {"access_count": memory.access_count + 1,
                                          "last_accessed_at": when.isoformat()})
+    ops.count_use(ctx, subject, when, adopted=len(found))
     return len(found)
 
 
@@ -222,17 +225,41 @@ def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains:
     return found
 
 
-def inspect(subject: str) -> dict[str, Any]:
+def inspect(subject: str, now: str | None = None) -> dict[str, Any]:
+    """Each memory with its state, tier, strength now, uses and last change; utilisation; backlog."""
     ctx = _ctx()
+    when = jobs.now_or_clock(now)
     memories = ctx.store.get(MemoryFilter(subject))
     memories.sort(key=lambda m: (m.created_at, m.id))
-    return {"subject": subject, "memories": [m.model_dump(mode="json") for m in memories],
+    taus = ctx.settings.decay_tau_hours
+    return {"subject": subject, "now": when.isoformat(),
+            "memories": [ops.memory_state(m, when, taus) for m in memories],
+            "utilisation": ops.utilisation(ctx, subject, when),
             "backlog": {stage: list(v) for stage, v in backlog(ctx.client, ctx.keys, STAGES).items()}}
 
 
-def run_job(name: str, subject: str | None, now: str | None, dry_run: bool) -> dict[str, Any]:
-    """A maintenance job (workers/jobs.py), run here because this process holds the store."""
-    return jobs.run(_ctx(), name, subject, jobs.now_or_clock(now), dry_run)
+# -- maintenance: jobs, history, rollback, review (workers/jobs.py, workers/ops.py) -----
+
+
+def run_job(name: str, subject: str | None, now: str | None, dry_run: bool, tier: str | None = None) -> dict[str, Any]:
+    """A maintenance job, run here because this process holds the store."""
+    return jobs.run(_ctx(), name, subject, jobs.now_or_clock(now), dry_run, tier)
+
+
+def history(memory_id: str, subject: str | None) -> dict[str, Any]:
+    return ops.history(_ctx(), memory_id, subject)
+
+
+def rollback(memory_id: str, to_version: int, subject: str | None, at: str | None) -> dict[str, Any]:
+    return ops.rollback(_ctx(), memory_id, to_version, subject, jobs.now_or_clock(at))
+
+
+def review_list(subject: str | None) -> list[dict[str, Any]]:
+    return ops.review_list(_ctx(), subject)
+
+
+def review_decide(memory_id: str, accept: bool, subject: str | None, at: str | None) -> dict[str, Any]:
+    return ops.review_decide(_ctx(), memory_id, accept, subject, jobs.now_or_clock(at))
 
 
 # -- the worker ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from pipeline.models import Change, Memory
+from pipeline.models import Change, Memory, Revision
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.embedder import Embedder
@@ -29,6 +29,8 @@ from shared.streams import ConsumerConfig, StreamConsumer
 log = logging.getLogger(__name__)
 
 STORE_STAGES = ("resolve", "upsert")
+# Bookkeeping a job refreshes often: not worth a line in a memory's history.
+QUIET_FIELDS = frozenset({"strength", "strength_at", "access_count", "last_accessed_at"})
 LIGHT_STAGES = ("trigger", "extract")
 
 
@@ -67,11 +69,21 @@ class Context:
                               retry_max_s=s.retry_max_s, decode_context={"max_text_bytes": s.max_text_bytes})
 
     def set_fields(self, memory: Memory, fields: dict[str, Any], *, action: str, why: str, at: datetime) -> None:
-        """Change a stored memory outside the write path (forget, jobs) and say so on `changes`."""
+        """Change a stored memory outside the write path (forget, jobs, review) and say so on `changes`.
+
+        The point's revision moves on, so a write batch built on the old state is sent back to
+        resolve; a change of state (not a strength refresh) is logged in the point's revisions.
+        """
         before = fields_of(memory, fields)
-        self.store.set_fields(memory.id, fields)
-        change = Change(memory_id=memory.id, subject=memory.subject, action=action, why=why, before=before,
-                        after=fields, at=at)
+        record = dict(fields) | {"rev": memory.rev + 1}
+        if set(fields) - QUIET_FIELDS:
+            revision = Revision(rev=memory.rev + 1, at=at, why=why, before=before)
+            record["revisions"] = [*memory.revisions, revision]
+        self.store.set_fields(memory.id, record)
+        self.announce(Change(memory_id=memory.id, subject=memory.subject, action=action, why=why, before=before,
+                             after=fields, at=at))
+
+    def announce(self, change: Change) -> None:
         self.client.xadd(self.keys.changes, {FIELD: encode(change)}, maxlen=self.settings.changes_maxlen,
                          approximate=True)
 

@@ -1,0 +1,370 @@
+"""What time alone does to memories: decay, consolidation, review and rollback (DESIGN §5; seed 002 §2–3.5).
+
+Pure planners. Each takes one subject's memories (every status) and `now`, and returns the
+changes a job should make; `workers/jobs.py` applies them. A plan applied and planned again
+at the same `now` is empty, so every job is idempotent per (job, date, subject).
+
+- decay: refresh `strength`; below the tier's threshold, or past `expires_at` for an event,
+  a memory is archived (kept, never searched). A verbatim record goes with what was
+  distilled from it when all of that was transient (a meeting at three, today's draft).
+- consolidate: promote what was seen in enough sessions; note topics that keep coming back
+  in the last week as patterns; re-read the day's records for durable statements.
+- review: re-judge contested memories after a timeout with the evidence gathered since.
+- rollback: restore an old version of a keyed memory as a new version (history grows).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pipeline.ids import is_keyed, memory_id
+from pipeline.models import (
+    SEARCHABLE_STATUSES,
+    Candidate,
+    Dir,
+    ExtractTask,
+    Memory,
+    MType,
+    Role,
+    Source,
+    Status,
+    Tier,
+    TriggerReason,
+    Turn,
+)
+from pipeline.score import DEFAULT_TAU_HOURS, strength
+
+# Strength below which a memory is archived, per tier. Seed 002 gives none. A short-term
+# memory goes at 0.1 (a preference unused for ~7 months, session context after ~4.6 days);
+# a long-term one has earned its place and goes at 0.01 (a preference unused for ~14 months,
+# a fact for ~2 years): "我平时喜欢去海边" must still answer a question a year later.
+ARCHIVE_BELOW: dict[str, float] = {Tier.short_term.value: 0.1, Tier.long_term.value: 0.01}
+# Kinds of memory that are about the moment: when they fade, the words they came from go too.
+TRANSIENT = frozenset({MType.session_context, MType.task_state, MType.temp_preference})
+# What consolidation promotes: never a record, an event or a passing state (pipeline.ids).
+_NOT_PROMOTED = frozenset({MType.episode, MType.event, MType.pattern, *TRANSIENT})
+# What consolidation re-reads the day's records for (seed 000 block 5: preferences,
+# decisions, lessons, rules).
+DURABLE = frozenset({MType.preference, MType.decision, MType.insight, MType.rule})
+# A repeat of an inference in other sessions is repeated evidence (seed 002 §3.2: 0.7–0.8).
+REPEATED_CONFIDENCE = 0.75
+# An archived memory brought back by a later mention has faded once: trust it a little less.
+REACTIVATION_DISCOUNT = 0.8
+
+
+@dataclass(frozen=True)
+class Policy:
+    tau_hours: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
+    archive_below: Mapping[str, float] = field(default_factory=lambda: dict(ARCHIVE_BELOW))
+    # Promotion to long-term: the same key seen in this many sessions (seed 002 §3.2).
+    promote_sessions: int = 3
+    # Frequency patterns (seed 000 block 5): a key in this many sessions within the window.
+    pattern_days: int = 7
+    pattern_sessions: int = 3
+    # Contested memories are re-judged once they have been contested this long.
+    review_after_hours: float = 168.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change to one stored memory, and why."""
+
+    memory: Memory
+    fields: dict[str, Any]
+    why: str
+
+
+# -- decay ------------------------------------------------------------------------------
+
+
+def plan_decay(memories: Sequence[Memory], now: datetime, policy: Policy, tier: Tier | None = None) -> list[Step]:
+    """Refresh strength and archive what has faded or expired, in one tier or all.
+
+    The stored strength never rises unless the memory was used or restated since it was last
+    computed (a run with an earlier `now` lowers nothing and raises nothing).
+    """
+    steps: dict[str, Step] = {}
+    for m in memories:
+        if m.status not in SEARCHABLE_STATUSES or (tier is not None and m.tier is not tier):
+            continue
+        kept = stored_strength(m, now, policy.tau_hours)
+        threshold = policy.archive_below.get(m.tier.value, 0.0)
+        if expired(m, now):
+            steps[m.id] = Step(m, archived(kept, now), f"expired at {_iso(m.expires_at)}")
+        elif kept < threshold:
+            steps[m.id] = Step(m, archived(kept, now), f"strength {kept:.4f} below {threshold} ({m.tier.value})")
+        elif kept != m.strength:
+            steps[m.id] = Step(m, {"strength": kept, "strength_at": now}, "strength refreshed")
+    for record in faded_records(memories, steps, now):
+        steps[record.memory.id] = record
+    return list(steps.values())
+
+
+def stored_strength(m: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
+    fresh = round(strength(m, now, tau_hours), 4)
+    touched = max(m.updated_at, m.last_accessed_at or m.updated_at)
+    if m.strength_at is not None and touched > m.strength_at:
+        return fresh  # used or restated since the last computation: it may rise
+    return min(fresh, m.strength)
+
+
+def expired(m: Memory, now: datetime) -> bool:
+    """An event that is over, or a temporary wish past its time."""
+    return m.expires_at is not None and m.expires_at <= now
+
+
+def archived(kept: float, now: datetime) -> dict[str, Any]:
+    return {"status": Status.archived.value, "tier": Tier.archive.value, "strength": kept, "strength_at": now}
+
+
+def faded_records(memories: Sequence[Memory], steps: Mapping[str, Step], now: datetime) -> list[Step]:
+    """Episodes whose every distilled memory was transient and is archived (now or before).
+
+    "我正在写第三版方案，今天下午三点要开评审会" is a session context and an event: once both are
+    gone, its verbatim record must not keep answering "what should I keep in mind?".
+    A record that also yielded a lasting memory, or nothing at all, keeps its own decay.
+    """
+    distilled: dict[str, list[Memory]] = defaultdict(list)
+    for m in memories:
+        if m.mtype is not MType.episode:
+            for event in m.source_event_ids:
+                distilled[event].append(m)
+    faded = []
+    for m in memories:
+        if m.mtype is not MType.episode or m.status not in SEARCHABLE_STATUSES or not m.source_event_ids:
+            continue
+        derived = [d for e in m.source_event_ids for d in distilled.get(e, [])]
+        if derived and all(_transient(d) and _gone(d, steps) for d in derived):
+            kept = steps[m.id].fields.get("strength", m.strength) if m.id in steps else m.strength
+            faded.append(Step(m, archived(kept, now), "everything distilled from it was transient and has faded"))
+    return faded
+
+
+def _transient(m: Memory) -> bool:
+    return m.mtype in TRANSIENT or (m.mtype is MType.event and m.expires_at is not None)
+
+
+def _gone(m: Memory, steps: Mapping[str, Step]) -> bool:
+    step = steps.get(m.id)
+    return m.status is Status.archived or (step is not None and step.fields.get("status") == Status.archived.value)
+
+
+# -- consolidation ----------------------------------------------------------------------
+
+
+def plan_promotions(memories: Sequence[Memory], policy: Policy) -> list[Step]:
+    """Short-term memories whose key was seen in enough sessions become long-term.
+
+    Sessions are counted over the key's live memories only: a superseded (wrong) memory
+    never counts towards anything, so it cannot promote itself or its successor.
+    """
+    sessions: dict[str, set[str]] = defaultdict(set)
+    for m in memories:
+        if m.status in SEARCHABLE_STATUSES and is_keyed(m.mtype):
+            sessions[m.key].update(m.session_ids)
+    steps = []
+    for m in memories:
+        seen = len(sessions.get(m.key, ()))
+        if (m.status is Status.active and m.tier is Tier.short_term and m.mtype not in _NOT_PROMOTED
+                and is_keyed(m.mtype) and seen >= policy.promote_sessions):
+            fields: dict[str, Any] = {"tier": Tier.long_term.value}
+            if m.source is Source.inferred:
+                fields |= {"source": Source.repeated.value, "confidence": max(m.confidence, REPEATED_CONFIDENCE)}
+            steps.append(Step(m, fields, f"seen in {seen} sessions (≥ {policy.promote_sessions})"))
+    return steps
+
+
+def plan_patterns(memories: Sequence[Memory], now: datetime, policy: Policy) -> list[Memory]:
+    """Topics that keep coming back: a key stated in enough sessions within the window.
+
+    One pattern memory per topic, made the first time it qualifies (its id is fixed, so a
+    re-run writes nothing new); it then decays like any pattern. Superseded memories do not
+    count (seed 000: frequency says what recurs, not what is right).
+    """
+    since = now - timedelta(days=policy.pattern_days)
+    recent: dict[str, list[Memory]] = defaultdict(list)
+    for m in memories:
+        if (m.status in SEARCHABLE_STATUSES and is_keyed(m.mtype) and m.mtype is not MType.pattern
+                and since < m.created_at <= now):
+            recent[m.key].append(m)
+    existing = {m.id for m in memories}
+    found = []
+    for key, group in sorted(recent.items()):
+        sessions = {s for m in group for s in m.session_ids}
+        if len(sessions) < policy.pattern_sessions:
+            continue
+        pattern = _pattern(key, group, len(sessions), now, policy)
+        if pattern.id not in existing:
+            found.append(pattern)
+    return found
+
+
+def _pattern(key: str, group: list[Memory], sessions: int, now: datetime, policy: Policy) -> Memory:
+    latest = max(group, key=lambda m: (m.created_at, m.id))
+    pattern_key = f"pattern.{key}"
+    content = f"{latest.content} (recurring: {sessions} sessions in the {policy.pattern_days} days to {now.date()})"
+    return Memory(
+        id=memory_id(latest.subject, pattern_key, 1), subject=latest.subject,
+        uri=f"mem://{latest.subject}/{Dir.patterns.value}/{pattern_key}", dir=Dir.patterns, mtype=MType.pattern,
+        key=pattern_key, content=content, confidence=REPEATED_CONFIDENCE, importance=latest.importance,
+        source=Source.derived, created_at=now, updated_at=now, valid_from=now,
+        source_event_ids=list(dict.fromkeys(e for m in group for e in m.source_event_ids)),
+        session_ids=sorted({s for m in group for s in m.session_ids}), evidence=latest.content,
+    )
+
+
+def day_sessions(memories: Sequence[Memory], now: datetime) -> list[ExtractTask]:
+    """The last day's records, one extraction task per session, to re-read for durable statements.
+
+    The live path extracts at each session's end; this catches sessions that never ended
+    and anything said since. What it finds goes through resolve like any candidate, so a
+    statement already known is a duplicate there and changes nothing.
+    """
+    since = now - timedelta(days=1)
+    by_session: dict[str, list[Memory]] = defaultdict(list)
+    for m in memories:
+        if (m.mtype is MType.episode and m.status in SEARCHABLE_STATUSES and m.session_ids
+                and m.source_event_ids and since < m.created_at <= now):
+            by_session[m.session_ids[0]].append(m)
+    tasks = []
+    for session, records in sorted(by_session.items()):
+        records.sort(key=lambda m: (m.created_at, m.id))
+        turns = [Turn(event_id=m.source_event_ids[0], role=Role.user if m.source is Source.explicit else Role.assistant,
+                      text=m.evidence or m.content, ts=m.created_at) for m in records]
+        tasks.append(ExtractTask(subject=records[0].subject, session_id=session, reason=TriggerReason.session_end,
+                                 turns=turns, ts=records[-1].created_at))
+    return tasks
+
+
+def durable(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """What consolidation keeps of a re-read session. A rule or a system item it found waits for
+    review (seed 000: automatically extracted rules never take effect on their own)."""
+    kept = []
+    for c in candidates:
+        if c.mtype not in DURABLE:
+            continue
+        if c.mtype is MType.rule or c.dir is Dir.system:
+            c = c.model_copy(update={"source": Source.derived})
+        kept.append(c)
+    return kept
+
+
+# -- review -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    steps: list[Step]
+    # Contested memories that are still ambiguous after the timeout, for `memflow review list`.
+    undecided: list[Memory]
+
+
+def plan_review(memories: Sequence[Memory], now: datetime, policy: Policy) -> Verdict:
+    """Re-judge each key's contested memories once the newest of them is older than the timeout.
+
+    Evidence is what was gathered since: sessions that restated it and uses that adopted it.
+    A memory with strictly more support than every rival wins (active, rivals superseded);
+    a tie stays contested and is listed.
+    """
+    due = now - timedelta(hours=policy.review_after_hours)
+    groups: dict[str, list[Memory]] = defaultdict(list)
+    for m in memories:
+        if m.status is Status.contested:
+            groups[m.key].append(m)
+    steps: list[Step] = []
+    undecided: list[Memory] = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda m: (-support(m), -m.confidence, m.id))
+        if max(m.updated_at for m in group) > due:
+            continue
+        if len(group) > 1 and support(group[0]) == support(group[1]):
+            undecided.extend(group)
+            continue
+        winner = group[0]
+        beaten = max((support(m) for m in group[1:]), default=0)
+        why = f"review: {support(winner)} sessions and uses against at most {beaten}"
+        steps.append(Step(winner, {"status": Status.active.value, "conflicts_with": []}, why))
+        steps += [Step(m, {"status": Status.superseded.value, "superseded_by": winner.id, "valid_to": now}, why)
+                  for m in group[1:]]
+    return Verdict(steps, undecided)
+
+
+def support(m: Memory) -> int:
+    return len(m.session_ids) + m.access_count
+
+
+# -- decisions by hand: review accept/reject, rollback -----------------------------------
+
+
+def plan_accept(memory: Memory, same_key: Sequence[Memory], now: datetime) -> list[Step]:
+    """Accept a memory held for review or contested: it becomes active, and the live memories it
+    conflicted with on its key are superseded by it."""
+    if memory.status not in (Status.pending_review, Status.contested):
+        raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
+    why = "accepted in review"
+    steps = [Step(memory, {"status": Status.active.value, "conflicts_with": []}, why)]
+    rivals = [m for m in same_key if m.id != memory.id and m.key == memory.key and m.status in SEARCHABLE_STATUSES
+              and (m.id in memory.conflicts_with or memory.id in m.conflicts_with)]
+    steps += [Step(m, {"status": Status.superseded.value, "superseded_by": memory.id, "valid_to": now}, why)
+              for m in rivals]
+    return steps
+
+
+def plan_reject(memory: Memory, same_key: Sequence[Memory]) -> list[Step]:
+    """Reject it: never searched again, kept as history; a rival it contested stands alone again."""
+    if memory.status not in (Status.pending_review, Status.contested):
+        raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
+    why = "rejected in review"
+    steps = [Step(memory, {"status": Status.deleted.value}, why)]
+    for m in same_key:
+        if m.id != memory.id and m.status is Status.contested and memory.id in m.conflicts_with:
+            left = [c for c in m.conflicts_with if c != memory.id]
+            fields: dict[str, Any] = {"conflicts_with": left}
+            if not left:
+                fields["status"] = Status.active.value
+            steps.append(Step(m, fields, why))
+    return steps
+
+
+@dataclass(frozen=True)
+class Rollback:
+    # The restored version, written as a new point (None: that content is already current).
+    restored: Memory | None
+    steps: list[Step]
+
+
+def plan_rollback(versions: Sequence[Memory], to_version: int, now: datetime) -> Rollback:
+    """Bring back version `to_version` of a keyed memory as a new version on top.
+
+    Nothing is rewritten: the live versions are superseded by the new one, which carries
+    the old content and says where it came from. Rolling back to what is already current
+    plans nothing, so a rollback run twice is one rollback.
+    """
+    target = next((m for m in versions if m.version == to_version), None)
+    if target is None:
+        raise ValueError(f"no version {to_version}; versions are {sorted(m.version for m in versions)}")
+    if not is_keyed(target.mtype):
+        raise ValueError(f"a {target.mtype.value} has one version; nothing to roll back")
+    live = [m for m in versions if m.status in SEARCHABLE_STATUSES]
+    if len(live) == 1 and live[0].content == target.content:
+        return Rollback(None, [])
+    version = 1 + max(m.version for m in versions)
+    newest = max(versions, key=lambda m: m.version)
+    restored = target.model_copy(update={
+        "id": memory_id(target.subject, target.key, version), "version": version, "rev": 1,
+        "status": Status.active, "tier": target.tier if target.tier is not Tier.archive else Tier.short_term,
+        "created_at": now, "updated_at": now, "valid_from": now, "valid_to": None, "supersedes": newest.id,
+        "superseded_by": None, "conflicts_with": [], "strength": 1.0, "strength_at": None, "revisions": [],
+        "evidence": f"rolled back to version {to_version} ({target.id})"})
+    why = f"rolled back to version {to_version}"
+    steps = [Step(m, {"status": Status.superseded.value, "superseded_by": restored.id, "valid_to": now}, why)
+             for m in live]
+    return Rollback(restored, steps)
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value else "?"

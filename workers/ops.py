@@ -1,0 +1,132 @@
+"""What ops do to memories by hand, run in the query worker (it holds the store):
+history, rollback, review list/accept/reject, and the utilisation counters that
+`inspect` reports (seed 001 §1.1: the share of recalled memories that were adopted).
+
+A memory is named by its id; without a subject every subject is searched for it (ops
+tooling, not a tenant's query: nothing here is reachable from search or pack).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pipeline.ids import is_keyed
+from pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
+from pipeline.models import Change, Memory, Status
+from pipeline.score import strength
+from shared.errors import MemflowError
+from shared.store import MemoryFilter
+from workers.runtime import Context
+
+REVIEWABLE = (Status.pending_review, Status.contested)
+# Utilisation counters are kept per day this long (the report looks back 30 days).
+UTILISATION_KEEP = timedelta(days=40)
+UTILISATION_DAYS = 30
+
+
+def locate(ctx: Context, memory_id: str, subject: str | None) -> Memory:
+    for s in [subject] if subject else ctx.store.subjects():
+        found = ctx.store.get(MemoryFilter(s, ids=[memory_id]))
+        if found:
+            return found[0]
+    raise MemflowError(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
+
+
+def versions(ctx: Context, memory: Memory) -> list[Memory]:
+    """Every version of a keyed memory (the points of its key), oldest first; else the memory alone."""
+    if not is_keyed(memory.mtype):
+        return [memory]
+    found = ctx.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
+    return sorted(found, key=lambda m: (m.version, m.created_at))
+
+
+def history(ctx: Context, memory_id: str, subject: str | None) -> dict[str, Any]:
+    memory = locate(ctx, memory_id, subject)
+    shown = ("id", "version", "status", "tier", "content", "source", "confidence", "created_at", "updated_at",
+             "supersedes", "superseded_by", "conflicts_with", "source_event_ids", "revisions")
+    return {"subject": memory.subject, "key": memory.key, "asked": memory.id,
+            "versions": [{k: v for k, v in m.model_dump(mode="json").items() if k in shown}
+                         for m in versions(ctx, memory)]}
+
+
+def rollback(ctx: Context, memory_id: str, to_version: int, subject: str | None, at: datetime) -> dict[str, Any]:
+    """Restore version `to_version` as a new version; the live ones are superseded by it."""
+    memory = locate(ctx, memory_id, subject)
+    try:
+        plan = plan_rollback(versions(ctx, memory), to_version, at)
+    except ValueError as exc:
+        raise MemflowError(str(exc)) from exc
+    restored = plan.restored
+    if restored is not None:
+        ctx.store.put([restored], ctx.embedder.encode([restored.content]))
+        ctx.announce(Change(memory_id=restored.id, subject=restored.subject, action="rollback",
+                            why=f"rolled back to version {to_version}", at=at,
+                            after={"status": restored.status.value, "version": restored.version,
+                                   "content": restored.content}))
+    _apply(ctx, plan.steps, "rollback", at)
+    return {"subject": memory.subject, "key": memory.key, "to_version": to_version,
+            "restored": None if restored is None else {"id": restored.id, "version": restored.version,
+                                                        "content": restored.content},
+            "superseded": [st.memory.id for st in plan.steps]}
+
+
+def review_list(ctx: Context, subject: str | None) -> list[dict[str, Any]]:
+    found = []
+    for s in [subject] if subject else ctx.store.subjects():
+        found += ctx.store.get(MemoryFilter(s, statuses=REVIEWABLE))
+    found.sort(key=lambda m: (m.subject, m.key, m.created_at))
+    return [{"id": m.id, "subject": m.subject, "status": m.status.value, "key": m.key, "mtype": m.mtype.value,
+             "content": m.content, "confidence": m.confidence, "conflicts_with": m.conflicts_with,
+             "created_at": m.created_at.isoformat()} for m in found]
+
+
+def review_decide(ctx: Context, memory_id: str, accept: bool, subject: str | None, at: datetime) -> dict[str, Any]:
+    memory = locate(ctx, memory_id, subject)
+    same_key = ctx.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
+    try:
+        steps = plan_accept(memory, same_key, at) if accept else plan_reject(memory, same_key)
+    except ValueError as exc:
+        raise MemflowError(str(exc)) from exc
+    _apply(ctx, steps, "review", at)
+    return {"id": memory.id, "accepted": accept,
+            "changed": [{"id": st.memory.id, "after": {k: str(v) for k, v in st.fields.items()}} for st in steps]}
+
+
+def _apply(ctx: Context, steps: list[Step], action: str, at: datetime) -> None:
+    for st in steps:
+        ctx.set_fields(st.memory, st.fields, action=action, why=st.why, at=at)
+
+
+# -- utilisation -----------------------------------------------------------------------
+
+
+def count_use(ctx: Context, subject: str, at: datetime, *, recalled: int = 0, adopted: int = 0) -> None:
+    """Add to the subject's per-day counters of memories recalled (returned) and adopted (used)."""
+    if not recalled and not adopted:
+        return
+    key, day = ctx.keys.utilisation(subject), at.date().isoformat()
+    pipe = ctx.client.pipeline(transaction=False)
+    pipe.hincrby(key, f"recalled:{day}", recalled)
+    pipe.hincrby(key, f"adopted:{day}", adopted)
+    pipe.expire(key, UTILISATION_KEEP)
+    pipe.execute()
+
+
+def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:
+    raw = ctx.client.hgetall(ctx.keys.utilisation(subject))
+    counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+    window = {(now - timedelta(days=d)).date().isoformat() for d in range(days)}
+    recalled = sum(v for k, v in counts.items() if k.startswith("recalled:") and k.split(":", 1)[1] in window)
+    adopted = sum(v for k, v in counts.items() if k.startswith("adopted:") and k.split(":", 1)[1] in window)
+    return {"days": days, "recalled": recalled, "adopted": adopted,
+            "share": round(adopted / recalled, 4) if recalled else None}
+
+
+def memory_state(m: Memory, now: datetime, tau_hours: dict[str, float]) -> dict[str, Any]:
+    """What inspect shows of one memory: its payload, its strength now and its last change."""
+    last = m.revisions[-1] if m.revisions else None
+    return m.model_dump(mode="json") | {
+        "strength_now": round(strength(m, now, tau_hours), 4),
+        "last_change": {"at": (last.at if last else m.updated_at).isoformat(),
+                        "why": last.why if last else "written"}}

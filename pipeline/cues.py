@@ -71,15 +71,31 @@ WEAK_RULE = _rx(
 )
 
 # Explicit preference statements (seed 001 §4.1 `_detect_preference_signal`).
-PREFERENCE = _rx(
-    r"我.{0,4}?(?:喜欢|讨厌|偏好|偏爱|爱用|习惯|倾向|希望)|偏好|更喜欢|希望你",
+_STATED = (
+    r"我.{0,4}?(?:喜欢|讨厌|偏好|偏爱|爱用|倾向|希望)|偏好|更喜欢|希望你",
     r"以后|今后|往后|从现在起|从今往后|下次|每次|请尽量|尽量",
     r"\bi(?: really| also| generally| usually)? (?:prefer|like|love|enjoy|hate|dislike|adore)\b",
     r"\bi (?:don'?t|do not) (?:like|want|enjoy|love)\b|\bi can'?t stand\b",
     r"\bi'?d (?:rather|prefer|like you to)\b|\bfrom now on\b|\bgoing forward\b|\bin (?:the )?future\b",
-    r"\bi (?:always|usually|never|typically|tend to)\b|\bmy favou?rite\b",
+    r"\bmy favou?rite\b",
     r"\bplease (?:keep|make|use|reply|answer|write|respond|be)\b",
 )
+# Habits: durable wording makes a standing preference even without 喜欢/like (seed 002
+# §4.3: "我习惯/我总是" are preferences, "下个月去日本出差" an event). The speaker's own
+# only: "我觉得你总是…" is about someone else, "我们每周一开例会" a team's routine;
+# "我觉得一般" and "I think every day…" are opinions.
+_PERIOD = r"(?:morning|day|evening|night|weekend|week|month|year|(?:mon|tues|wednes|thurs|fri|satur|sun)day)"
+_HABITUAL = (
+    r"我[^，,。你他她]{0,4}?(?:习惯|平时|平常|通常|总是|老是|向来|一向|往往|经常|常常)",
+    r"我[^，,。你他她]{0,4}?(?<!觉得)(?<!感觉)一般(?![般的吧啊呀，,。！!？?]|$)",
+    r"我(?!们)[^，,。你他她]{0,4}?每(?:天|日|晚|周|星期|礼拜|个?月|年)",
+    r"\bi(?:'m| am)? (?:always|usually|normally|generally|typically|often|never|mostly)\b|\bi tend to\b",
+    rf"\bevery (?:single )?{_PERIOD}s?\b,? i\b",
+    rf"\bi (?!think\b|believe\b|feel\b|guess\b|hope\b|wish\b)[^.;!?]{{0,40}}?\bevery (?:single )?{_PERIOD}\b",
+)
+STATED_PREFERENCE = _rx(*_STATED)
+HABIT = _rx(*_HABITUAL)
+PREFERENCE = _rx(*_STATED, *_HABITUAL)
 
 # Wording that states a preference only when the topic is one ("我需要深入的技术细节"
 # is; "我需要一个脚本" is a task).
@@ -120,9 +136,9 @@ CONTEXT = _rx(
 )
 
 # First-person statements of fact ("我的血型是…", "My blood type is…", "I work at…").
-# `(?<!不)是`: "我不是很确定" is not a fact.
+# `(?<!不)是`: "我不是很确定" is not a fact; nor is the 是 of 总是/老是 ("always") a copula.
 FIRST_PERSON_FACT = _rx(
-    r"我(?:们)?(?:的|家)?[^，,。]{0,12}?(?<![不还就但可])是|我叫(?![了过])|我们用|我用的是",
+    r"我(?:们)?(?:的|家)?[^，,。]{0,12}?(?<![不还就但可总老])是|我叫(?![了过])|我们用|我用的是",
     r"我(?:们)?(?:住|有|在[^，,。]{1,12}(?:工作|上班|读书|上学))",
     r"\bmy [\w' -]{1,30}? (?:is|are|was|were)\b|\bour [\w' -]{1,30}? (?:is|are|uses?)\b",
     r"\bi(?:'m| am) (?:a|an|from|based|married|allergic)\b|\bi (?:live|work|own|study)\b",
@@ -131,7 +147,7 @@ FIRST_PERSON_FACT = _rx(
 
 # Asserting something about a topic or a project ("数据库是…", "CI 用的是…").
 ASSERTION = _rx(
-    r"(?<![不还就但可])是|用的|用了|使用|采用|叫|住|搬|在做|负责|跳槽|入职|加入",
+    r"(?<![不还就但可总老])是|用的|用了|使用|采用|叫|住|搬|在做|负责|跳槽|入职|加入",
     r"\b(?:is|are|was|were|uses?|using|used|called|named|lives?|moved|works?|runs?|built)\b",
 )
 

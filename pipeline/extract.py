@@ -146,7 +146,7 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
     if cue.decision:
         return MType.decision
     if cue.preference:
-        return MType.temp_preference if cue.temporary else MType.preference
+        return _wish_or_habit(body, cue)
     if find_time(body, ts) is not None:
         return MType.event
     if cues.CONTEXT.search(body) and topic_of(body) is None:
@@ -154,6 +154,18 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
     if _states_fact(body) or cue.remember or cue.correction:
         return MType.fact
     return None
+
+
+def _wish_or_habit(body: str, cue: Cues) -> MType:
+    """A preference, temporary or standing; a habit on a fact topic ("我平时住在上海",
+    "我一般吃素") is a standing fact on that topic's key, not a taste."""
+    if cue.temporary:
+        return MType.temp_preference
+    topic = topic_of(body)
+    on_fact = topic is not None and topic.mtype is MType.fact
+    if on_fact and cues.HABIT.search(body) and not cues.STATED_PREFERENCE.search(body):
+        return MType.fact
+    return MType.preference
 
 
 def _states_fact(body: str) -> bool:

@@ -4,13 +4,16 @@ A statement with a time reference is an event, not a standing fact (seed 002 §4
 去日本出差" must not become "often goes to Japan"); a future one expires when its period
 ends. Everything is computed from the event's `ts` and in its timezone; weeks start on
 Monday. Nothing here reads the clock.
+
+Expiry keeps day granularity: an appointment "明天下午三点" / "tomorrow at 3pm" still
+matters that evening, so it lapses when its day ends; the hour only goes into the label.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 _DAY = timedelta(days=1)
@@ -35,6 +38,7 @@ _EN_NUMBERS = {
 }
 _ZH_WEEKDAY = {"一": 0, "二": 1, "三": 2, "四": 3, "五": 4, "六": 5, "日": 6, "天": 6}
 _EN_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_EN_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _UNIT_DAYS = {
     "天": 1,
     "日": 1,
@@ -49,13 +53,45 @@ _UNIT_DAYS = {
     "year": 365,
 }
 _WD = "(monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+# "周天" is Sunday, but "下周天气" is next week's weather.
+_ZH_WD = "([一二三四五六日]|天(?!气))"
+_MON = (
+    r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?"
+    r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+)
+_ORD = r"(\d{1,2})(?:st|nd|rd|th)?\b"
 _ZH_NUM = "([0-9]+|[一二两三四五六七八九十]+)"
+# "去年年底", "下个月底": the end of a period named is in that period.
+_MONTH_END = "(?:月?[底末])?"
+_YEAR_END = "(?:年?[底末])?"
 _EN_NUM = r"(\d+|a couple of|couple of|a few|few|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
 # Temporary preferences with no calendar word ("最近", "lately") last two weeks (τ of
 # temp_preference is 14 d, seed 002 §2.1); "这次/for now" lasts the day.
 _RECENTLY = re.compile(r"最近|这几天|这段时间|\blately\b|\brecently\b|\bthese days\b", re.I)
 _RECENT_SPAN = timedelta(days=14)
 _RECURRING = re.compile(r"每(?:天|日|周|星期|个?月|年)|\bevery\b|\bweekly\b|\bdaily\b|\bmonthly\b", re.I)
+_HALF_YEAR = timedelta(days=183)
+
+# A time of day, only ever a detail of a day named elsewhere ("明天下午三点", "tomorrow at
+# 3pm"), and only when the text says which half of the day: "明天三点" and "at 9:30" may be
+# either, and bare "一点" is "a little" ("详细一点"). Midnight, "晚上十二点", belongs to the
+# next day: no clock either. Minutes as one numeral need "分": "三点一起去" is no 03:01.
+_ZH_CLOCK = re.compile(
+    r"(早上|早晨|上午|中午|下午|傍晚|晚上|夜里|凌晨)?\s*([0-9]{1,2}|[一二两三四五六七八九十]+)\s*[点點]钟?"
+    r"(?:\s*(半|一刻|三刻|[0-9]{1,2}分?|[一二三四五六七八九十]{2,3}分?|[一二三四五六七八九十]分))?"
+)
+# Hours below these, said with this part of the day, are after noon: 中午一点 is 13:00 but
+# 中午十一点 11:00; 晚上十二点 would be 24:00, no time of the day named.
+_ZH_PM_BELOW = {"中午": 11, "下午": 12, "傍晚": 12, "晚上": 13, "夜里": 13}
+_ZH_QUARTERS = {"半": 30, "一刻": 15, "三刻": 45}
+# "3pm", "3:30 p.m.", "12am", or hours and minutes without am/pm ("at 15:00").
+_EN_CLOCK = re.compile(r"\b(?:at )?(\d{1,2})(?::([0-5]\d))?\s*(?:([ap])\.?m\b\.?|(?<=:\d\d))", re.I)
+# The first hour that is unambiguous without am/pm.
+_AFTERNOON_HOUR = 13
+# Parts of a day: not what an event is about, so they leave its key with the time phrases.
+_DAY_PART = re.compile(
+    r"早上|早晨|上午|中午|下午|傍晚|晚上|夜里|凌晨|\b(?:in the )?(?:morning|afternoon|evening)\b", re.I
+)
 
 
 @dataclass(frozen=True)
@@ -75,14 +111,15 @@ def find_time(text: str, ts: datetime) -> TimeRef | None:
         return None
     for pattern, resolve in _RULES:
         m = pattern.search(text)
-        if m:
-            return resolve(m, ts)
+        ref = resolve(m, ts) if m else None
+        if ref is not None:
+            return _with_clock(ref, text)
     return None
 
 
 def strip_time(text: str) -> str:
     """`text` without its time phrases: what an event is about, whenever it happens."""
-    for pattern, _ in _RULES:
+    for pattern in (*(p for p, _ in _RULES), _ZH_CLOCK, _EN_CLOCK, _DAY_PART):
         text = pattern.sub(" ", text)
     return text
 
@@ -95,6 +132,44 @@ def temp_expiry(text: str, ts: datetime) -> datetime:
     if _RECENTLY.search(text):
         return ts + _RECENT_SPAN
     return _midnight(ts) + _DAY
+
+
+def _with_clock(ref: TimeRef, text: str) -> TimeRef:
+    """A one-day reference labelled with the time of day the text names, if any."""
+    clock = _clock(text) if ref.end - ref.start == _DAY else None
+    return replace(ref, label=f"{ref.label} {clock}") if clock else ref
+
+
+def _clock(text: str) -> str | None:
+    """The first time of day in `text` as "HH:MM", or None."""
+    for m in _ZH_CLOCK.finditer(text):
+        if clock := _zh_clock(m):
+            return clock
+    for m in _EN_CLOCK.finditer(text):
+        if clock := _en_clock(m):
+            return clock
+    return None
+
+
+def _zh_clock(m: re.Match[str]) -> str | None:
+    part, hour = m[1], _zh_number(m[2])
+    if not part and hour < _AFTERNOON_HOUR:
+        return None  # "明天三点": 03:00 or 15:00
+    if hour < _ZH_PM_BELOW.get(part or "", 0):
+        hour += 12
+    minutes = m[3].rstrip("分") if m[3] else "0"
+    return _hhmm(hour, _ZH_QUARTERS.get(minutes) or _zh_number(minutes))
+
+
+def _en_clock(m: re.Match[str]) -> str | None:
+    hour, minute = int(m[1]), int(m[2] or 0)
+    if m[3]:  # 3pm, 3:30 p.m., 12am
+        return _hhmm(hour % 12 + (12 if m[3].lower() == "p" else 0), minute)
+    return _hhmm(hour, minute) if hour >= _AFTERNOON_HOUR else None  # "at 15:00"; "at 9:30" may be either
+
+
+def _hhmm(hour: int, minute: int) -> str | None:
+    return f"{hour:02d}:{minute:02d}" if 0 <= hour < 24 and 0 <= minute < 60 else None
 
 
 def _midnight(ts: datetime) -> datetime:
@@ -159,6 +234,20 @@ def _on_date(ts: datetime, year: int, month: int, day: int) -> TimeRef | None:
     return _ref(ts, start, start + _DAY, start.date().isoformat())
 
 
+def _on_day_of_year(ts: datetime, month: int, day: int, year: str | None = None) -> TimeRef | None:
+    """A date; without its year, the nearest one: "1月5日" said on 12-20 is next January."""
+    if year:
+        return _on_date(ts, int(year), month, day)
+    ref = _on_date(ts, ts.year, month, day)
+    if ref is None or abs(ref.start - _midnight(ts)) <= _HALF_YEAR:
+        return ref
+    return _on_date(ts, ts.year + (1 if ref.start < ts else -1), month, day)
+
+
+def _en_month(word: str) -> int:
+    return _EN_MONTHS.index(word[:3].lower()) + 1
+
+
 _Resolver = Callable[[re.Match[str], datetime], "TimeRef | None"]
 
 
@@ -167,41 +256,75 @@ def _rule(pattern: str, resolve: _Resolver) -> tuple[re.Pattern[str], _Resolver]
 
 
 # Table order is priority: longer phrases before their parts ("大后天" before "后天",
-# "下周三" before "下周", "day after tomorrow" before "tomorrow"), future before past.
+# "下下周" before "下周", "day after tomorrow" before "tomorrow"), future before past. A
+# phrase that is part of a past one is guarded by a look-behind ("上周五" is no "周五",
+# "last Friday" no "Friday", "上个月底" no "月底"), as is "下周" inside "下下周".
 _RULES: tuple[tuple[re.Pattern[str], _Resolver], ...] = (
     _rule(r"(\d{4})-(\d{2})-(\d{2})", lambda m, ts: _on_date(ts, int(m[1]), int(m[2]), int(m[3]))),
-    _rule(r"(\d{1,2})月(\d{1,2})[日号]", lambda m, ts: _on_date(ts, ts.year, int(m[1]), int(m[2]))),
+    _rule(
+        rf"(?:(\d{{4}})年)?{_ZH_NUM}月{_ZH_NUM}[日号]",
+        lambda m, ts: _on_day_of_year(ts, _zh_number(m[2]), _zh_number(m[3]), m[1]),
+    ),
+    _rule(rf"\b{_MON} {_ORD}(?:,? (\d{{4}})\b)?", lambda m, ts: _on_day_of_year(ts, _en_month(m[1]), int(m[2]), m[3])),
+    _rule(
+        rf"\b{_ORD} (?:of )?{_MON}(?:,? (\d{{4}})\b)?",
+        lambda m, ts: _on_day_of_year(ts, _en_month(m[2]), int(m[1]), m[3]),
+    ),
     _rule(r"大后天", lambda m, ts: _days(ts, 3)),
     _rule(r"后天|\bday after tomorrow\b", lambda m, ts: _days(ts, 2)),
     _rule(r"明天|明早|明晚|明日|\btomorrow\b", lambda m, ts: _days(ts, 1)),
     _rule(
         r"今天|今晚|今早|今日|\btoday\b|\btonight\b|\bthis (?:morning|afternoon|evening)\b", lambda m, ts: _days(ts, 0)
     ),
-    _rule(r"下(?:个)?(?:周|星期|礼拜)([一二三四五六日天])", lambda m, ts: _week(ts, 1, _ZH_WEEKDAY[m[1]], 1)),
+    _rule(rf"下下(?:个)?(?:周|星期|礼拜){_ZH_WD}", lambda m, ts: _week(ts, 2, _ZH_WEEKDAY[m[1]], 1)),
+    _rule(rf"(?<!下)下(?:个)?(?:周|星期|礼拜){_ZH_WD}", lambda m, ts: _week(ts, 1, _ZH_WEEKDAY[m[1]], 1)),
     _rule(rf"\bnext {_WD}\b", lambda m, ts: _week(ts, 1, _EN_WEEKDAYS.index(m[1].lower()), 1)),
-    _rule(r"下(?:个)?周末|\bnext weekend\b", lambda m, ts: _week(ts, 1, 5, 2)),
-    _rule(r"周末|\bthis weekend\b|\bon the weekend\b", lambda m, ts: _week(ts, 0, 5, 2)),
-    _rule(r"下(?:个)?(?:周|星期|礼拜)|\bnext week\b", lambda m, ts: _week(ts, 1)),
+    _rule(r"(?<!下)下(?:个)?周末|\bnext weekend\b", lambda m, ts: _week(ts, 1, 5, 2)),
+    _rule(r"(?<![上下])(?<!上个)周末|\bthis weekend\b|\bon the weekend\b", lambda m, ts: _week(ts, 0, 5, 2)),
+    _rule(r"下下(?:个)?(?:周|星期|礼拜)|\bweek after next\b", lambda m, ts: _week(ts, 2)),
+    _rule(r"(?<!下)下(?:个)?(?:周|星期|礼拜)|\bnext week\b", lambda m, ts: _week(ts, 1)),
     _rule(r"(?:这|本)(?:个)?(?:周|星期|礼拜)(?![一二三四五六日天])|\bthis week\b", lambda m, ts: _week(ts, 0)),
-    _rule(r"(?:周|星期|礼拜)([一二三四五六日天])", lambda m, ts: _upcoming(ts, _ZH_WEEKDAY[m[1]])),
-    _rule(rf"\b(?:on |this )?{_WD}\b", lambda m, ts: _upcoming(ts, _EN_WEEKDAYS.index(m[1].lower()))),
-    _rule(r"下(?:个)?月|\bnext month\b", lambda m, ts: _month(ts, 1)),
-    _rule(r"(?:这|本)个?月|月底|月末|\bthis month\b|\bend of (?:the|this) month\b", lambda m, ts: _month(ts, 0)),
-    _rule(r"明年|\bnext year\b", lambda m, ts: _year(ts, 1)),
-    _rule(r"今年|年底|年末|\bthis year\b|\bend of (?:the|this) year\b", lambda m, ts: _year(ts, 0)),
+    _rule(rf"(?<![上下])(?<![上下]个)(?:周|星期|礼拜){_ZH_WD}", lambda m, ts: _upcoming(ts, _ZH_WEEKDAY[m[1]])),
+    _rule(
+        rf"(?<!last )(?<!past )\b(?:on |this (?:coming )?)?{_WD}\b",
+        lambda m, ts: _upcoming(ts, _EN_WEEKDAYS.index(m[1].lower())),
+    ),
+    _rule(rf"下下个?月{_MONTH_END}|\bmonth after next\b", lambda m, ts: _month(ts, 2)),
+    _rule(rf"(?<!下)下个?月{_MONTH_END}|\bnext month\b", lambda m, ts: _month(ts, 1)),
+    _rule(
+        rf"(?:这|本)个?月{_MONTH_END}|(?<![上下个这本月])月[底末]"
+        r"|\bthis month\b|\b(?:the )?end of (?:the |this )?month\b",
+        lambda m, ts: _month(ts, 0),
+    ),
+    _rule(rf"后年{_YEAR_END}|\byear after next\b", lambda m, ts: _year(ts, 2)),
+    _rule(rf"明年{_YEAR_END}|\bnext year\b", lambda m, ts: _year(ts, 1)),
+    _rule(
+        rf"今年{_YEAR_END}|(?<![去今明前后年])年[底末]"
+        r"|\bthis year\b|\b(?:the )?end of (?:the |this )?year\b",
+        lambda m, ts: _year(ts, 0),
+    ),
     _rule(
         rf"{_ZH_NUM}\s*个?(天|周|星期|礼拜|月|年)(?:后|之后|以后)",
         lambda m, ts: _in_units(_zh_number(m[1]), m[2], ts, 1),
     ),
-    _rule(rf"\bin {_EN_NUM} (day|week|month|year)s?\b", lambda m, ts: _in_units(_en_number(m[1]), m[2], ts, 1)),
+    _rule(
+        rf"\bin {_EN_NUM} (day|week|month|year)s?\b|\b{_EN_NUM} (day|week|month|year)s? from now\b",
+        lambda m, ts: _in_units(_en_number(m[1] or m[3]), m[2] or m[4], ts, 1),
+    ),
     _rule(r"过(?:两|几)天", lambda m, ts: _days(ts, 2)),
     _rule(r"大前天", lambda m, ts: _days(ts, -3)),
     _rule(r"前天|\bday before yesterday\b", lambda m, ts: _days(ts, -2)),
     _rule(r"昨天|昨晚|昨日|\byesterday\b|\blast night\b", lambda m, ts: _days(ts, -1)),
+    _rule(rf"上上(?:个)?(?:周|星期|礼拜){_ZH_WD}", lambda m, ts: _week(ts, -2, _ZH_WEEKDAY[m[1]], 1)),
+    _rule(rf"(?<!上)上(?:个)?(?:周|星期|礼拜){_ZH_WD}", lambda m, ts: _week(ts, -1, _ZH_WEEKDAY[m[1]], 1)),
     _rule(rf"\blast {_WD}\b", lambda m, ts: _week(ts, -1, _EN_WEEKDAYS.index(m[1].lower()), 1)),
-    _rule(r"上(?:个)?(?:周|星期|礼拜)|\blast week\b", lambda m, ts: _week(ts, -1)),
-    _rule(r"上(?:个)?月|\blast month\b", lambda m, ts: _month(ts, -1)),
-    _rule(r"去年|\blast year\b", lambda m, ts: _year(ts, -1)),
+    _rule(r"(?<!上)上(?:个)?周末|\blast weekend\b", lambda m, ts: _week(ts, -1, 5, 2)),
+    _rule(r"上上(?:个)?(?:周|星期|礼拜)|\bweek before last\b", lambda m, ts: _week(ts, -2)),
+    _rule(r"(?<!上)上(?:个)?(?:周|星期|礼拜)|\blast week\b", lambda m, ts: _week(ts, -1)),
+    _rule(rf"上上个?月{_MONTH_END}|\bmonth before last\b", lambda m, ts: _month(ts, -2)),
+    _rule(rf"(?<!上)上个?月{_MONTH_END}|\blast month\b", lambda m, ts: _month(ts, -1)),
+    _rule(rf"前年{_YEAR_END}|\byear before last\b", lambda m, ts: _year(ts, -2)),
+    _rule(rf"去年{_YEAR_END}|\blast year\b", lambda m, ts: _year(ts, -1)),
     _rule(rf"{_ZH_NUM}\s*个?(天|周|星期|礼拜|月|年)前", lambda m, ts: _in_units(_zh_number(m[1]), m[2], ts, -1)),
     _rule(rf"\b{_EN_NUM} (day|week|month|year)s? ago\b", lambda m, ts: _in_units(_en_number(m[1]), m[2], ts, -1)),
 )

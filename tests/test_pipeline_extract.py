@@ -57,6 +57,8 @@ def one(found: list[Candidate]) -> Candidate:
         ("I prefer short answers.", ["preference"]),
         ("From now on please always use pnpm instead of npm in my projects.", ["preference"]),
         ("I always drink tea in the morning.", ["preference"]),
+        ("我一般晚上写代码。", ["preference"]),  # a habit is a preference without 喜欢 (seed 002 §4.3)
+        ("Every morning I go for a run.", ["preference"]),
         ("今天好累，别写那么长了。", ["preference"]),
         ("更正一下，我已经搬到上海了，不在北京了。", ["correction"]),
         ("不是北京，是上海。", ["correction"]),
@@ -89,6 +91,9 @@ def test_realtime_signals(text: str, signals: list[str]) -> None:
         "Never had a chance to visit it.",
         "It must be really fulfilling.",
         "这两个方案区别不大，特别是性能。",  # 区别/特别 hold 别 but are no imperative
+        "我们每周一开例会。",  # a team's routine, not the speaker's habit
+        "我觉得一般。",  # an opinion: 一般 is "so-so" here, not "usually"
+        "我下个月要去日本出差。",  # an event: written at session end, not at once
     ],
 )
 def test_no_realtime_signal(text: str) -> None:

@@ -52,6 +52,7 @@ POOL_DEPTH = 100
 DRAGON = {"5": 56.7, "10": 66.2, "25": 76.7, "50": 82.7}  # paper, Table 3: DRAGON over dialog turns
 TURN_GAP = timedelta(seconds=5)
 ASKED_AFTER = timedelta(minutes=1)  # "now" for the questions, after the last session_end
+LIFECYCLE_JOBS = ("decay", "consolidate", "review")
 IDLE_TIMEOUT_S = 3600.0
 SESSION = re.compile(r"session_(\d+)")
 SYSTEMS = {"memflow": "memflow", "flat_dense": "flat dense", "bm25": "bm25"}
@@ -176,8 +177,9 @@ class Asked:
     index_s: float = 0.0
 
 
-def ingest(system: Embedded, convs: Sequence[Conversation], progress: Progress) -> dict[str, Any]:
-    """Publish every event, wait until every stage is idle; what it took and what it made."""
+def ingest(system: Embedded, convs: Sequence[Conversation], progress: Progress, jobs: bool = True) -> dict[str, Any]:
+    """Publish every event, wait until every stage is idle, then (with `jobs`) run the lifecycle
+    jobs as of each conversation's questions; what it took and what it made."""
     events = [e for conv in convs for e in events_of(conv)]
     started = time.perf_counter()
     for event in events:
@@ -185,10 +187,27 @@ def ingest(system: Embedded, convs: Sequence[Conversation], progress: Progress) 
     progress.note(f"memflow: published {len(events)} events", force=True)
     wait_until_idle(system, progress)
     seconds = time.perf_counter() - started
-    kinds = Counter(m.mtype.value for conv in convs for m in system.ctx.store.get(MemoryFilter(conv.sample_id)))
+    lifecycle = run_lifecycle(system, convs, progress) if jobs else None
+    found = [m for conv in convs for m in system.ctx.store.get(MemoryFilter(conv.sample_id))]
+    kinds = Counter(m.mtype.value for m in found)
     dead = sum(int(system.client.redis.xlen(system.client.keys.dlq(stage))) for stage in STAGES)
     return {"events": len(events), "seconds": round(seconds, 1), "events_per_s": round(len(events) / seconds, 1),
-            "memories": sum(kinds.values()), "memories_by_type": dict(kinds.most_common()), "dead_letters": dead}
+            "memories": sum(kinds.values()), "memories_by_type": dict(kinds.most_common()), "dead_letters": dead,
+            "by_status": dict(Counter(m.status.value for m in found).most_common()), "lifecycle": lifecycle}
+
+
+def run_lifecycle(system: Embedded, convs: Sequence[Conversation], progress: Progress) -> dict[str, int]:
+    """Decay, consolidate and review for each conversation as of its questions, as the scheduler
+    would have left it: decay must not eat the long-range memories the questions need."""
+    done: Counter[str] = Counter()
+    for conv in convs:
+        for job in LIFECYCLE_JOBS:
+            report = system.client.run_job(job, subject=conv.sample_id, now=conv.now)
+            done[f"{job}_changed"] += len(report["changed"])
+            done[f"{job}_written"] += len(report["written"]) + len(report["sent"])
+    progress.note(f"memflow: lifecycle jobs run: {dict(done)}", force=True)
+    wait_until_idle(system, progress)
+    return dict(done)
 
 
 def wait_until_idle(system: Embedded, progress: Progress, timeout_s: float = IDLE_TIMEOUT_S) -> None:
@@ -304,7 +323,7 @@ class Step:
 
 
 def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Settings, embedder: Embedder | None,
-                light_in_process: bool, progress: Progress) -> Embedder:
+                light_in_process: bool, progress: Progress, jobs: bool = True) -> Embedder:
     """A fresh system (own data dir, prefix, collection), one ingest, every question once per step.
 
     The steps must agree on what is written (`ablation.ingest_key`); between them only the
@@ -316,7 +335,7 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
         settings = base.model_copy(update={**(steps[0].overrides or {}), **own})
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
             progress.note(f"memflow ({steps[0].label}): ingesting {len(convs)} conversation(s)", force=True)
-            figures = ingest(system, convs, progress)
+            figures = ingest(system, convs, progress, jobs)
             tokens = lru_cache(maxsize=None)(system.ctx.embedder.count_tokens)
             for step in steps:
                 system.ctx.settings = base.model_copy(update={**(step.overrides or {}), **own})
@@ -327,7 +346,7 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
 
 def measure(convs: Sequence[Conversation], settings: Settings, *, ablation: bool, embedder: Embedder | None = None,
             light_in_process: bool = False, progress: Progress | None = None,
-            variants: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+            variants: Mapping[str, dict[str, Any]] | None = None, jobs: bool = True) -> dict[str, Any]:
     """The whole benchmark: memflow (once, once per built ablation step, or once per named variant of
     the settings), then the baselines. Consecutive steps that write the same share one ingest."""
     progress = progress or Progress()
@@ -340,7 +359,7 @@ def measure(convs: Sequence[Conversation], settings: Settings, *, ablation: bool
         steps = [Step("memflow", {})]
     built = [s for s in steps if s.overrides is not None]
     for _, group in groupby(built, key=lambda s: ingest_key(s.overrides or {})):
-        embedder = run_memflow(list(group), convs, settings, embedder, light_in_process, progress)
+        embedder = run_memflow(list(group), convs, settings, embedder, light_in_process, progress, jobs)
     assert embedder is not None  # the first step is always built
     tokens = lru_cache(maxsize=None)(embedder.count_tokens)
     baselines = {"flat_dense": ask_baseline("flat dense", dense_ranker(embedder), convs, tokens, progress),
@@ -409,6 +428,7 @@ def _ingest_line(out: dict[str, Any]) -> str:
     return (f"memflow ingest: {ing['events']} events in {ing['seconds']:.1f} s ({ing['events_per_s']:.1f}/s) → "
             f"{ing['memories']} memories ({kinds}); {ing['dead_letters']} dead letters, "
             f"{systems['memflow']['failed_searches']} failed searches\n"
+            f"by status: {ing.get('by_status')}; lifecycle jobs as of the questions: {ing.get('lifecycle')}\n"
             f"baseline indexing: flat dense {systems['flat_dense']['index_s']:.1f} s, "
             f"bm25 {systems['bm25']['index_s']:.1f} s")
 
@@ -475,7 +495,8 @@ def read_variants(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: bool, settings: Settings,
-            embedder: Embedder | None = None, light_in_process: bool = False, variants: Path | None = None) -> int:
+            embedder: Embedder | None = None, light_in_process: bool = False, variants: Path | None = None,
+            jobs: bool = True) -> int:
     """Exit code 0 with the figures on stdout; 2 if the data or the variants cannot be read, 1 if the run failed."""
     try:
         convs = load(data, conversations)
@@ -485,7 +506,7 @@ def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: b
         return 2
     try:
         out = measure(convs, settings, ablation=ablation, embedder=embedder, light_in_process=light_in_process,
-                      variants=named)
+                      variants=named, jobs=jobs)
     except TimeoutError as exc:
         sys.stderr.write(f"locomo: {exc}\n")
         return 1

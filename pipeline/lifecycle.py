@@ -36,7 +36,8 @@ from pipeline.models import (
     TriggerReason,
     Turn,
 )
-from pipeline.score import DEFAULT_TAU_HOURS, strength
+from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength
+from pipeline.statements import coverage
 
 # Strength below which a memory is archived, per tier. Seed 002 gives none. A short-term
 # memory goes at 0.1 (a preference unused for ~7 months, session context after ~4.6 days);
@@ -50,6 +51,8 @@ _NOT_PROMOTED = frozenset({MType.episode, MType.event, MType.pattern, *TRANSIENT
 # What consolidation re-reads the day's records for (seed 000 block 5: preferences,
 # decisions, lessons, rules).
 DURABLE = frozenset({MType.preference, MType.decision, MType.insight, MType.rule})
+# A record goes with what faded only if that repeats this much of its wording (as record collapse).
+RECORD_COVERAGE = COLLAPSE_COVERAGE
 # A repeat of an inference in other sessions is repeated evidence (seed 002 §3.2: 0.7–0.8).
 REPEATED_CONFIDENCE = 0.75
 # An archived memory brought back by a later mention has faded once: trust it a little less.
@@ -95,7 +98,7 @@ def plan_decay(memories: Sequence[Memory], now: datetime, policy: Policy, tier: 
         threshold = policy.archive_below.get(m.tier.value, 0.0)
         if expired(m, now):
             steps[m.id] = Step(m, archived(kept, now), f"expired at {_iso(m.expires_at)}")
-        elif kept < threshold:
+        elif kept < threshold and not dated(m):
             steps[m.id] = Step(m, archived(kept, now), f"strength {kept:.4f} below {threshold} ({m.tier.value})")
         elif kept != m.strength:
             steps[m.id] = Step(m, {"strength": kept, "strength_at": now}, "strength refreshed")
@@ -112,6 +115,12 @@ def stored_strength(m: Memory, now: datetime, tau_hours: Mapping[str, float]) ->
     return min(fresh, m.strength)
 
 
+def dated(m: Memory) -> bool:
+    """Something that happened (an event with no end): true of its date for good, so it fades in
+    ranking but is never archived by disuse ("when did she go to the support group?", asked a year on)."""
+    return m.mtype is MType.event and m.expires_at is None
+
+
 def expired(m: Memory, now: datetime) -> bool:
     """An event that is over, or a temporary wish past its time."""
     return m.expires_at is not None and m.expires_at <= now
@@ -126,7 +135,9 @@ def faded_records(memories: Sequence[Memory], steps: Mapping[str, Step], now: da
 
     "我正在写第三版方案，今天下午三点要开评审会" is a session context and an event: once both are
     gone, its verbatim record must not keep answering "what should I keep in mind?".
-    A record that also yielded a lasting memory, or nothing at all, keeps its own decay.
+    A record that also yielded a lasting memory, or nothing at all, or that said more than what
+    faded ("Great news! I'm off to a pottery class next week — how was your trip?") keeps its own
+    decay: what else it said may still be asked about (LoCoMo asks about past plans a year on).
     """
     distilled: dict[str, list[Memory]] = defaultdict(list)
     for m in memories:
@@ -138,7 +149,9 @@ def faded_records(memories: Sequence[Memory], steps: Mapping[str, Step], now: da
         if m.mtype is not MType.episode or m.status not in SEARCHABLE_STATUSES or not m.source_event_ids:
             continue
         derived = [d for e in m.source_event_ids for d in distilled.get(e, [])]
-        if derived and all(_transient(d) and _gone(d, steps) for d in derived):
+        said = " ".join(d.content for d in derived)
+        if (derived and all(_transient(d) and _gone(d, steps) for d in derived)
+                and coverage(said, m.evidence or m.content) >= RECORD_COVERAGE):
             kept = steps[m.id].fields.get("strength", m.strength) if m.id in steps else m.strength
             faded.append(Step(m, archived(kept, now), "everything distilled from it was transient and has faded"))
     return faded
@@ -302,13 +315,15 @@ def support(m: Memory) -> int:
 
 def plan_accept(memory: Memory, same_key: Sequence[Memory], now: datetime) -> list[Step]:
     """Accept a memory held for review or contested: it becomes active, and the live memories it
-    conflicted with on its key are superseded by it."""
+    conflicted with are superseded by it, as is every other live value of its key (one key, one
+    current value: a value written while it waited is replaced by the one now accepted)."""
     if memory.status not in (Status.pending_review, Status.contested):
         raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
     why = "accepted in review"
     steps = [Step(memory, {"status": Status.active.value, "conflicts_with": []}, why)]
-    rivals = [m for m in same_key if m.id != memory.id and m.key == memory.key and m.status in SEARCHABLE_STATUSES
-              and (m.id in memory.conflicts_with or memory.id in m.conflicts_with)]
+    rivals = [m for m in same_key if m.id != memory.id and m.status in SEARCHABLE_STATUSES
+              and (m.id in memory.conflicts_with or memory.id in m.conflicts_with
+                   or (is_keyed(memory.mtype) and m.key == memory.key))]
     steps += [Step(m, {"status": Status.superseded.value, "superseded_by": memory.id, "valid_to": now}, why)
               for m in rivals]
     return steps

@@ -381,12 +381,14 @@ def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Pat
                  ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False,
                  variants: Annotated[Path | None, typer.Option(
                      help="JSON {name: {setting: value}}: memflow once per variant (sharing ingests)."
-                 )] = None) -> None:
+                 )] = None,
+                 jobs: Annotated[bool, typer.Option(
+                     help="Run decay, consolidate and review as of each conversation's questions.")] = True) -> None:
     """LoCoMo evidence recall@k for memflow and two baselines, side by side."""
     from bench.locomo import run_cli
 
     raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
-                             settings=_settings("WARNING"), variants=variants))
+                             settings=_settings("WARNING"), variants=variants, jobs=jobs))
 
 
 @bench_app.command("perf")

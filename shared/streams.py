@@ -311,19 +311,33 @@ def _field(value: Any) -> bytes | str | int | float:
 
 
 def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """(entries not yet read, entries read but not acknowledged) for each stage's group."""
-    out: dict[str, tuple[int, int]] = {}
+    """(entries not yet read, entries read but not acknowledged) for each stage's group.
+
+    One snapshot of all the stages, read in one MULTI. An entry moves from one stage to the
+    next in one MULTI too (XADD downstream + XACK, `_ack_with`), and not only forwards:
+    upsert sends a batch built on a stale state back to resolve. Read one stage after
+    another, a hand-over landing between two reads is counted by neither: resolve read
+    idle, upsert sends a candidate back, upsert reads idle, and `wait_idle` returned while
+    a correction was still to be written (the "lost" same-key correction). In one
+    transaction every entry is counted where it is.
+    """
+    pipe = client.pipeline(transaction=True)
     for stage in stages:
-        stream = keys.input_of(stage)
-        length = client.xlen(stream)
-        groups = {_text(g["name"]): g for g in client.xinfo_groups(stream)} if length else {}
-        group = groups.get(keys.group(stage))
-        if group is None:
-            out[stage] = (length, 0)
-            continue
-        lag = group.get("lag")
-        if lag is None:  # Redis cannot count it (entries were deleted): compare ids instead
-            last = client.xinfo_stream(stream)["last-generated-id"]
-            lag = 0 if _text(group["last-delivered-id"]) == _text(last) else 1
-        out[stage] = (int(lag), int(group["pending"]))
-    return out
+        pipe.xinfo_stream(keys.input_of(stage))
+        pipe.xinfo_groups(keys.input_of(stage))
+    # A stream nobody has written to yet answers "no such key": that stage has nothing to do.
+    replies = pipe.execute(raise_on_error=False)
+    return {stage: _stage_backlog(keys.group(stage), info, groups)
+            for stage, info, groups in zip(stages, replies[0::2], replies[1::2], strict=True)}
+
+
+def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:
+    if isinstance(info, redis.ResponseError) or not info["length"]:
+        return 0, 0
+    group = next((g for g in groups if _text(g["name"]) == group_name), None)
+    if group is None:
+        return int(info["length"]), 0
+    lag = group.get("lag")
+    if lag is None:  # Redis cannot count it (entries were deleted): compare ids instead
+        lag = 0 if _text(group["last-delivered-id"]) == _text(info["last-generated-id"]) else 1
+    return int(lag), int(group["pending"])

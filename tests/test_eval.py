@@ -278,7 +278,6 @@ def test_a_small_eval_through_the_real_pipeline(settings, embedder, monkeypatch)
 PROBES = Path(__file__).parent.parent / "bench" / "probe-scenarios.jsonl"
 
 
-@pytest.mark.race
 def test_the_probe_scenarios_hold(settings, embedder) -> None:
     """28 scenarios written to probe generalisation (new wording, domains, distractors; zh and en):
     a regression guard on the whole write and read path. 53 of 56 expectations pass on a quiet run;

@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import orjson
-import pytest
 
 from shared.keys import FIELD
 from tests.conftest import System
@@ -63,7 +62,6 @@ def test_chatter_that_parrots_the_question_does_not_crowd_out_a_used_preference(
     assert {"relevance", "strength", "hotness", "tier", "lifecycle", "final"} <= chosen.keys()
 
 
-@pytest.mark.race
 def test_a_question_about_a_topic_finds_its_current_value_in_other_words(system: System) -> None:
     say(system, "boss", "b1", "My manager is Tom Becker, he runs the platform group.", at=T0)
     say(system, "boss", "b2", "I have a one-on-one every Monday.", at=T0 + timedelta(minutes=1))

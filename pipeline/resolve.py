@@ -79,12 +79,12 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
         return retire_records(_settle(candidate, rivals, version), rivals, records)
-    faded = next((n.memory for n in mine if _revives(candidate, n, duplicate_threshold)), None)
-    if faded is not None:
-        return _reactivate(candidate, faded)
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
+    faded = next((n.memory for n in mine if _revives(candidate, n, duplicate_threshold)), None)
+    if faded is not None:
+        return _reactivate(candidate, faded)
     guarded = [n.memory for n in mine if _contradicts_guarded(candidate, n)]
     if guarded:
         return _review(candidate, guarded, version, "contradicts a pinned or system memory")

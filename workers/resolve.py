@@ -19,6 +19,8 @@ from workers.runtime import Context
 
 # What a newcomer is compared with: history (superseded, archived, deleted) is not.
 LIVE = (Status.active, Status.contested, Status.pending_review)
+# ...and what a later mention may bring back from the archive (pipeline.resolve._revives).
+NEARBY = (*LIVE, Status.archived)
 NEIGHBOURS = 10
 
 
@@ -55,7 +57,7 @@ def find_neighbours(store: Store, candidate: Candidate, vector: list[float], thr
     # Every version of the key, history included: decide() numbers the next version from them.
     same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key]),
                            mode="dense", dense=vector, limit=NEIGHBOURS)
-    near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=LIVE),
+    near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY),
                        mode="dense", dense=vector, limit=NEIGHBOURS)
     found = {s.memory.id: Neighbour(s.memory, s.score) for s in same_key}
     for s in near:

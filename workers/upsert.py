@@ -38,7 +38,11 @@ def is_stale(batch: WriteBatch, current: dict[str, Memory]) -> bool:
     for op in batch.ops:
         if isinstance(op, PutOp):
             there = current.get(op.memory.id)
-            if there is not None and there.content != op.memory.content:
+            # Same id and content is a redelivery only if it came from the same events: two sessions
+            # saying the same thing, decided in one batch against the same state, both put version 1;
+            # the second must become a repeat (provenance, sessions) rather than vanish.
+            if there is not None and (there.content != op.memory.content
+                                      or not set(op.memory.source_event_ids) <= set(there.source_event_ids)):
                 return True
         elif op.id not in current or current[op.id].rev != op.expected_rev:
             return True

@@ -26,7 +26,7 @@ from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Trigger
 from pipeline.records import behaviour, skill, task_record, turn_record
 from pipeline.statements import clean, split_sentences, strip_correction, strip_remember
 from pipeline.timeref import find_time, strip_time, temp_expiry
-from pipeline.topics import key_for, project_of, salient_words, topic_of
+from pipeline.topics import habit_key, key_for, project_of, salient_words, topic_of
 from pipeline.triggers import Cues, read_cues
 
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
@@ -129,7 +129,8 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
     emphatic = written or cue.remember or cue.correction
     draft = Draft(
         mtype=mtype,
-        key=key_for(mtype, strip_time(body) if mtype is MType.event else body),
+        key=habit_key(body) if mtype is MType.preference and _bare_habit(body)
+        else key_for(mtype, strip_time(body) if mtype is MType.event else body),
         content=body,
         evidence=sentence.strip(),
         source=Source.explicit_correction if corrected else Source.explicit,
@@ -157,15 +158,14 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
 
 
 def _wish_or_habit(body: str, cue: Cues) -> MType:
-    """A preference, temporary or standing; a habit on a fact topic ("我平时住在上海",
-    "我一般吃素") is a standing fact on that topic's key, not a taste."""
-    if cue.temporary:
-        return MType.temp_preference
-    topic = topic_of(body)
-    on_fact = topic is not None and topic.mtype is MType.fact
-    if on_fact and cues.HABIT.search(body) and not cues.STATED_PREFERENCE.search(body):
-        return MType.fact
-    return MType.preference
+    """A preference, temporary or standing (a habit is a standing one)."""
+    return MType.temp_preference if cue.temporary else MType.preference
+
+
+def _bare_habit(body: str) -> bool:
+    """"我平时用手机看新闻比较多": a routine, said without 喜欢/prefer. It is keyed by its own words,
+    never by a single-valued topic it mentions: it must not replace which phone the user has."""
+    return bool(cues.HABIT.search(body)) and not cues.STATED_PREFERENCE.search(body)
 
 
 def _states_fact(body: str) -> bool:

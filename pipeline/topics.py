@@ -105,6 +105,11 @@ def key_for(mtype: MType, text: str) -> str:
     return key + TEMPORARY if mtype is MType.temp_preference else key
 
 
+def habit_key(text: str) -> str:
+    """The key of a routine ("我一般晚上写代码"): its salient words, never a topic's key."""
+    return normalize_key(f"preference.habit.{'.'.join(salient_words(text)) or _compact(text)}")
+
+
 def topic_base(key: str) -> str:
     """The topic a key names, a temporary wish's included ("reply.length.now" → "reply.length")."""
     return key.removesuffix(TEMPORARY)

@@ -142,16 +142,19 @@ def test_durable_wording_is_a_standing_preference(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "key"),
+    ("text", "topic"),
     [
-        ("我平时住在上海。", "location.city"),
+        ("我平时用手机看新闻比较多。", "device.phone"),
         ("我一般吃素。", "health.diet"),
         ("I usually live in Berlin.", "location.city"),
     ],
 )
-def test_a_habit_on_a_fact_topic_is_a_standing_fact_on_its_key(text: str, key: str) -> None:
+def test_a_habit_is_keyed_by_its_own_words_never_by_a_topic_it_mentions(text: str, topic: str) -> None:
+    """A routine must not become (or replace) the value of a single-valued topic: "我平时用手机看新闻"
+    says nothing about which phone the user has (bench/probe-scenarios.jsonl p-zh-corr-phone)."""
     c = statement(text, TS)
-    assert (c.mtype, c.key, c.expires_at) == (MType.fact, key, None)
+    assert c.mtype is MType.preference and c.expires_at is None
+    assert c.key.startswith("preference.habit.") and c.key != topic
 
 
 @pytest.mark.parametrize(

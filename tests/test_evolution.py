@@ -166,3 +166,33 @@ def test_inspect_shows_utilisation_strength_uses_and_last_change(system: System,
     assert "utilisation (30 days): 1 adopted" in run_cli(system, monkeypatch, "inspect", "uma",
                                                            "--now", day.isoformat())
     assert system.client.inspect("other", now=day)["utilisation"]["recalled"] == 0  # per subject
+
+
+def test_a_scheduled_firing_runs_in_the_query_worker_as_of_its_fire_time(system: System) -> None:
+    """The scheduler's callback enqueues; the query worker (holding the store) runs the job with the
+    scheduled time as `now`: the session context said on T0 is archived by the 05:00 short-term decay."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from scheduler.app import build_scheduler
+    from tests.conftest import wait_for
+
+    say(system, "sam", "e1", "我正在写第三版方案，今天下午三点要开评审会。", at=T0)
+    end(system, "sam", at=T0 + timedelta(minutes=30))
+    assert system.client.wait_idle(timeout_s=60)
+    scheduler = build_scheduler(system.ctx.settings, BackgroundScheduler)
+    job = scheduler.get_job("decay:short_term")
+    enqueued = job.func(*job.args, **job.kwargs, now=T0 + timedelta(days=10, minutes=7))
+    assert enqueued is not None
+
+    def finished() -> object:
+        fetched = Job.fetch(enqueued.id, connection=system.ctx.client, serializer=JSONSerializer)
+        return fetched.latest_result()
+
+    result = wait_for(finished, timeout_s=60, what="the scheduled decay to run")
+    report = result.return_value  # type: ignore[attr-defined]
+    assert report["job"] == "decay" and report["tier"] == "short_term"
+    assert report["now"] == (T0 + timedelta(days=10, minutes=5)).isoformat()  # the fire time, not the clock
+    assert any(c["after"].get("status") == "archived" for c in report["changed"])
+    assert not any("下午三点" in m["content"] for m in active(system, "sam", T0 + timedelta(days=10)))

@@ -98,8 +98,12 @@ HABIT = _rx(*_HABITUAL)
 PREFERENCE = _rx(*_STATED, *_HABITUAL)
 
 # Wording that states a preference only when the topic is one ("我需要深入的技术细节"
-# is; "我需要一个脚本" is a task).
-GATED_PREFERENCE = _rx(r"需要|越.{1,4}越好|\bi (?:need|want)\b|\bkeep it\b|\bmake it\b")
+# is; "我需要一个脚本" is a task): a need, what will do ("回复简短一点就行"), a request to
+# send somewhere ("Please send my notifications to Slack").
+GATED_PREFERENCE = _rx(
+    r"需要|越.{1,4}越好|就行|就好|就可以了",
+    r"\bi (?:need|want)\b|\bkeep it\b|\bmake it\b|(?:^|\bplease )(?:send|forward|deliver)\b",
+)
 
 # A confirmed choice (seed 001 §2.1: record decisions when confirmed, not while discussed).
 DECISION = _rx(

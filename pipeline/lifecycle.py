@@ -277,11 +277,14 @@ class Verdict:
 
 
 def plan_review(memories: Sequence[Memory], now: datetime, policy: Policy) -> Verdict:
-    """Re-judge each key's contested memories once the newest of them is older than the timeout.
+    """Re-judge each key's contested memories once the newest of them was written longer ago than the
+    timeout (a restatement in the meantime is evidence, not a new contest: it does not delay the review).
 
-    Evidence is what was gathered since: sessions that restated it and uses that adopted it.
-    A memory with strictly more support than every rival wins (active, rivals superseded);
-    a tie stays contested and is listed.
+    Evidence is what was gathered since the contest: sessions that restated it and uses that adopted
+    it (`since_contest`). The uses that protected an old memory from being replaced made the contest;
+    they decide it only when nothing new does (a grumpy "keep it short" heard once against a wish for
+    detail adopted six times). A memory with strictly more evidence than every rival (then strictly
+    more support in all) wins: active, rivals superseded; a tie stays contested and is listed.
     """
     due = now - timedelta(hours=policy.review_after_hours)
     groups: dict[str, list[Memory]] = defaultdict(list)
@@ -291,23 +294,52 @@ def plan_review(memories: Sequence[Memory], now: datetime, policy: Policy) -> Ve
     steps: list[Step] = []
     undecided: list[Memory] = []
     for key in sorted(groups):
-        group = sorted(groups[key], key=lambda m: (-support(m), -m.confidence, m.id))
-        if max(m.updated_at for m in group) > due:
+        group = sorted(groups[key], key=lambda m: (-since_contest(m), -support(m), -m.confidence, m.id))
+        if max(m.created_at for m in group) > due:
             continue
-        if len(group) > 1 and support(group[0]) == support(group[1]):
+        if len(group) > 1 and weight(group[0]) == weight(group[1]):
             undecided.extend(group)
             continue
         winner = group[0]
-        beaten = max((support(m) for m in group[1:]), default=0)
-        why = f"review: {support(winner)} sessions and uses against at most {beaten}"
+        runner_up = f" against {_weighed(group[1])}" if len(group) > 1 else ""
+        why = f"review: {_weighed(winner)}{runner_up}"
         steps.append(Step(winner, {"status": Status.active.value, "conflicts_with": []}, why))
-        steps += [Step(m, {"status": Status.superseded.value, "superseded_by": winner.id, "valid_to": now}, why)
-                  for m in group[1:]]
+        retired = {"status": Status.superseded.value, "superseded_by": winner.id, "valid_to": now}
+        steps += [Step(m, retired, why) for m in [*group[1:], *records_of(memories, group[1:], winner)]]
     return Verdict(steps, undecided)
 
 
+def records_of(memories: Iterable[Memory], retired: Sequence[Memory], kept: Memory) -> list[Memory]:
+    """The live verbatim records a retired statement was read from, and nothing the kept one was read
+    from: "I'd rather get my notifications by email" must not keep answering once Slack has won."""
+    sources = {e for m in retired for e in m.source_event_ids}
+    return [r for r in memories if retires_record(r, sources, set(kept.source_event_ids))]
+
+
+def retires_record(record: Memory, sources: set[str], own: set[str]) -> bool:
+    """An episode wholly made of the retired statements' events (`sources`) and none of `own`."""
+    events = set(record.source_event_ids)
+    return (record.mtype is MType.episode and record.status in SEARCHABLE_STATUSES and bool(events)
+            and events <= sources and not events & own)
+
+
 def support(m: Memory) -> int:
+    """Sessions that stated it and uses that adopted it."""
     return len(m.session_ids) + m.access_count
+
+
+def since_contest(m: Memory) -> int:
+    """The support it gathered since it was drawn into its contest."""
+    return max(0, support(m) - m.contested_support)
+
+
+def weight(m: Memory) -> tuple[int, int]:
+    """What review weighs, first to last: the evidence since the contest, then the support in all."""
+    return since_contest(m), support(m)
+
+
+def _weighed(m: Memory) -> str:
+    return f"{since_contest(m)} sessions and uses since the contest ({support(m)} in all)"
 
 
 # -- decisions by hand: review accept/reject, rollback -----------------------------------

@@ -242,6 +242,9 @@ class Memory(Wire):
     supersedes: str | None = None
     superseded_by: str | None = None
     conflicts_with: list[str] = Field(default_factory=list)
+    # Its support (sessions that stated it + uses that adopted it) when it was drawn into its
+    # contest: review weighs what was gathered since, not the uses that made it worth contesting.
+    contested_support: int = Field(default=0, ge=0)
     source_event_ids: list[str] = Field(default_factory=list)
     session_ids: list[str] = Field(default_factory=list)
     evidence: str = ""

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.ids import is_keyed, new_memory, starting_tier
+from pipeline.lifecycle import retires_record, support
 from pipeline.models import (
     SEARCHABLE_STATUSES,
     Action,
@@ -34,7 +35,7 @@ from pipeline.models import (
     WriteBatch,
     WriteOp,
 )
-from pipeline.statements import negations, normal, overlap
+from pipeline.statements import coverage, negations, normal, overlap
 
 # Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
 PROTECTED_USES = 5
@@ -82,7 +83,9 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
-    faded = next((n.memory for n in mine if _revives(candidate, n, duplicate_threshold)), None)
+    held = {n.memory.key for n in mine if n.memory.status in SEARCHABLE_STATUSES}
+    faded = next((n.memory for n in mine if n.memory.key not in held and _revives(candidate, n, duplicate_threshold)),
+                 None)
     if faded is not None:
         return _reactivate(candidate, faded)
     guarded = [n.memory for n in mine if _contradicts_guarded(candidate, n)]
@@ -111,9 +114,7 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
     sources, own = set(record_sources(rivals)), set(batch.candidate.source_event_ids)
     retire = {"status": Status.superseded.value, "superseded_by": put.memory.id, "valid_to": batch.candidate.ts}
     patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
-               for r in records
-               if r.mtype is MType.episode and r.status in SEARCHABLE_STATUSES and r.source_event_ids
-               and set(r.source_event_ids) <= sources and not own & set(r.source_event_ids)]
+               for r in records if retires_record(r, sources, own)]
     return batch.model_copy(update={"ops": [*batch.ops, *patches]}) if patches else batch
 
 
@@ -126,13 +127,18 @@ def _rivals(c: Candidate, m: Memory) -> bool:
 
 
 def _revives(c: Candidate, n: Neighbour, threshold: float) -> bool:
-    """A later mention of an archived memory (same key and words, or the same wording nearby)."""
+    """A later mention of an archived memory: same key and words, the same wording nearby, or a
+    nearby statement that the archived one says in full ("I love sea kayaking" brings back "I love
+    sea kayaking around the San Juan Islands", details and all). Not for episodes: a new turn is a
+    record of its own."""
     m = n.memory
     if m.status is not Status.archived or m.mtype is not c.mtype:
         return False
     if m.key == c.key and normal(m.content) == normal(c.content):
         return True
-    return n.similarity >= threshold and _same_wording(c.content, m.content)
+    if n.similarity >= threshold and _same_wording(c.content, m.content):
+        return True
+    return m.mtype is not MType.episode and _said_within(c.content, m.content)
 
 
 def _unconfirmed_rule(c: Candidate) -> bool:
@@ -234,14 +240,17 @@ def _late(c: Candidate, newer: Memory, version: int) -> WriteBatch:
 
 
 def _contest(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
-    """Both stand, both flagged: neither is served as a settled fact until review."""
+    """Both stand, both flagged: neither is served as a settled fact until review, which weighs
+    the support each gathers from now on (what each has now is noted)."""
     new = new_memory(c, version=version, status=Status.contested, conflicts_with=[m.id for m in rivals])
+    new = new.model_copy(update={"contested_support": support(new)})
     patches = [
         PatchOp(
             id=m.id,
             expected_rev=m.rev,
             why=why,
-            set={"status": Status.contested.value, "conflicts_with": _union(m.conflicts_with, [new.id])},
+            set={"status": Status.contested.value, "conflicts_with": _union(m.conflicts_with, [new.id]),
+                 **({} if m.status is Status.contested else {"contested_support": support(m)})},
         )
         for m in rivals
     ]
@@ -296,6 +305,13 @@ def changed_fields(before: Memory, after: Memory, names: Iterable[str]) -> dict[
 
 def _union(old: Iterable[str], new: Iterable[str]) -> list[str]:
     return list(dict.fromkeys([*old, *new]))
+
+
+def _said_within(part: str, whole: str) -> bool:
+    """`part` is (nearly) all words of `whole`, with its polarity and none of its own numbers."""
+    same_polarity = negations(part) % 2 == negations(whole) % 2
+    new_numbers = set(re.findall(r"\d+", part)) - set(re.findall(r"\d+", whole))
+    return same_polarity and not new_numbers and coverage(whole, part) >= LEXICAL_DUPLICATE
 
 
 def _same_wording(a: str, b: str) -> bool:

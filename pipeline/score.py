@@ -18,13 +18,14 @@ the defaults.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from pipeline.models import Dir, Hit, Memory, MType, QueryPlan, Route, Status, Tier
 from pipeline.statements import coverage
+from pipeline.topics import topic_base
 
 # A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
 # original RRF paper. The store engines fuse their prefetches with the same constant.
@@ -273,12 +274,28 @@ def rank(candidates: Sequence[tuple[Memory, float]], now: datetime, k: int,
     with `collapse`, one entry per thing said (`collapse_records`)."""
     cfg = cfg or Lifecycle.off()
     visible = [(m, s) for m, s in candidates if visible_at(m, now)]
+    flagged = disputed_records(m for m, _ in visible)
     if collapse:
         visible = collapse_records(visible)
     scored = [(m, lifecycle_scores(m, s, now, cfg)) for m, s in visible]
     scored.sort(key=lambda pair: pair[1]["final"], reverse=True)
     chosen = with_reserved(within_quotas(scored, k, cfg.quotas), scored, cfg.reserved, cfg.reserve_min_share)
-    return [to_hit(m, scores) for m, scores in chosen]
+    if cfg.enabled:
+        chosen = wishes_first(chosen, scored, k)
+    return [to_hit(m, scores, disputed=m.id in flagged) for m, scores in chosen]
+
+
+def disputed_records(candidates: Iterable[Memory]) -> set[str]:
+    """Episodes that recorded only statements now contested (among the candidates): flagged like them.
+
+    "Ugh, that was way too long. Keep it short." said against a well-used wish for detail contests it;
+    served unflagged, its verbatim record would settle what the contest holds open.
+    """
+    memories = list(candidates)
+    contested = {e for m in memories if m.mtype is not MType.episode and m.status is Status.contested
+                 for e in m.source_event_ids}
+    return {m.id for m in memories
+            if m.mtype is MType.episode and m.source_event_ids and set(m.source_event_ids) <= contested}
 
 
 Ranked = tuple[Memory, dict[str, float]]
@@ -324,8 +341,28 @@ def with_reserved(chosen: list[Ranked], ranked: Sequence[Ranked], reserved: Mapp
     return sorted(kept, key=lambda pair: pair[1]["final"], reverse=True) if swapped else kept
 
 
-def to_hit(memory: Memory, scores: dict[str, float]) -> Hit:
+def wishes_first(chosen: list[Ranked], ranked: Sequence[Ranked], k: int) -> list[Ranked]:
+    """A temporary wish that has not lapsed speaks for its topic: it goes just before the standing
+    preference it overrides for now, brought in from below the top k if need be ("today, keep it
+    short" answers "how long should answers be?" over "I like detail" until the day is over).
+    Its score is left as it was: the order says who speaks, the score how well it matched."""
+    wishes: dict[str, Ranked] = {}
+    for pair in ranked:
+        if pair[0].mtype is MType.temp_preference:
+            wishes.setdefault(topic_base(pair[0].key), pair)
+    if not wishes:
+        return chosen
+    ordered: dict[str, Ranked] = {}
+    for pair in chosen:
+        wish = wishes.get(pair[0].key) if pair[0].mtype is MType.preference else None
+        if wish is not None:
+            ordered.setdefault(wish[0].id, wish)
+        ordered.setdefault(pair[0].id, pair)
+    return list(ordered.values())[:k]
+
+
+def to_hit(memory: Memory, scores: dict[str, float], *, disputed: bool = False) -> Hit:
     return Hit(id=memory.id, content=memory.content, dir=memory.dir, mtype=memory.mtype, key=memory.key,
                status=memory.status, tier=memory.tier, confidence=memory.confidence, score=scores["final"],
                scores=scores, source_event_ids=memory.source_event_ids,
-               created_at=memory.created_at, contested=memory.status is Status.contested)
+               created_at=memory.created_at, contested=disputed or memory.status is Status.contested)

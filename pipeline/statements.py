@@ -10,8 +10,11 @@ from __future__ import annotations
 import re
 
 # Sentence ends: CJK and ASCII terminators, semicolons, newlines; "." only before
-# whitespace so that "PostgreSQL 15.2" and "v1.2" stay whole.
-_SENTENCE_BREAK = re.compile(r"(?<=[。！？!?；;\n])|(?<=\.)\s+")
+# whitespace so that "PostgreSQL 15.2" and "v1.2" stay whole, and not after a title
+# ("My dentist is Dr. Patel" is one statement, not "My dentist is Dr" and "Patel").
+_TITLES = ("Dr", "Mr", "Mrs", "Ms", "Prof", "St", "Jr", "Sr")
+_AFTER_TITLE = "".join(rf"(?<!\b{t}\.)" for t in _TITLES)
+_SENTENCE_BREAK = re.compile(rf"(?<=[。！？!?；;\n])|(?<=\.){_AFTER_TITLE}\s+")
 _EDGE = " \t\r\n。！？!?；;.，,、:：-—"
 
 # Requests worded as questions are statements of what the user wants ("能不能以后用钉钉？").

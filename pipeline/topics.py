@@ -61,6 +61,8 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 # "X 是 Y" / "X is Y": a fact's key comes from X, so that a new Y updates it.
 _COPULA = re.compile(r"(?<![不还就但可])是|\b(?:is|are|was|were)\b", re.I)
 _REASON = re.compile(r"因为|由于|\bbecause\b|\bsince\b", re.I)
+# "我的车不是特斯拉，是比亚迪汉": the attribute is what stands before the denied old value.
+_DENIED = re.compile(r"(?<![还就但可])不是")
 
 # Key prefix per memory type when no topic matches; preference and temp_preference
 # share one, so that a temporary wish names the same topic as the standing one.
@@ -142,7 +144,7 @@ def _compact(text: str) -> str:
 
 
 def _subject_part(mtype: MType, text: str) -> str:
-    """For "X is <short value>" the key is X, so that a new value supersedes the old one.
+    """For "X is <short value>" (or "X不是A，是B") the key is X, so that a new value supersedes the old one.
 
     Only short attribute–value statements ("My blood type is AB negative"): "My kids are
     so excited about summer break" is no attribute, and keying it by "kids" would let
@@ -151,6 +153,7 @@ def _subject_part(mtype: MType, text: str) -> str:
     if mtype not in _BARE_TOPIC:
         return text
     head, *tail = _COPULA.split(text, maxsplit=1)
+    head = _DENIED.split(head, maxsplit=1)[0]
     value = tail[0].strip() if tail else ""
     attribute = 1 <= len(salient_words(head)) <= 3 and 0 < len(value) <= 24 and len(_TOKEN.findall(value)) <= 4
     return head if attribute else text

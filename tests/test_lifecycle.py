@@ -202,6 +202,27 @@ def test_review_waits_for_the_timeout_then_lets_newer_evidence_decide() -> None:
     assert fields[a.id]["superseded_by"] == b.id and verdict.undecided == []
 
 
+def test_review_weighs_what_was_gathered_since_the_contest_and_retires_the_losers_records() -> None:
+    # VS Code was adopted six times before Neovim was said: that made the contest, it does not decide it.
+    vscode = memory("喜欢用 VS Code", "tool.editor", mtype=MType.preference, status=Status.contested, events=("e1",),
+                    access_count=6, contested_support=7)
+    neovim = memory("更喜欢用 Neovim", "tool.editor", mtype=MType.preference, status=Status.contested, version=2,
+                    at=T0 + timedelta(days=40), sessions=("s2",), events=("e2",), contested_support=1)
+    # Nothing new on either side: the support in all decides (one remark against six adoptions).
+    unchanged = {st.memory.id: st.fields["status"] for st in plan_review([vscode, neovim], T0 + timedelta(days=48),
+                                                                         POLICY).steps}
+    assert unchanged == {vscode.id: "active", neovim.id: "superseded"}
+    # Restated three days into the contest: evidence, and no reason to wait a week more.
+    neovim = neovim.model_copy(update={"session_ids": ["s2", "s3"], "source_event_ids": ["e2", "e3"],
+                                       "updated_at": T0 + timedelta(days=43)})
+    record = episode("我写代码喜欢用 VS Code 编辑器。", "e1")
+    verdict = plan_review([vscode, neovim, record], T0 + timedelta(days=48), POLICY)
+    fields = {st.memory.id: st.fields for st in verdict.steps}
+    assert fields[neovim.id]["status"] == "active"
+    assert fields[vscode.id]["status"] == fields[record.id]["status"] == "superseded"
+    assert fields[record.id]["superseded_by"] == neovim.id and verdict.undecided == []
+
+
 def test_accept_supersedes_the_rival_and_reject_frees_it() -> None:
     a, b = _contested(T0)
     accepted = {st.memory.id: st.fields for st in plan_accept(b, [a, b], T0)}
@@ -249,6 +270,18 @@ def test_a_later_mention_of_an_archived_memory_brings_it_back_less_trusted() -> 
     assert revived.status is Status.active and revived.confidence == pytest.approx(0.72)
     assert revived.updated_at == later and "e9" in revived.source_event_ids
     assert revived.revisions[-1].before["status"] == "archived"
+
+
+def test_a_shorter_mention_brings_back_the_archived_memory_that_says_it_in_full() -> None:
+    old = memory("I love sea kayaking on calm mornings around the San Juan Islands", "preference.kayak",
+                 mtype=MType.preference, status=Status.archived, tier=Tier.archive)
+    mention = _cand("I love sea kayaking on calm mornings", "preference.kayak.short", at=T0 + timedelta(days=450))
+    assert decide(mention, [Neighbour(old, 0.85)]).action is Action.reactivate
+    denied = _cand("I don't love sea kayaking on calm mornings", "preference.kayak.not", at=T0 + timedelta(days=450))
+    assert decide(denied, [Neighbour(old, 0.85)]).action is Action.add
+    # Its key has a live value since: the archived one stays history.
+    live = memory("I love sea kayaking at dawn", "preference.kayak", mtype=MType.preference, version=2)
+    assert decide(mention, [Neighbour(old, 0.85), Neighbour(live, 0.8)]).action is Action.add
 
 
 def test_a_new_value_on_an_archived_key_is_a_new_version_and_the_archive_stays() -> None:

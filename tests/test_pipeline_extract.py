@@ -123,6 +123,8 @@ def test_stated_preference_keeps_its_negation() -> None:
         ("我喜欢用 pnpm 管理依赖。", "tool.package_manager"),
         ("From now on please always use pnpm instead of npm in my projects.", "tool.package_manager"),
         ("我一直偏好结构化、要点式的文档，不要长段落。", "reply.format"),
+        ("Please send my notifications to Slack.", "notify.channel"),
+        ("用微信通知我就行。", "notify.channel"),
     ],
 )
 def test_preferences_on_one_topic_share_a_key(text: str, key: str) -> None:
@@ -135,6 +137,12 @@ def test_a_temporary_wish_is_a_temp_preference_that_lapses() -> None:
     c = one(realtime("今天好累，别写那么长了。", ts=ts))
     assert c.mtype is MType.temp_preference and c.key == "reply.length.now"
     assert c.expires_at == datetime(2026, 2, 21, tzinfo=UTC)
+
+
+def test_a_wish_for_a_few_days_said_as_what_will_do_lapses_in_two_weeks() -> None:
+    c = one(realtime("这几天我在外地出差，只能用手机看消息，回复简短一点就行。"))
+    assert c.mtype is MType.temp_preference and c.key == "reply.length.now"
+    assert c.expires_at == TS + timedelta(days=14)
 
 
 def test_different_statements_get_different_keys() -> None:
@@ -181,6 +189,20 @@ def test_an_update_in_other_words_keeps_the_topic_key(old: str, new: str, key: s
     before = one(run(TriggerReason.session_end, turn(old)))
     after = one(run(TriggerReason.session_end, turn(new, "e2")))
     assert before.key == after.key == key
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("我的车是一辆白色的特斯拉 Model 3。", "更正一下，我的车不是特斯拉，是比亚迪汉。", "fact.车"),
+        ("My dentist is Dr. Patel.", "Correction: my dentist is Dr. Moreno now, not Dr. Patel.", "fact.dentist"),
+    ],
+)
+def test_a_correction_that_denies_the_old_value_keeps_the_attribute_key(old: str, new: str, key: str) -> None:
+    before = one(run(TriggerReason.session_end, turn(old)))
+    after = one(realtime(new))
+    assert before.key == after.key == key
+    assert "Dr. Patel" in before.content or "特斯拉" in before.content  # a title's dot ends no sentence
 
 
 def test_english_correction_of_an_entity_attribute() -> None:

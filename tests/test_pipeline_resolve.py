@@ -251,7 +251,9 @@ def test_a_well_used_preference_is_only_contested() -> None:
     (new,) = puts(batch)
     (op,) = patches(batch)
     assert new.status is Status.contested and new.conflicts_with == [old.id]
-    assert op.set == {"status": "contested", "conflicts_with": [new.id]}
+    # What each side has when the contest starts (1 session + 6 uses; 1 session): review weighs what comes after.
+    assert op.set == {"status": "contested", "conflicts_with": [new.id], "contested_support": 7}
+    assert new.contested_support == 1
     corrected = cand("以后别写那么长", "reply.length", mtype=MType.preference, source=Source.explicit_correction)
     assert decide(corrected, [near(old)]).action is Action.supersede
 

@@ -76,6 +76,23 @@ def test_rank_hides_the_future_and_the_expired_and_flags_contested() -> None:
     assert [h.id for h in hits] == ["contested"] and hits[0].contested
 
 
+def test_a_record_of_only_contested_statements_is_flagged_like_them() -> None:
+    wish = memory("wish", mtype=MType.preference, status="contested", source_event_ids=["e2"], content="Keep it short")
+    said = memory("said", mtype=MType.episode, source_event_ids=["e2"], content="Ugh, too long. Keep it short.")
+    other = memory("other", mtype=MType.episode, source_event_ids=["e3"])
+    hits = {h.id: h.contested for h in rank([(said, 0.9), (wish, 0.8), (other, 0.5)], T0, 5, collapse=True)}
+    assert hits == {"said": True, "wish": True, "other": False}
+
+
+def test_a_live_temporary_wish_speaks_before_the_standing_preference_of_its_topic() -> None:
+    standing = memory("standing", mtype=MType.preference, key="reply.length", tier=Tier.long_term)
+    wish = memory("wish", mtype=MType.temp_preference, key="reply.length.now", expires_at=T0 + timedelta(days=1))
+    chatter = [memory(f"c{i}") for i in range(4)]
+    found = [(standing, 1.0), *[(c, 0.9) for c in chatter], (wish, 0.1)]
+    assert [h.id for h in rank(found, T0 + timedelta(hours=1), 3, Lifecycle())] == ["wish", "standing", "c0"]
+    assert [h.id for h in rank(found, T0 + timedelta(days=2), 3, Lifecycle())] == ["standing", "c0", "c1"]
+
+
 # -- lifecycle scoring --------------------------------------------------------------
 
 TAUS = {"session_context": 48.0, "preference": 90 * 24.0}

@@ -18,7 +18,10 @@ PREFERENCE_TYPES = (MType.preference, MType.temp_preference)
 
 
 def line_for(hit: Hit) -> tuple[str, str]:
-    """(section, line) for one hit."""
+    """(section, line) for one hit. A contested memory is no settled preference or rule (seed 002 §2.2):
+    it is shown as an open question among the memories."""
+    if hit.contested:
+        return "memories", f"- [contested, not settled] {hit.content}"
     if hit.mtype in PREFERENCE_TYPES:
         strength = "MUST" if hit.confidence >= MUST_CONFIDENCE else "SHOULD"
         return "preferences", f"- The user {strength} be served this way: {hit.content}"
@@ -50,7 +53,8 @@ def pack(hits: Sequence[Hit], system_prompt: str, budget_tokens: int,
             continue
         spent += cost
         sections[section].append(line)
-        used.append(hit.id)
+        if not hit.contested:  # showing an open question is not adopting it: no evidence for review
+            used.append(hit.id)
     return PackedPrompt(system=render_system(system_prompt, sections), preferences=sections["preferences"],
                         rules=sections["rules"], memories=sections["memories"], used_ids=used, tokens=spent)
 

@@ -195,8 +195,7 @@ def _weigh(c: Candidate, old: Memory, rivals: list[Memory], version: int) -> Wri
 
 def _duplicate(c: Candidate, m: Memory, why: str) -> WriteBatch:
     """A repeat: the memory gains the candidate's provenance, or nothing if it has it already."""
-    events = [e for e in dict.fromkeys(c.source_event_ids) if e not in m.source_event_ids]
-    sessions = [c.session_id] if c.session_id and c.session_id not in m.session_ids else []
+    events, sessions = _new_provenance(c, m)
     if not events and not sessions:
         return _batch(c, Action.duplicate, f"{why}; already recorded", [])
     repeated = bool(sessions) and m.source is Source.inferred and c.source is not Source.tool
@@ -211,8 +210,7 @@ def _duplicate(c: Candidate, m: Memory, why: str) -> WriteBatch:
 
 def _reactivate(c: Candidate, m: Memory) -> WriteBatch:
     """Back from the archive, a little less trusted: it had faded once (seed 002 §3.5)."""
-    events = [e for e in dict.fromkeys(c.source_event_ids) if e not in m.source_event_ids]
-    sessions = [c.session_id] if c.session_id and c.session_id not in m.session_ids else []
+    events, sessions = _new_provenance(c, m)
     fields = {"status": Status.active.value, "tier": starting_tier(c).value, "strength": 1.0, "strength_at": None,
               "confidence": round(m.confidence * REACTIVATION_DISCOUNT, 4)}
     why = f"mentioned again after it was archived: back with confidence × {REACTIVATION_DISCOUNT}"
@@ -301,6 +299,13 @@ def changed_fields(before: Memory, after: Memory, names: Iterable[str]) -> dict[
     """The old JSON values of the fields among `names` that differ between the two."""
     old, new = before.model_dump(mode="json"), after.model_dump(mode="json")
     return {name: old[name] for name in names if old.get(name) != new.get(name)}
+
+
+def _new_provenance(c: Candidate, m: Memory) -> tuple[list[str], list[str]]:
+    """The candidate's events and session that `m` does not name yet."""
+    events = [e for e in dict.fromkeys(c.source_event_ids) if e not in m.source_event_ids]
+    sessions = [c.session_id] if c.session_id and c.session_id not in m.session_ids else []
+    return events, sessions
 
 
 def _union(old: Iterable[str], new: Iterable[str]) -> list[str]:

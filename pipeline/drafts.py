@@ -20,6 +20,8 @@ from pipeline.topics import normalize_key
 EXPLICIT_CONFIDENCE = 0.9
 EMPHATIC_CONFIDENCE = 0.95
 INFERRED_CONFIDENCE = 0.5
+# An inference seen again in another session is repeated evidence (seed 002 §3.2: 0.7–0.8).
+REPEATED_CONFIDENCE = 0.75
 SKILL_CONFIDENCE = 0.8
 TOOL_CONFIDENCE = 0.3
 RECORD_CONFIDENCE = 1.0  # an episode is a verbatim record: it certainly was said

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from pipeline.drafts import REPEATED_CONFIDENCE
+from pipeline.extract import extract
 from pipeline.ids import is_keyed, memory_id
 from pipeline.models import (
     SEARCHABLE_STATUSES,
@@ -37,7 +39,7 @@ from pipeline.models import (
     Turn,
 )
 from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength
-from pipeline.statements import coverage
+from pipeline.statements import coverage, normal
 
 # Strength below which a memory is archived, per tier. Seed 002 gives none. A short-term
 # memory goes at 0.1 (a preference unused for ~7 months, session context after ~4.6 days);
@@ -53,10 +55,6 @@ _NOT_PROMOTED = frozenset({MType.episode, MType.event, MType.pattern, *TRANSIENT
 DURABLE = frozenset({MType.preference, MType.decision, MType.insight, MType.rule})
 # A record goes with what faded only if that repeats this much of its wording (as record collapse).
 RECORD_COVERAGE = COLLAPSE_COVERAGE
-# A repeat of an inference in other sessions is repeated evidence (seed 002 §3.2: 0.7–0.8).
-REPEATED_CONFIDENCE = 0.75
-# An archived memory brought back by a later mention has faded once: trust it a little less.
-REACTIVATION_DISCOUNT = 0.8
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,11 @@ class Policy:
     pattern_sessions: int = 3
     # Contested memories are re-judged once they have been contested this long.
     review_after_hours: float = 168.0
+
+
+def superseded(by: str, at: datetime) -> dict[str, Any]:
+    """The fields that retire a memory in favour of `by` (kept, linked: history, never deleted)."""
+    return {"status": Status.superseded.value, "superseded_by": by, "valid_to": at}
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,14 @@ def day_sessions(memories: Sequence[Memory], now: datetime) -> list[ExtractTask]
     return tasks
 
 
+def reread(memories: Sequence[Memory], now: datetime) -> list[Candidate]:
+    """The durable statements of the last day's records that are not stored in these words yet
+    (in any status: a rejected rule is not proposed again)."""
+    known = {(m.key, normal(m.content)) for m in memories}
+    found = durable(c for task in day_sessions(memories, now) for c in extract(task))
+    return [c for c in found if (c.key, normal(c.content)) not in known]
+
+
 def durable(candidates: Iterable[Candidate]) -> list[Candidate]:
     """What consolidation keeps of a re-read session. A rule or a system item it found waits for
     review (seed 000: automatically extracted rules never take effect on their own)."""
@@ -304,8 +315,8 @@ def plan_review(memories: Sequence[Memory], now: datetime, policy: Policy) -> Ve
         runner_up = f" against {_weighed(group[1])}" if len(group) > 1 else ""
         why = f"review: {_weighed(winner)}{runner_up}"
         steps.append(Step(winner, {"status": Status.active.value, "conflicts_with": []}, why))
-        retired = {"status": Status.superseded.value, "superseded_by": winner.id, "valid_to": now}
-        steps += [Step(m, retired, why) for m in [*group[1:], *records_of(memories, group[1:], winner)]]
+        steps += [Step(m, superseded(winner.id, now), why)
+                  for m in [*group[1:], *records_of(memories, group[1:], winner)]]
     return Verdict(steps, undecided)
 
 
@@ -349,22 +360,24 @@ def plan_accept(memory: Memory, same_key: Sequence[Memory], now: datetime) -> li
     """Accept a memory held for review or contested: it becomes active, and the live memories it
     conflicted with are superseded by it, as is every other live value of its key (one key, one
     current value: a value written while it waited is replaced by the one now accepted)."""
-    if memory.status not in (Status.pending_review, Status.contested):
-        raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
+    _reviewable(memory)
     why = "accepted in review"
     steps = [Step(memory, {"status": Status.active.value, "conflicts_with": []}, why)]
     rivals = [m for m in same_key if m.id != memory.id and m.status in SEARCHABLE_STATUSES
               and (m.id in memory.conflicts_with or memory.id in m.conflicts_with
                    or (is_keyed(memory.mtype) and m.key == memory.key))]
-    steps += [Step(m, {"status": Status.superseded.value, "superseded_by": memory.id, "valid_to": now}, why)
-              for m in rivals]
+    steps += [Step(m, superseded(memory.id, now), why) for m in rivals]
     return steps
+
+
+def _reviewable(memory: Memory) -> None:
+    if memory.status not in (Status.pending_review, Status.contested):
+        raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
 
 
 def plan_reject(memory: Memory, same_key: Sequence[Memory]) -> list[Step]:
     """Reject it: never searched again, kept as history; a rival it contested stands alone again."""
-    if memory.status not in (Status.pending_review, Status.contested):
-        raise ValueError(f"memory {memory.id} is {memory.status.value}: only pending_review or contested is reviewed")
+    _reviewable(memory)
     why = "rejected in review"
     steps = [Step(memory, {"status": Status.deleted.value}, why)]
     for m in same_key:
@@ -408,8 +421,7 @@ def plan_rollback(versions: Sequence[Memory], to_version: int, now: datetime) ->
         "superseded_by": None, "conflicts_with": [], "strength": 1.0, "strength_at": None, "revisions": [],
         "evidence": f"rolled back to version {to_version} ({target.id})"})
     why = f"rolled back to version {to_version}"
-    steps = [Step(m, {"status": Status.superseded.value, "superseded_by": restored.id, "valid_to": now}, why)
-             for m in live]
+    steps = [Step(m, superseded(restored.id, now), why) for m in live]
     return Rollback(restored, steps)
 
 

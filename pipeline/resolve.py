@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pipeline.drafts import REPEATED_CONFIDENCE
 from pipeline.ids import is_keyed, new_memory, starting_tier
-from pipeline.lifecycle import retires_record, support
+from pipeline.lifecycle import retires_record, superseded, support
 from pipeline.models import (
     SEARCHABLE_STATUSES,
     Action,
@@ -48,8 +49,6 @@ LEXICAL_DUPLICATE = 0.8
 # Close enough to be about the same thing, for the pinned/system contradiction check.
 CONTRADICTION_SIMILARITY = 0.8
 CONTRADICTION_OVERLAP = 0.3
-# A repeat of an inference in another session is repeated evidence (seed 002 §3.2: 0.7–0.8).
-REPEATED_CONFIDENCE = 0.75
 # An archived memory brought back by a later mention had faded once: trust it a little less.
 REACTIVATION_DISCOUNT = 0.8
 
@@ -112,7 +111,7 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
         return batch
     put = next(op for op in batch.ops if isinstance(op, PutOp))
     sources, own = set(record_sources(rivals)), set(batch.candidate.source_event_ids)
-    retire = {"status": Status.superseded.value, "superseded_by": put.memory.id, "valid_to": batch.candidate.ts}
+    retire = superseded(put.memory.id, batch.candidate.ts)
     patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
                for r in records if retires_record(r, sources, own)]
     return batch.model_copy(update={"ops": [*batch.ops, *patches]}) if patches else batch
@@ -222,7 +221,7 @@ def _reactivate(c: Candidate, m: Memory) -> WriteBatch:
 def _supersede(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
     newest = max(rivals, key=lambda m: (m.version, m.updated_at))
     new = new_memory(c, version=version, supersedes=newest.id)
-    retire = {"status": Status.superseded.value, "superseded_by": new.id, "valid_to": c.ts}
+    retire = superseded(new.id, c.ts)
     patches = [PatchOp(id=m.id, expected_rev=m.rev, set=retire, why=why) for m in rivals]
     return _batch(c, Action.supersede, why, [PutOp(memory=new), *patches])
 

@@ -15,19 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.extract import extract
-from pipeline.lifecycle import (
-    Policy,
-    Step,
-    day_sessions,
-    durable,
-    plan_decay,
-    plan_patterns,
-    plan_promotions,
-    plan_review,
-)
+from pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
 from pipeline.models import Candidate, Change, Memory, Tier
-from pipeline.statements import normal
 from pipeline.tagging import TAG_VERSION, retag
 from shared.codec import encode
 from shared.errors import MemflowError
@@ -64,14 +53,8 @@ def plan_decay_job(memories: list[Memory], now: datetime, policy: Policy, tier: 
 
 
 def plan_consolidate(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
-    found = durable(c for task in day_sessions(memories, now) for c in extract(task))
     return Plan(steps=plan_promotions(memories, policy), new=plan_patterns(memories, now, policy),
-                candidates=[c for c in found if not _known(c, memories)])
-
-
-def _known(c: Candidate, memories: list[Memory]) -> bool:
-    """Already stored in these words (any status: a rejected rule is not proposed again)."""
-    return any(m.key == c.key and normal(m.content) == normal(c.content) for m in memories)
+                candidates=reread(memories, now))
 
 
 def plan_review_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:

@@ -15,6 +15,7 @@ at the same `now` is empty, so every job is idempotent per (job, date, subject).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from pipeline.models import (
     TriggerReason,
     Turn,
 )
-from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength
+from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength, touched
 from pipeline.statements import coverage, normal
 
 # Strength below which a memory is archived, per tier. Seed 002 gives none. A short-term
@@ -53,6 +54,7 @@ _NOT_PROMOTED = frozenset({MType.episode, MType.event, MType.pattern, *TRANSIENT
 # What consolidation re-reads the day's records for (seed 000 block 5: preferences,
 # decisions, lessons, rules).
 DURABLE = frozenset({MType.preference, MType.decision, MType.insight, MType.rule})
+STRENGTH_SCALE = 1000
 # A record goes with what faded only if that repeats this much of its wording (as record collapse).
 RECORD_COVERAGE = COLLAPSE_COVERAGE
 
@@ -95,25 +97,24 @@ def plan_decay(memories: Sequence[Memory], now: datetime, policy: Policy, tier: 
     """
     steps: dict[str, Step] = {}
     for m in memories:
-        if m.status not in SEARCHABLE_STATUSES or (tier is not None and m.tier is not tier):
-            continue
+        if m.status not in SEARCHABLE_STATUSES or (tier is not None and m.tier is not tier) or touched(m) > now:
+            continue  # a run as of a time before the memory's last change has nothing to say about it
         kept = stored_strength(m, now, policy.tau_hours)
         threshold = policy.archive_below.get(m.tier.value, 0.0)
         if expired(m, now):
             steps[m.id] = Step(m, archived(kept, now), f"expired at {_iso(m.expires_at)}")
         elif kept < threshold and not dated(m):
             steps[m.id] = Step(m, archived(kept, now), f"strength {kept:.4f} below {threshold} ({m.tier.value})")
-        elif kept != m.strength:
-            steps[m.id] = Step(m, {"strength": kept, "strength_at": now}, "strength refreshed")
+        elif _stored(kept) != m.strength:
+            steps[m.id] = Step(m, {"strength": _stored(kept), "strength_at": now}, "strength refreshed")
     for record in faded_records(memories, steps, now):
         steps[record.memory.id] = record
     return list(steps.values())
 
 
 def stored_strength(m: Memory, now: datetime, tau_hours: Mapping[str, float]) -> float:
-    fresh = round(strength(m, now, tau_hours), 4)
-    touched = max(m.updated_at, m.last_accessed_at or m.updated_at)
-    if m.strength_at is not None and touched > m.strength_at:
+    fresh = strength(m, now, tau_hours)
+    if m.strength_at is not None and touched(m) > m.strength_at:
         return fresh  # used or restated since the last computation: it may rise
     return min(fresh, m.strength)
 
@@ -129,8 +130,15 @@ def expired(m: Memory, now: datetime) -> bool:
     return m.expires_at is not None and m.expires_at <= now
 
 
+def _stored(kept: float) -> float:
+    """Strength as stored: three decimals, rounded down (it never rises by rounding). A refresh is
+    written only when that figure moves, not every hour for every memory."""
+    return math.floor(kept * STRENGTH_SCALE) / STRENGTH_SCALE
+
+
 def archived(kept: float, now: datetime) -> dict[str, Any]:
-    return {"status": Status.archived.value, "tier": Tier.archive.value, "strength": kept, "strength_at": now}
+    return {"status": Status.archived.value, "tier": Tier.archive.value, "strength": _stored(kept),
+            "strength_at": now}
 
 
 def faded_records(memories: Sequence[Memory], steps: Mapping[str, Step], now: datetime) -> list[Step]:

@@ -245,9 +245,13 @@ def strength(memory: Memory, now: datetime, tau_hours: Mapping[str, float]) -> f
     tau = tau_hours.get(memory.mtype.value)
     if memory.pinned or memory.dir is Dir.system or not tau:
         return 1.0
-    touched = max(memory.updated_at, memory.last_accessed_at or memory.updated_at)
-    idle_h = max(0.0, (now - touched).total_seconds() / _HOUR_S)
+    idle_h = max(0.0, (now - touched(memory)).total_seconds() / _HOUR_S)
     return math.exp(-idle_h / tau)
+
+
+def touched(memory: Memory) -> datetime:
+    """When it was last written, restated or used: what decay counts from."""
+    return max(memory.updated_at, memory.last_accessed_at or memory.updated_at)
 
 
 def hotness(memory: Memory, cfg: Lifecycle) -> float:

@@ -72,16 +72,19 @@ class Context:
         """Change a stored memory outside the write path (forget, jobs, review) and say so on `changes`.
 
         The point's revision moves on, so a write batch built on the old state is sent back to
-        resolve; a change of state (not a strength refresh) is logged in the point's revisions.
+        resolve; a change of state (not a strength refresh) is logged in the point's revisions
+        and announced.
         """
         before = fields_of(memory, fields)
         record = dict(fields) | {"rev": memory.rev + 1}
-        if set(fields) - QUIET_FIELDS:
+        quiet = not set(fields) - QUIET_FIELDS
+        if not quiet:
             revision = Revision(rev=memory.rev + 1, at=at, why=why, before=before)
             record["revisions"] = [*memory.revisions, revision]
         self.store.set_fields(memory.id, record)
-        self.announce(Change(memory_id=memory.id, subject=memory.subject, action=action, why=why, before=before,
-                             after=fields, at=at))
+        if not quiet:  # a strength refresh is bookkeeping: the capped audit feed keeps room for changes
+            self.announce(Change(memory_id=memory.id, subject=memory.subject, action=action, why=why,
+                                 before=before, after=fields, at=at))
 
     def announce(self, change: Change) -> None:
         self.client.xadd(self.keys.changes, {FIELD: encode(change)}, maxlen=self.settings.changes_maxlen,

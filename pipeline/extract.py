@@ -33,48 +33,57 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 
-def extract(task: ExtractTask, *, episode_context: bool = True) -> list[Candidate]:
+def extract(task: ExtractTask, *, episode_context: bool = True,
+            statements: list[Candidate] | None = None) -> list[Candidate]:
     """The candidates in a task, one per statement, merged where two say the same.
 
+    `statements`, when given, stand in for the rules' statements (the LLM path: see
+    `pipeline.llm_extract`); the verbatim records are the rules' either way.
     `episode_context=False` leaves episodes without the turns around them (the ablation's baseline).
     """
-    handlers: dict[TriggerReason, Callable[[ExtractTask], list[Candidate]]] = {
-        TriggerReason.realtime: _realtime,
-        TriggerReason.session_end: _session_end,
-        TriggerReason.task_complete: _task_complete,
-        TriggerReason.explicit_write: _explicit_write,
-    }
-    found = handlers[task.reason](task)
+    records, said = read(task)
+    found = records + (said if statements is None else statements)
     if not episode_context:
         found = [c.model_copy(update={"context": "", "context_event_ids": []}) for c in found]
     return _merged(found)
 
 
-def _realtime(task: ExtractTask) -> list[Candidate]:
-    return [c for turn in _gated(task.turns) if turn.role is Role.user for c in _statements(task, turn, True)]
+def read(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
+    """The task's verbatim records (episodes, tool output, task records, behaviour) and, apart, the
+    statements the rules find in it (preferences, rules, facts, events, decisions, skills)."""
+    handlers: dict[TriggerReason, Callable[[ExtractTask], tuple[list[Candidate], list[Candidate]]]] = {
+        TriggerReason.realtime: _realtime,
+        TriggerReason.session_end: _session_end,
+        TriggerReason.task_complete: _task_complete,
+        TriggerReason.explicit_write: _explicit_write,
+    }
+    return handlers[task.reason](task)
 
 
-def _session_end(task: ExtractTask) -> list[Candidate]:
-    turns = _gated(task.turns)
-    found = _records(task, turns)
-    found += [c for turn in turns if turn.role is Role.user for c in _statements(task, turn, False)]
-    return found + behaviour(task, turns)
+def _realtime(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
+    return [], [c for turn in gated(task.turns) if turn.role is Role.user for c in _statements(task, turn, True)]
 
 
-def _task_complete(task: ExtractTask) -> list[Candidate]:
-    turns = _gated(task.turns)
+def _session_end(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
+    turns = gated(task.turns)
+    said = [c for turn in turns if turn.role is Role.user for c in _statements(task, turn, False)]
+    return _records(task, turns) + behaviour(task, turns), said
+
+
+def _task_complete(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
+    turns = gated(task.turns)
     # Of the session's statements only decisions are taken here (seed 001 §2.1: written
     # once confirmed); facts wait for session_end.
     summary = turns[-1] if turns and turns[-1].ts == task.ts else None
     session = turns[:-1] if summary is not None else turns
-    found = _records(task, session)
+    records = _records(task, session)
     decisions = [c for t in session if t.role is Role.user for c in _statements(task, t, False)]
-    found += [c for c in decisions if c.mtype is MType.decision]
+    said = [c for c in decisions if c.mtype is MType.decision]
     if summary is not None:
-        found.append(task_record(task, summary))
+        records.append(task_record(task, summary))
     if task.outcome == "success" and (summary or session):
-        found += skill(task, summary or session[-1], summary, session)
-    return found
+        said += skill(task, summary or session[-1], summary, session)
+    return records, said
 
 
 def _records(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
@@ -85,16 +94,16 @@ def _records(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
     return [turn_record(task, t, around.get(t.event_id, (None, None))) for t in turns]
 
 
-def _explicit_write(task: ExtractTask) -> list[Candidate]:
+def _explicit_write(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
     found = []
-    for turn in _gated(task.turns):
+    for turn in gated(task.turns):
         draft = _draft(turn.text, read_cues(turn.text), turn.ts, written=True)
         if draft is not None:
             found.append(stamp(task, turn, draft))
-    return found
+    return [], found
 
 
-def _gated(turns: Iterable[Turn]) -> list[Turn]:
+def gated(turns: Iterable[Turn]) -> list[Turn]:
     """The turns the gate keeps, with their text redacted; system turns are configuration."""
     kept = []
     for turn in turns:
@@ -137,7 +146,7 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
         confidence=EMPHATIC_CONFIDENCE if emphatic else EXPLICIT_CONFIDENCE,
         pinned=cue.forever and (mtype is MType.rule or cue.remember),
     )
-    return _timed(draft, ts)
+    return timed(draft, ts)
 
 
 def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
@@ -175,7 +184,7 @@ def _states_fact(body: str) -> bool:
     return bool(cues.FIRST_PERSON_FACT.search(body) or (about and cues.ASSERTION.search(body)))
 
 
-def _timed(draft: Draft, ts: datetime) -> Draft:
+def timed(draft: Draft, ts: datetime) -> Draft:
     """Events carry their resolved date and expire when it is over; temporary wishes lapse."""
     if draft.mtype is MType.temp_preference:
         return replace(draft, expires_at=temp_expiry(draft.content, ts))

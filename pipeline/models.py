@@ -406,3 +406,27 @@ class Trace(Wire):
     error: str | None = None
     latency_ms: float
     now: datetime
+    kind: Literal["search"] = "search"
+    # Why an LLM plan was asked for and not used (timeout, invalid…): the heuristic plan answered.
+    plan_error: str | None = None
+
+
+class LLMTrace(Wire):
+    """An entry of the `traces` feed for one LLM call: an extraction batch, a judgement or a plan.
+
+    A fallback says why and what stood in, so a failing model is never an empty list that
+    looks like "nothing to remember"."""
+
+    kind: Literal["llm"] = "llm"
+    purpose: str
+    subject: str
+    session_id: str | None = None
+    outcome: Literal["ok", "fallback"]
+    reason: str | None = None
+    detail: str | None = None  # redacted, at most 200 characters
+    items: int = 0  # what the LLM gave: candidates, verdicts, routes
+    stand_ins: int = 0  # what the rules gave instead, on a fallback
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    at: datetime

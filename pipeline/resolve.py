@@ -13,7 +13,7 @@ not applied yields the same batch again (deterministic ids).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.drafts import REPEATED_CONFIDENCE
 from pipeline.ids import is_keyed, new_memory, starting_tier
 from pipeline.lifecycle import retires_record, superseded, support
+from pipeline.llm_judge import Verdict
 from pipeline.models import (
     SEARCHABLE_STATUSES,
     Action,
@@ -37,6 +38,7 @@ from pipeline.models import (
     WriteOp,
 )
 from pipeline.statements import coverage, negations, normal, overlap
+from pipeline.topics import normalize_key, salient_words
 
 # Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
 PROTECTED_USES = 5
@@ -52,6 +54,16 @@ CONTRADICTION_OVERLAP = 0.3
 # An archived memory brought back by a later mention had faded once: trust it a little less.
 REACTIVATION_DISCOUNT = 0.8
 
+# What the rules cannot place and a judge may (seed 001 §4.3): a new value of a fact or a decision on
+# its key that is no correction (preferences: the newest wins), and a close statement of these types
+# under another key. At most this many close statements are judged per candidate.
+JUDGED_SAME_KEY = frozenset({MType.fact, MType.decision})
+JUDGED_NEARBY = frozenset({MType.fact, MType.decision, MType.preference})
+MAX_JUDGED = 3
+
+# A judge: the relation of the candidate to a known memory, or None when it cannot tell (the rules decide).
+Judge = Callable[[Memory], Verdict | None]
+
 # A candidate may already be one of these (a redelivery after a `review` put included).
 _HELD = frozenset({*SEARCHABLE_STATUSES, Status.pending_review})
 _PREFERENCES = frozenset({MType.preference, MType.temp_preference})
@@ -66,19 +78,23 @@ class Neighbour:
 
 
 def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92,
-           records: Sequence[Memory] = ()) -> WriteBatch:
+           records: Sequence[Memory] = (), judge: Judge | None = None) -> WriteBatch:
     """The write batch for one candidate (vector left None: the worker attaches it).
 
     `records` are the episodes of the events the same-key rivals came from (see `retire_records`).
+    `judge` is asked about each memory the rules cannot place (an LLM, through the resolve worker);
+    without one, or when it answers None, the rules decide as they always have.
     """
     mine = [n for n in neighbours if n.memory.subject == candidate.subject]
-    same = next((n.memory for n in mine if _restates(candidate, n.memory)), None)
+    # ...or of its aside: a complement the judge placed under a key of its own, said again.
+    forms = [candidate] if judge is None else [candidate, _aside(candidate)]
+    same = next((n.memory for n in mine if any(_restates(f, n.memory) for f in forms)), None)
     if same is not None:
         return _duplicate(candidate, same, "same key and same content")
     version = 1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0)
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
-        return retire_records(_settle(candidate, rivals, version), rivals, records)
+        return retire_records(_settle(candidate, rivals, version, judge), rivals, records)
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
@@ -92,7 +108,8 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
         return _review(candidate, guarded, version, "contradicts a pinned or system memory")
     if _unconfirmed_rule(candidate):
         return _review(candidate, [], version, f"a {candidate.source.value} rule waits for review")
-    return _put(candidate, Action.add, "nothing known on this topic", version)
+    return _judged(candidate, mine, version, judge) or _put(candidate, Action.add, "nothing known on this topic",
+                                                             version)
 
 
 def record_sources(rivals: Iterable[Memory]) -> list[str]:
@@ -164,7 +181,7 @@ def _guarded(m: Memory) -> bool:
     return m.pinned or m.dir is Dir.system or m.mtype is MType.rule
 
 
-def _settle(c: Candidate, rivals: list[Memory], version: int) -> WriteBatch:
+def _settle(c: Candidate, rivals: list[Memory], version: int, judge: Judge | None = None) -> WriteBatch:
     """Same key, other content: sit beside, arrive too late, correct, hold for review, or weigh."""
     old = max(rivals, key=lambda m: (m.version, m.updated_at))
     if c.source is Source.tool and old.source is not Source.tool:
@@ -176,7 +193,52 @@ def _settle(c: Candidate, rivals: list[Memory], version: int) -> WriteBatch:
         return _supersede(c, rivals, version, "explicit correction")
     if any(_guarded(m) for m in rivals):
         return _review(c, rivals, version, "would override a pinned or system memory")
+    verdict = judge(old) if judge is not None and c.mtype in JUDGED_SAME_KEY else None
+    if verdict is not None:
+        return _by_verdict(c, old, rivals, version, verdict)
     return _weigh(c, old, rivals, version)
+
+
+def _by_verdict(c: Candidate, old: Memory, rivals: list[Memory], version: int, verdict: Verdict) -> WriteBatch:
+    """Same key, the judge's reading: a newer version (the newest wins, unless protected), another
+    aspect (both stand: the newcomer under a key of its own) or a contradiction (both contested)."""
+    why = f"judged {verdict}"
+    if verdict == "complementary":
+        return _put(_aside(c), Action.complement, why, 1)
+    if verdict == "contradiction":
+        return _contest(c, rivals, version, why)
+    if old.access_count > PROTECTED_USES:
+        return _contest(c, rivals, version, f"{why}, but used {old.access_count} times: only a correction replaces it")
+    if c.source is Source.inferred and old.source is not Source.inferred:
+        return _contest(c, rivals, version, f"{why}, but an inference does not override what was said")
+    return _supersede(c, rivals, version, why)
+
+
+def _aside(c: Candidate) -> Candidate:
+    """The candidate under a key of its own, beside the key it shares with another aspect: one key
+    never holds two active memories."""
+    words = ".".join(salient_words(c.content)[:3]) or "more"
+    return c.model_copy(update={"key": normalize_key(f"{c.key}.{words}")})
+
+
+def _judged(c: Candidate, mine: Sequence[Neighbour], version: int, judge: Judge | None) -> WriteBatch | None:
+    """A close statement under another key, as the judge reads it: a newer version supersedes it, a
+    contradiction contests it; complementary (or no judge) adds the newcomer beside it."""
+    if judge is None or c.mtype not in JUDGED_NEARBY or c.source in (Source.explicit_correction, Source.tool):
+        return None
+    close = [n.memory for n in mine if _judgeable(c, n)][:MAX_JUDGED]
+    verdicts = {m.id: judge(m) for m in close}
+    against = [m for m in close if verdicts[m.id] == "contradiction"]
+    if against:
+        return _contest(c, against, version, "judged contradiction")
+    older = [m for m in close if verdicts[m.id] == "version_update" and m.access_count <= PROTECTED_USES]
+    return _supersede(c, older, version, "judged version_update") if older else None
+
+
+def _judgeable(c: Candidate, n: Neighbour) -> bool:
+    m = n.memory
+    return (m.mtype is c.mtype and m.key != c.key and m.status is Status.active and not _guarded(m)
+            and m.created_at <= c.ts and m.source is not Source.tool)
 
 
 def _weigh(c: Candidate, old: Memory, rivals: list[Memory], version: int) -> WriteBatch:

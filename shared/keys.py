@@ -45,6 +45,13 @@ class Keys:
         # Per-day counters of recalled and adopted memories (workers/ops.py).
         return f"{self.prefix}util:{subject}"
 
+    def llm_usage(self, subject: str) -> str:
+        # Per-day LLM counters: calls, tokens, fallbacks by reason, events, candidates (shared/llm.py).
+        return f"{self.prefix}llm:{subject}"
+
+    def plan_cache(self, subject: str, query_key: str) -> str:
+        return f"{self.prefix}plan:{subject}:{query_key}"
+
     @property
     def changes(self) -> str:
         return self.stream("changes")

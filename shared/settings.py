@@ -130,6 +130,28 @@ class Settings(BaseSettings):
     scheduler_misfire_grace_s: int = Field(default=3600, ge=1)
     scheduler_job_timeout_s: int = Field(default=3600, ge=1)
 
+    # The LLM path (shared/llm.py): any OpenAI-compatible chat-completions server. Unset base URL
+    # means none: the rules extract, judge and plan, exactly as without this section.
+    llm_base_url: str | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_api_key: SecretStr | None = None
+    # Per call (extraction, judgement); a search waits for a plan at most llm_plan_timeout_s.
+    llm_timeout_s: float = Field(default=30.0, gt=0)
+    llm_plan_timeout_s: float = Field(default=3.0, gt=0)
+    # Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured).
+    llm_max_retries: int = Field(default=2, ge=0)
+    llm_max_concurrency: int = Field(default=4, ge=1)
+    # Tokens (in + out) one subject may spend per UTC day; past it the rules take over, counted.
+    llm_daily_token_budget: int = Field(default=200_000, ge=0)
+    llm_max_output_tokens: int = Field(default=2048, ge=16)
+    # Ask for a JSON object (response_format). Servers that reject the parameter: set false.
+    llm_json_mode: bool = True
+    # Which decisions the LLM takes part in.
+    llm_extract: bool = True
+    llm_judge: bool = True
+    llm_plan: bool = True
+    llm_plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1)
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 

@@ -173,6 +173,18 @@ def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time
     share = "n/a" if use["share"] is None else f"{use['share']:.0%}"
     typer.echo(f"utilisation ({use['days']} days): {use['adopted']} adopted of {use['recalled']} recalled = {share}")
     typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report["backlog"].items()))
+    if report.get("llm"):
+        _print_llm("llm, this subject", report["llm"]["subject"])
+        _print_llm("llm, everyone", report["llm"]["everyone"])
+
+
+def _print_llm(title: str, u: dict[str, Any]) -> None:
+    per = u["per_event"] or {}
+    reasons = ", ".join(f"{r} {n}" for r, n in u["fallbacks_by_reason"].items()) or "none"
+    typer.echo(f"{title} ({u['days']} days): {u['calls']} calls, {u['prompt_tokens']} tokens in, "
+               f"{u['completion_tokens']} out; {u['events']} events ({per.get('prompt_tokens', 0)} in + "
+               f"{per.get('completion_tokens', 0)} out per event); {u['candidates']} candidates from the LLM; "
+               f"fallbacks to the rules: {u['fallbacks']} ({reasons})")
 
 
 def _print_memories(memories: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ and results are plain JSON (RQ's JSONSerializer), validated by the same models.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
+from pipeline import llm_plan
 from pipeline.gate import redact
 from pipeline.models import (
     SEARCHABLE_STATUSES,
@@ -33,11 +35,15 @@ from pipeline.models import (
     Trace,
 )
 from pipeline.pack import pack as build_prompt
+from pipeline.plan import is_ambiguous
 from pipeline.plan import plan as make_plan
+from pipeline.prompting import Refused
 from pipeline.score import Found, Lifecycle, Scored, flat_plan, fuse, fuse_found, rank, reweight, unscoped
-from shared.codec import encode
+from shared.codec import decode, encode
 from shared.errors import MemflowError, StoreUnavailable
-from shared.keys import FIELD, STAGES
+from shared.keys import STAGES
+from shared.llm import LLMUnavailable
+from shared.llm import usage as llm_usage
 from shared.settings import Settings
 from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
@@ -62,7 +68,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     now = req.now or datetime.now(UTC)
     started = time.perf_counter()
     ctx = _ctx()
-    plan = plan_for(ctx.settings, req)
+    plan, plan_error = deep_plan(ctx, req, plan_for(ctx.settings, req))
     try:
         scored, fallback = retrieve(ctx, req, plan)
         hits = ranked(ctx.settings, scored, now, req.k)
@@ -72,7 +78,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
         scored, result = [], SearchResult(subject=req.subject, query=req.query, status="failed", plan=plan,
                                           error=f"{type(exc).__name__}: {exc}")
     result.latency_ms = (time.perf_counter() - started) * 1000
-    record_trace(ctx, req, result, scored, now)
+    record_trace(ctx, req, result, scored, now, plan_error)
     ops.count_use(ctx, req.subject, now, recalled=len(result.hits))
     return result.model_dump(mode="json")
 
@@ -87,6 +93,30 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
                     exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight,
                     topic=settings.topic_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
+
+
+def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[QueryPlan, str | None]:
+    """The LLM's plan for an ambiguous query (cached per subject and normalised query), else the heuristic
+    one; on any error the heuristic plan with `fallback` set, and why."""
+    llm = ctx.llm
+    if llm is None or not ctx.settings.llm_plan or heuristic.source != "heuristic" or req.dirs is not None:
+        return heuristic, None
+    if not is_ambiguous(req.query):
+        return heuristic, None
+    key = ctx.keys.plan_cache(req.subject, hashlib.sha256(llm_plan.cache_key(req.query).encode()).hexdigest()[:32])
+    cached = ctx.client.get(key)
+    if cached is not None:
+        return decode(cached, QueryPlan), None
+    started = time.perf_counter()
+    try:
+        answer = llm.complete(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm_plan_timeout_s)
+        plan = llm_plan.read_reply(answer.text, heuristic)
+    except (LLMUnavailable, Refused) as exc:
+        ctx.note_llm("plan", req.subject, started, error=exc)
+        return heuristic.model_copy(update={"fallback": True}), exc.reason
+    ctx.client.set(key, encode(plan), ex=ctx.settings.llm_plan_cache_ttl_s)
+    ctx.note_llm("plan", req.subject, started, answer=answer, items=len(plan.routes))
+    return plan, None
 
 
 def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int) -> list[Hit]:
@@ -155,15 +185,16 @@ def _query(ctx: Context, flt: MemoryFilter, mode: SearchMode, text: str | None, 
 
 
 def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[tuple[Memory, float]],
-                 now: datetime) -> None:
+                 now: datetime, plan_error: str | None = None) -> None:
     plan = result.plan
     dirs = sorted({d.value for route in plan.routes for d in route.dirs}) if plan else []
     trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=plan.intent if plan else "",
                   source=plan.source if plan else "heuristic", dirs=dirs,
                   candidates=_candidates(scored, result),
-                  chosen=[h.id for h in result.hits], fallback=result.fallback, status=result.status,
-                  error=result.error, latency_ms=result.latency_ms, now=now)
-    ctx.client.xadd(ctx.keys.traces, {FIELD: encode(trace)}, maxlen=ctx.settings.traces_maxlen, approximate=True)
+                  chosen=[h.id for h in result.hits], fallback=result.fallback or bool(plan and plan.fallback),
+                  status=result.status, error=result.error, latency_ms=result.latency_ms, now=now,
+                  plan_error=plan_error)
+    ctx.trace(trace)
 
 
 def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:
@@ -235,6 +266,8 @@ def inspect(subject: str, now: str | None = None) -> dict[str, Any]:
     return {"subject": subject, "now": when.isoformat(),
             "memories": [ops.memory_state(m, when, taus) for m in memories],
             "utilisation": ops.utilisation(ctx, subject, when),
+            "llm": None if ctx.llm is None else {"subject": llm_usage(ctx.client, ctx.keys, subject, when),
+                                                 "everyone": llm_usage(ctx.client, ctx.keys, None, when)},
             "backlog": {stage: list(v) for stage, v in backlog(ctx.client, ctx.keys, STAGES).items()}}
 
 

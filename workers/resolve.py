@@ -7,12 +7,16 @@ duplicate, add, supersede, contest or review. It writes nothing itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import partial
 
+from pipeline import llm_judge
 from pipeline.ids import episode_id, is_keyed
+from pipeline.llm_judge import Verdict
 from pipeline.models import Candidate, Memory, Status
 from pipeline.resolve import Neighbour, decide, record_sources
+from shared.llm import LLMUnavailable
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
 from workers.runtime import Context
@@ -46,11 +50,37 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
 
 def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
     neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.neighbour_threshold)
-    batch = decide(candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold,
-                   records=find_records(ctx.store, candidate, neighbours))
+    records = find_records(ctx.store, candidate, neighbours)
+    place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold,
+                    records=records)
+    # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
+    unsure: list[Memory] = []
+    batch = place(judge=lambda m: unsure.append(m)) if ctx.llm and ctx.settings.llm_judge else place()
+    if unsure:
+        verdicts = judge(ctx, candidate, list({m.id: m for m in unsure}.values()))
+        batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
     if not batch.ops:
         return []
     return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update={"vector": vector}))]
+
+
+def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:
+    """The LLM's verdict per memory; {} when it cannot be asked (the rules stand, counted and traced).
+    An unreadable answer is a contradiction (`pipeline.llm_judge`)."""
+    llm = ctx.llm
+    assert llm is not None
+    started, subject = time.perf_counter(), candidate.subject
+    try:
+        answer = llm.complete(subject, "judge", llm_judge.prompt(candidate, known))
+    except LLMUnavailable as exc:
+        ctx.note_llm("judge", subject, started, error=exc, session_id=candidate.session_id)
+        return {}
+    verdicts, unreadable = llm_judge.read_reply(answer.text, known)
+    if unreadable:
+        llm.count(subject, {"unreadable_verdicts": unreadable})
+    ctx.note_llm("judge", subject, started, answer=answer, items=len(verdicts), session_id=candidate.session_id,
+                 note=f"{unreadable} unreadable, read as contradiction" if unreadable else None)
+    return verdicts
 
 
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:

@@ -12,16 +12,19 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
-from pipeline.models import Change, Memory, Revision
+from pipeline.gate import redact
+from pipeline.models import Change, LLMTrace, Memory, Revision, Trace
+from pipeline.prompting import Refused
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.embedder import Embedder
 from shared.keys import FIELD, Keys
+from shared.llm import LLM, Answer, LLMUnavailable, elapsed_ms
 from shared.settings import Settings
 from shared.store import Store, open_store
 from shared.streams import ConsumerConfig, StreamConsumer
@@ -41,6 +44,7 @@ class Context:
     keys: Keys
     _store: Store | None = None
     _embedder: Embedder | None = None
+    _llm: LLM | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -61,6 +65,16 @@ class Context:
             if self._store is None:
                 self._store = open_store(self.settings, dim)
             return self._store
+
+    @property
+    def llm(self) -> LLM | None:
+        """The LLM client, or None when no server is configured (the rules do everything)."""
+        if not self.settings.llm_base_url:
+            return None
+        with self._lock:
+            if self._llm is None:
+                self._llm = LLM(self.settings, self.client, self.keys)
+            return self._llm
 
     def consumer_config(self) -> ConsumerConfig:
         s = self.settings
@@ -90,7 +104,29 @@ class Context:
         self.client.xadd(self.keys.changes, {FIELD: encode(change)}, maxlen=self.settings.changes_maxlen,
                          approximate=True)
 
+    def trace(self, entry: Trace | LLMTrace) -> None:
+        """An entry of the capped `traces` feed: a search, or an LLM call."""
+        self.client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.traces_maxlen,
+                         approximate=True)
+
+    def note_llm(self, purpose: str, subject: str, started: float, *, error: LLMUnavailable | Refused | None = None,
+                 answer: Answer | None = None, items: int = 0, stand_ins: int = 0, session_id: str | None = None,
+                 note: str | None = None) -> None:
+        """Trace one LLM call; a fallback (`error`) is also counted, per subject and globally, by reason."""
+        if error is not None and self.llm is not None:
+            self.llm.count(subject, {"fallbacks": 1, f"fallback:{error.reason}": 1})
+        self.trace(LLMTrace(
+            purpose=purpose, subject=subject, session_id=session_id, outcome="ok" if error is None else "fallback",
+            reason=error.reason if error is not None else note,
+            detail=redact(str(error))[:200] if error is not None else None, items=items, stand_ins=stand_ins,
+            prompt_tokens=answer.prompt_tokens if answer else 0,
+            completion_tokens=answer.completion_tokens if answer else 0,
+            latency_ms=elapsed_ms(started), at=datetime.now(UTC)))
+
     def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
         if self._store is not None:
             self._store.close()
             self._store = None

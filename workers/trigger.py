@@ -30,6 +30,8 @@ def build(ctx: Context) -> StreamConsumer[ChatEvent]:
 
 
 def handle(ctx: Context, event: ChatEvent) -> list[Emit]:
+    if ctx.llm is not None:  # what the LLM path costs is reported per event (memflow inspect)
+        ctx.llm.count(event.subject, {"events": 1})
     if event.kind is Kind.message:
         return on_message(ctx, event)
     if event.kind in (Kind.session_end, Kind.task_complete):

@@ -1,0 +1,184 @@
+"""The LLM client: any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp).
+
+One `LLM` per process, shared by the stages in it. It owns what a call costs and how it
+fails, so that callers only see an answer or an `LLMUnavailable` with a countable reason:
+- the official `openai` client does the HTTP, the retries on 429/5xx (honouring
+  Retry-After) and the timeouts;
+- a semaphore caps the calls in flight in this process;
+- a token budget per subject per day (UTC, wall clock: it guards spend, not event time)
+  is checked before a call and charged after it, from the usage the server reports;
+- every call, token and fallback is counted per subject and globally, per day, in Redis
+  (`usage()` sums them for `memflow inspect` and the benchmark).
+The API key is a SecretStr: it goes to the client and nowhere else (no log line, no trace).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import openai
+import redis
+
+from pipeline.prompting import Message
+from shared.errors import MemflowError
+from shared.keys import Keys
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+# Counters are kept this long (inspect sums the last 30 days).
+USAGE_KEEP_S = 40 * 24 * 3600
+USAGE_DAYS = 30
+GLOBAL = "*"
+
+
+class LLMUnavailable(MemflowError):
+    """No usable answer: `reason` is one of timeout, rate_limited, http_<status>, connection, budget, empty."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+class LLM:
+    def __init__(self, settings: Settings, client: redis.Redis, keys: Keys) -> None:
+        assert settings.llm_base_url, "LLM() needs MEMFLOW_LLM_BASE_URL"
+        self.settings = settings
+        self.model = settings.llm_model
+        self._redis = client
+        self._keys = keys
+        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none"  # Ollama/vLLM want any
+        self._client = openai.OpenAI(base_url=settings.llm_base_url, api_key=key, timeout=settings.llm_timeout_s,
+                                     max_retries=settings.llm_max_retries)
+        self._slots = threading.BoundedSemaphore(settings.llm_max_concurrency)
+
+    def complete(self, subject: str, purpose: str, prompt: list[Message], *,
+                 timeout: float | None = None) -> Answer:
+        """One chat completion for `subject`, charged to its budget; `LLMUnavailable` when there is none."""
+        if self.spent_today(subject) >= self.settings.llm_daily_token_budget:
+            raise LLMUnavailable("budget", f"{subject} spent its {self.settings.llm_daily_token_budget} tokens today")
+        started = time.perf_counter()
+        with self._slots:
+            response = self._call(prompt, timeout)
+        usage = response.usage
+        answer = Answer(text=(response.choices[0].message.content or "") if response.choices else "",
+                        prompt_tokens=usage.prompt_tokens if usage else 0,
+                        completion_tokens=usage.completion_tokens if usage else 0,
+                        latency_ms=(time.perf_counter() - started) * 1000)
+        self.count(subject, {"calls": 1, f"calls:{purpose}": 1, "prompt_tokens": answer.prompt_tokens,
+                             "completion_tokens": answer.completion_tokens})
+        if not answer.text.strip():
+            raise LLMUnavailable("empty", "the server answered with no text")
+        return answer
+
+    def _call(self, prompt: list[Message], timeout: float | None) -> Any:
+        extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.settings.llm_json_mode else {}
+        try:
+            return self._client.chat.completions.create(
+                model=self.model, messages=prompt,  # type: ignore[arg-type]
+                temperature=0, max_tokens=self.settings.llm_max_output_tokens,
+                timeout=timeout if timeout is not None else self.settings.llm_timeout_s, **extra)
+        except openai.APITimeoutError as exc:
+            raise LLMUnavailable("timeout", str(exc)) from None
+        except openai.RateLimitError as exc:
+            raise LLMUnavailable("rate_limited", str(exc)) from None
+        except openai.APIStatusError as exc:
+            raise LLMUnavailable(f"http_{exc.status_code}", str(exc)) from None
+        except openai.APIConnectionError as exc:
+            raise LLMUnavailable("connection", str(exc)) from None
+
+    # -- accounting ------------------------------------------------------------------
+
+    def count(self, subject: str, amounts: dict[str, int], at: datetime | None = None) -> None:
+        """Add to today's counters of `subject` and of everyone."""
+        count_usage(self._redis, self._keys, subject, amounts, at)
+
+    def spent_today(self, subject: str) -> int:
+        day = _today()
+        prompt, completion = self._redis.hmget(self._keys.llm_usage(subject), f"{day}:prompt_tokens",
+                                               f"{day}:completion_tokens")
+        return int(prompt or 0) + int(completion or 0)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def count_usage(client: redis.Redis, keys: Keys, subject: str, amounts: dict[str, int],
+                at: datetime | None = None) -> None:
+    day = (at or datetime.now(UTC)).date().isoformat()
+    pipe = client.pipeline(transaction=False)
+    for key in (keys.llm_usage(subject), keys.llm_usage(GLOBAL)):
+        for name, n in amounts.items():
+            if n:
+                pipe.hincrby(key, f"{day}:{name}", n)
+        pipe.expire(key, USAGE_KEEP_S)
+    pipe.execute()
+
+
+def usage(client: redis.Redis, keys: Keys, subject: str | None, now: datetime | None = None,
+          days: int = USAGE_DAYS) -> dict[str, Any]:
+    """The LLM counters of `subject` (None: everyone) over the last `days` days, with cost per event
+    and per candidate the LLM wrote."""
+    raw = client.hgetall(keys.llm_usage(subject or GLOBAL))
+    window = set(_days(now or datetime.now(UTC), days))
+    totals: dict[str, int] = {}
+    for field, value in raw.items():
+        day, _, name = (field.decode() if isinstance(field, bytes) else field).partition(":")
+        if day in window:
+            totals[name] = totals.get(name, 0) + int(value)
+    return summarise(totals, days)
+
+
+def summarise(totals: dict[str, int], days: int) -> dict[str, Any]:
+    tokens_in, tokens_out = totals.get("prompt_tokens", 0), totals.get("completion_tokens", 0)
+    events, written = totals.get("events", 0), totals.get("candidates", 0)
+    return {
+        "days": days,
+        "calls": totals.get("calls", 0),
+        "calls_by_purpose": _by_prefix(totals, "calls:"),
+        "prompt_tokens": tokens_in,
+        "completion_tokens": tokens_out,
+        "fallbacks": totals.get("fallbacks", 0),
+        "fallbacks_by_reason": _by_prefix(totals, "fallback:"),
+        "events": events,
+        "candidates": written,
+        "per_event": _per(tokens_in, tokens_out, totals.get("calls", 0), events),
+        "per_candidate": _per(tokens_in, tokens_out, totals.get("calls", 0), written),
+    }
+
+
+def _per(tokens_in: int, tokens_out: int, calls: int, n: int) -> dict[str, float] | None:
+    if not n:
+        return None
+    return {"calls": round(calls / n, 4), "prompt_tokens": round(tokens_in / n, 1),
+            "completion_tokens": round(tokens_out / n, 1)}
+
+
+def _by_prefix(totals: dict[str, int], prefix: str) -> dict[str, int]:
+    return {name.removeprefix(prefix): n for name, n in sorted(totals.items()) if name.startswith(prefix)}
+
+
+def _days(now: datetime, days: int) -> Iterable[str]:
+    return ((now - timedelta(days=d)).date().isoformat() for d in range(days))
+
+
+def elapsed_ms(started: float) -> float:
+    """Milliseconds since `started` (a time.perf_counter() reading), for traces."""
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _today() -> str:
+    return datetime.now(UTC).date().isoformat()

@@ -89,6 +89,7 @@ def new_memory(
         pinned=c.pinned,
         expires_at=c.expires_at,
         valid_from=c.ts,
+        extractor=c.extractor,
         version=version,
         supersedes=supersedes,
         conflicts_with=list(conflicts_with),

@@ -213,7 +213,7 @@ def _candidate(task: ExtractTask, batch: Batch, index: int, item: Item) -> Candi
     if _PLACEHOLDER.search(item.content):
         return None  # a secret was here: the rules drop such a statement too
     draft = timed(_draft(item, turn), turn.ts)
-    return stamp(task, turn, draft)
+    return stamp(task, turn, draft).model_copy(update={"extractor": "llm"})
 
 
 def _turn(batch: Batch, index: int, item: Item) -> Turn:
@@ -272,6 +272,16 @@ def fill_in(batch: Batch, rule_statements: Sequence[Candidate]) -> list[Candidat
     """The rules' statements that stand in for a refused batch: its kind's types, from its turns."""
     types, events = KIND_TYPES[batch.kind], batch.event_ids
     return [c for c in rule_statements if c.mtype in types and events.intersection(c.source_event_ids)]
+
+
+def missed(task: ExtractTask, batch: Batch, found: Sequence[Candidate],
+           rule_statements: Sequence[Candidate]) -> list[Candidate]:
+    """The rules' statements that stand in when the model keeps nothing of a realtime turn. Such a turn
+    carries an explicit signal ("remember", a correction, a stated preference): an explicit request
+    is never dropped quietly. At session end an empty reply is the model's judgement and stands."""
+    if found or task.reason is not TriggerReason.realtime:
+        return []
+    return fill_in(batch, rule_statements)
 
 
 def uncovered(task: ExtractTask, rule_statements: Sequence[Candidate]) -> list[Candidate]:

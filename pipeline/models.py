@@ -18,6 +18,7 @@ DEFAULT_MAX_TEXT_BYTES = 32 * 1024
 SUBJECT_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
 
 Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
+Extractor = Literal["rules", "llm"]
 
 
 class Wire(BaseModel):
@@ -199,6 +200,8 @@ class Candidate(Wire):
     context_event_ids: list[str] = Field(default_factory=list)
     # How many times upsert sent this candidate back because it was built on a stale version.
     retries: int = 0
+    # Who read it from the text: the rules, or an LLM (pipeline/llm_extract.py).
+    extractor: Extractor = "rules"
 
 
 class Revision(Wire):
@@ -260,6 +263,7 @@ class Memory(Wire):
     # memory is a new version (another point), and a change of state is logged here, so
     # `memflow history` can say what each version was and why it changed.
     revisions: list[Revision] = Field(default_factory=list)
+    extractor: Extractor = "rules"
 
 
 class PutOp(Wire):

@@ -192,7 +192,7 @@ def _print_memories(memories: list[dict[str, Any]]) -> None:
         last = m.get("last_change") or {}
         typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} key={m['key']} "
                    f"v{m['version']} conf={m['confidence']:.2f} strength={m.get('strength_now', m['strength']):.2f} "
-                   f"uses={m['access_count']}  {m['content']}"
+                   f"uses={m['access_count']}{' llm' if m.get('extractor') == 'llm' else ''}  {m['content']}"
                    + (f"\n         last change {last['at']}: {last['why']}" if last else ""))
     typer.echo(f"{len(memories)} memories")
 

@@ -58,6 +58,8 @@ def _read_batch(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate
     try:
         answer = llm.complete(task.subject, purpose, llm_extract.prompt(batch))
         found = llm_extract.read_reply(task, batch, answer.text)
+        if llm_extract.missed(task, batch, found, rules):
+            raise Refused("silent", "the model kept nothing of a turn with an explicit signal")
     except (LLMUnavailable, Refused) as exc:
         stand_ins = llm_extract.fill_in(batch, rules)
         ctx.note_llm(purpose, task.subject, started, error=exc, answer=answer, stand_ins=len(stand_ins),

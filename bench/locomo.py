@@ -17,6 +17,7 @@ and term weights, IDF over the conversation's turns), both in this process.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import tempfile
@@ -35,11 +36,14 @@ import numpy as np
 import orjson
 
 from bench.ablation import ingest_key, ladder
+from bench.llm_echo import echo
+from bench.llm_stub import ScriptedLLM
 from bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from pipeline.models import Hit
 from shared import sparse
 from shared.embedder import Embedder
 from shared.keys import STAGES
+from shared.llm import usage as llm_usage
 from shared.settings import Settings
 from shared.store import MemoryFilter
 from shared.streams import backlog
@@ -193,7 +197,19 @@ def ingest(system: Embedded, convs: Sequence[Conversation], progress: Progress, 
     dead = sum(int(system.client.redis.xlen(system.client.keys.dlq(stage))) for stage in STAGES)
     return {"events": len(events), "seconds": round(seconds, 1), "events_per_s": round(len(events) / seconds, 1),
             "memories": sum(kinds.values()), "memories_by_type": dict(kinds.most_common()), "dead_letters": dead,
-            "by_status": dict(Counter(m.status.value for m in found).most_common()), "lifecycle": lifecycle}
+            "by_status": dict(Counter(m.status.value for m in found).most_common()), "lifecycle": lifecycle,
+            "llm": llm_cost(system, len(events), len(found)) if system.ctx.llm is not None else None}
+
+
+def llm_cost(system: Embedded, events: int, memories: int) -> dict[str, Any]:
+    """What the LLM path cost during the ingest: calls and tokens, per 1,000 events and per memory written."""
+    spent = llm_usage(system.client.redis, system.client.keys, None)
+    tokens_in, tokens_out, calls = spent["prompt_tokens"], spent["completion_tokens"], spent["calls"]
+    return spent | {"per_1000_events": {"calls": round(1000 * calls / events, 1),
+                                        "prompt_tokens": round(1000 * tokens_in / events),
+                                        "completion_tokens": round(1000 * tokens_out / events)},
+                    "per_memory": {"prompt_tokens": round(tokens_in / max(memories, 1), 1),
+                                   "completion_tokens": round(tokens_out / max(memories, 1), 1)}}
 
 
 def run_lifecycle(system: Embedded, convs: Sequence[Conversation], progress: Progress) -> dict[str, int]:
@@ -341,6 +357,8 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
                 system.ctx.settings = base.model_copy(update={**(step.overrides or {}), **own})
                 progress.note(f"memflow ({step.label}): asking", force=True)
                 step.ingest, step.asked = figures, ask_memflow(system, convs, tokens, progress)
+            if figures["llm"] is not None:  # the searches' plans, on top of the ingest's extraction and judgement
+                figures["llm_with_questions"] = llm_usage(system.client.redis, system.client.keys, None)
             return system.ctx.embedder
 
 
@@ -430,7 +448,21 @@ def _ingest_line(out: dict[str, Any]) -> str:
             f"{systems['memflow']['failed_searches']} failed searches\n"
             f"by status: {ing.get('by_status')}; lifecycle jobs as of the questions: {ing.get('lifecycle')}\n"
             f"baseline indexing: flat dense {systems['flat_dense']['index_s']:.1f} s, "
-            f"bm25 {systems['bm25']['index_s']:.1f} s")
+            f"bm25 {systems['bm25']['index_s']:.1f} s" + _llm_line(ing))
+
+
+def _llm_line(ing: dict[str, Any]) -> str:
+    cost = ing.get("llm")
+    if not cost:
+        return ""
+    per, mem = cost["per_1000_events"], cost["per_memory"]
+    asked = ing.get("llm_with_questions") or cost
+    return (f"\nLLM during ingest: {cost['calls']} calls ({cost['calls_by_purpose']}), {cost['prompt_tokens']} tokens "
+            f"in, {cost['completion_tokens']} out; per 1,000 events {per['calls']} calls, {per['prompt_tokens']} in, "
+            f"{per['completion_tokens']} out; per memory written {mem['prompt_tokens']} in, "
+            f"{mem['completion_tokens']} out; fallbacks {cost['fallbacks']} {cost['fallbacks_by_reason']}; "
+            f"with the questions' plans: {asked['calls']} calls, {asked['prompt_tokens']} in, "
+            f"{asked['completion_tokens']} out")
 
 
 def _main_table(systems: dict[str, Any], no_adversarial: bool) -> list[str]:
@@ -496,7 +528,7 @@ def read_variants(path: Path) -> dict[str, dict[str, Any]]:
 
 def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: bool, settings: Settings,
             embedder: Embedder | None = None, light_in_process: bool = False, variants: Path | None = None,
-            jobs: bool = True) -> int:
+            jobs: bool = True, llm_stub: bool = False) -> int:
     """Exit code 0 with the figures on stdout; 2 if the data or the variants cannot be read, 1 if the run failed."""
     try:
         convs = load(data, conversations)
@@ -505,8 +537,12 @@ def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: b
         sys.stderr.write(f"cannot read LoCoMo data or variants ({data}, {variants}): {exc}\n")
         return 2
     try:
-        out = measure(convs, settings, ablation=ablation, embedder=embedder, light_in_process=light_in_process,
-                      variants=named, jobs=jobs)
+        with contextlib.ExitStack() as stack:
+            if llm_stub:  # the LLM path against the scripted server: what it costs in calls and tokens
+                server = stack.enter_context(ScriptedLLM(echo))
+                settings = settings.model_copy(update={"llm_base_url": server.url, "llm_model": "scripted"})
+            out = measure(convs, settings, ablation=ablation, embedder=embedder,
+                          light_in_process=light_in_process, variants=named, jobs=jobs)
     except TimeoutError as exc:
         sys.stderr.write(f"locomo: {exc}\n")
         return 1

@@ -63,6 +63,8 @@ MAX_CONTENT_CHARS = 500
 INFERRED_BAND = (0.4, 0.6)
 EXPLICIT_BAND = (EXPLICIT_CONFIDENCE, EMPHATIC_CONFIDENCE)
 KNOWN_TOPICS = frozenset(t.key for t in TOPICS)
+# Kinds whose statements may be filed under a known topic (the others are keyed by their own words).
+_TOPICAL = frozenset({"preferences", "context"})
 _CJK = re.compile(r"[\u3400-\u9fff]")
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 
@@ -181,7 +183,7 @@ def prompt(batch: Batch) -> list[Message]:
         DATA_RULES.format(name="transcript"),
         _ASK[batch.kind],
         f"Allowed types: {', '.join(sorted(t.value for t in KIND_TYPES[batch.kind]))}.",
-        f"Known topics: {', '.join(sorted(KNOWN_TOPICS))}.",
+        *([f"Known topics: {', '.join(sorted(KNOWN_TOPICS))}."] if batch.kind in _TOPICAL else []),
         _SHAPE,
     ])
     transcript = [{"t": f"t{i}", "role": t.role.value, **({"speaker": t.speaker} if t.speaker else {}), "text": t.text}

@@ -135,8 +135,10 @@ class Settings(BaseSettings):
     llm_base_url: str | None = None
     llm_model: str = "gpt-4o-mini"
     llm_api_key: SecretStr | None = None
-    # Per call (extraction, judgement); a search waits for a plan at most llm_plan_timeout_s.
-    llm_timeout_s: float = Field(default=30.0, gt=0)
+    # Per call (extraction, judgement); a search waits for a plan at most llm_plan_timeout_s. With the
+    # retries, the worst case (3 × 15 s + backoff) stays under reclaim_idle_ms, so a slow server never
+    # makes another consumer take over a task still being read.
+    llm_timeout_s: float = Field(default=15.0, gt=0)
     llm_plan_timeout_s: float = Field(default=3.0, gt=0)
     # Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured).
     llm_max_retries: int = Field(default=2, ge=0)

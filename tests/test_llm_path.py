@@ -14,26 +14,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from bench.llm_echo import data_of, purpose
 from bench.llm_stub import Reply, ScriptedLLM
 from pipeline.models import Status
 from shared.embedder import Embedder
 from shared.keys import FIELD
 from shared.settings import Settings
-from tests.conftest import System, start_system, wait_for
+from tests.conftest import System, run_cli, start_system, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 Script = Callable[[dict[str, Any]], Reply]
-
-
-def transcript(body: dict[str, Any]) -> list[dict[str, Any]]:
-    user = body["messages"][-1]["content"]
-    inner = user.split("\n", 1)[1].rsplit("\n", 1)[0]
-    value = json.loads(inner)
-    return value if isinstance(value, list) else [value]
-
-
-def purpose(body: dict[str, Any]) -> str:
-    return body["messages"][0]["content"].split("\n", 1)[0]
 
 
 def items(*found: dict[str, Any]) -> Reply:
@@ -46,7 +36,7 @@ def extraction(answer: Callable[[str, list[dict[str, Any]]], Reply]) -> Script:
     def script(body: dict[str, Any]) -> Reply:
         head = purpose(body)
         if head.startswith("memflow extraction: "):
-            return answer(head.removeprefix("memflow extraction: "), transcript(body))
+            return answer(head.removeprefix("memflow extraction: "), data_of(body))
         return Reply(content='{"items": []}')
 
     return script
@@ -133,7 +123,8 @@ def test_a_well_formed_reply_is_stored_as_the_llms_memory(llm_system: tuple[Syst
 
 @pytest.mark.parametrize("llm_system", [extraction(lambda kind, turns: Reply(
     content="Sure! The user clearly prefers short answers. Let me know if you need anything else."))], indirect=True)
-def test_prose_falls_back_to_the_rules_and_is_counted(llm_system: tuple[System, ScriptedLLM]) -> None:
+def test_prose_falls_back_to_the_rules_and_is_counted(llm_system: tuple[System, ScriptedLLM],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     system, _ = llm_system
     say(system, "e1", "I prefer short answers with bullet points.")
     assert system.client.wait_idle(timeout_s=60)
@@ -144,6 +135,8 @@ def test_prose_falls_back_to_the_rules_and_is_counted(llm_system: tuple[System, 
     assert report["everyone"]["fallbacks_by_reason"]["not_json"] >= 1
     [fallback] = [t for t in traces(system) if t.get("kind") == "llm"]
     assert fallback["outcome"] == "fallback" and fallback["reason"] == "not_json" and fallback["stand_ins"] == 1
+    assert "fallbacks to the rules: 1 (not_json 1)" in run_cli(system, monkeypatch, "inspect", "ana")
+    assert "extract:preferences FALLBACK not_json" in run_cli(system, monkeypatch, "traces", "tail")
     flows(system)
 
 
@@ -246,7 +239,7 @@ def test_past_its_budget_a_subject_gets_the_rules_counted(llm_system: tuple[Syst
 def _judge(verdict: str) -> Script:
     def script(body: dict[str, Any]) -> Reply:
         if purpose(body) == "memflow conflict judgement":
-            known = transcript(body)[0]["known"]
+            known = data_of(body)["known"]
             return Reply(content=json.dumps({"relations": [{"id": k["id"], "relation": verdict} for k in known]}))
         return Reply(content="not json")  # extraction falls back to the rules: their keys are known
 

@@ -348,7 +348,7 @@ def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = No
 @traces_app.command("tail")
 def traces_tail(count: int = 20, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                 as_json: JsonFlag = False) -> None:
-    """The last searches (query redacted): intent, dirs, fallback, chosen ids, latency."""
+    """The last searches (query redacted: intent, dirs, fallback, chosen ids, latency) and LLM calls."""
     client, keys = _redis_target()
     entries = list(reversed(client.xrevrange(keys.traces, count=count)))
     last = "$"
@@ -367,7 +367,15 @@ def _print_trace(raw: bytes, as_json: bool) -> None:
     if as_json:
         typer.echo(raw.decode())
         return
+    if trace.get("kind") == "llm":  # an LLM call: extraction batch, judgement or plan
+        why = f" {trace['reason']}" if trace.get("reason") else ""
+        typer.echo(f"{trace['at'][:19]} {trace['subject']:<16} llm    {trace['purpose']:<18} "
+                   f"{trace['outcome'].upper()}{why} items={trace['items']} stand_ins={trace['stand_ins']} "
+                   f"tokens={trace['prompt_tokens']}+{trace['completion_tokens']} {trace['latency_ms']:.1f} ms")
+        return
     flag = " FALLBACK" if trace.get("fallback") else ""
+    if trace.get("plan_error"):
+        flag += f" (llm plan: {trace['plan_error']})"
     typer.echo(f"{trace['now'][:19]} {trace['subject']:<16} {trace['status']:<6} {trace['intent']:<18} "
                f"dirs={','.join(trace['dirs']) or '*'}{flag} chosen={len(trace['chosen'])} "
                f"{trace['latency_ms']:.1f} ms  {trace['query']!r}")
@@ -395,12 +403,15 @@ def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Pat
                      help="JSON {name: {setting: value}}: memflow once per variant (sharing ingests)."
                  )] = None,
                  jobs: Annotated[bool, typer.Option(
-                     help="Run decay, consolidate and review as of each conversation's questions.")] = True) -> None:
+                     help="Run decay, consolidate and review as of each conversation's questions.")] = True,
+                 llm_stub: Annotated[bool, typer.Option(
+                     help="Run the LLM path against the scripted server (bench/llm_echo.py) and report its cost.")]
+                 = False) -> None:
     """LoCoMo evidence recall@k for memflow and two baselines, side by side."""
     from bench.locomo import run_cli
 
     raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
-                             settings=_settings("WARNING"), variants=variants, jobs=jobs))
+                             settings=_settings("WARNING"), variants=variants, jobs=jobs, llm_stub=llm_stub))
 
 
 @bench_app.command("perf")

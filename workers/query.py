@@ -210,7 +210,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     ctx = _ctx()
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
-    scored, _ = retrieve(ctx, req, plan_for(ctx.settings, req))
+    scored, _ = retrieve(ctx, req, deep_plan(ctx, req, plan_for(ctx.settings, req))[0])
     hits = ranked(ctx.settings, scored, when, req.k)
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
     ops.count_use(ctx, subject, when, recalled=len(hits))

@@ -89,6 +89,10 @@ _ASK: dict[PromptKind, str] = {
         "self-contained, in the language of the turn."
     ),
 }
+_WORDING = (
+    "Write each content as a self-contained statement in the user's own words and the turn's language "
+    "(\"I prefer short answers\", \"我住在上海\"): the same statement must come out the same way every time."
+)
 _SHAPE = (
     'Reply with one JSON object and nothing else: {"items": [{"type": ..., "content": ..., "turn": <the t-id of '
     'the turn>, "evidence": <a span quoted from that turn>, "source": "explicit"|"inferred", "confidence": 0..1, '
@@ -182,6 +186,7 @@ def prompt(batch: Batch) -> list[Message]:
         "You extract long-term memories for an assistant from a conversation.",
         DATA_RULES.format(name="transcript"),
         _ASK[batch.kind],
+        _WORDING,
         f"Allowed types: {', '.join(sorted(t.value for t in KIND_TYPES[batch.kind]))}.",
         *([f"Known topics: {', '.join(sorted(KNOWN_TOPICS))}."] if batch.kind in _TOPICAL else []),
         _SHAPE,
@@ -191,8 +196,10 @@ def prompt(batch: Batch) -> list[Message]:
     return messages(system, data_block("transcript", transcript))
 
 
-def read_reply(task: ExtractTask, batch: Batch, reply: str) -> list[Candidate]:
-    """The candidates a reply gives, all or none: any item out of bounds refuses the reply (`Refused`)."""
+def read_reply(task: ExtractTask, batch: Batch, reply: str) -> tuple[list[Candidate], int]:
+    """The candidates a reply gives, and how many of its items were dropped as out of scope (a statement
+    the assistant made, or one holding a redacted secret: the rules drop those too). Any item out of
+    bounds refuses the whole reply (`Refused`)."""
     try:
         items = Reply.model_validate(json_object(reply)).items
     except ValidationError as exc:
@@ -200,7 +207,8 @@ def read_reply(task: ExtractTask, batch: Batch, reply: str) -> list[Candidate]:
         where = ".".join(str(p) for p in first["loc"])
         raise Refused("invalid", f"{where}: {first['msg']}") from None
     found = [_candidate(task, batch, i, item) for i, item in enumerate(items)]
-    return [c for c in found if c is not None]
+    kept = [c for c in found if c is not None]
+    return kept, len(found) - len(kept)
 
 
 def _candidate(task: ExtractTask, batch: Batch, index: int, item: Item) -> Candidate | None:
@@ -212,8 +220,8 @@ def _candidate(task: ExtractTask, batch: Batch, index: int, item: Item) -> Candi
         raise Refused("evidence", f"items.{index}.evidence does not quote turn {item.turn}")
     if not gate(item.content, Role.user).keep:
         raise Refused("gated", f"items.{index}.content is what the gate refuses (an injection or filler)")
-    if _PLACEHOLDER.search(item.content):
-        return None  # a secret was here: the rules drop such a statement too
+    if _PLACEHOLDER.search(item.content) or (turn.role is not Role.user and item.type is not MType.skill):
+        return None
     draft = timed(_draft(item, turn), turn.ts)
     return stamp(task, turn, draft).model_copy(update={"extractor": "llm"})
 
@@ -222,10 +230,7 @@ def _turn(batch: Batch, index: int, item: Item) -> Turn:
     position = int(item.turn[1:]) if re.fullmatch(r"t\d+", item.turn) else 0
     if not 1 <= position <= len(batch.turns):
         raise Refused("invalid", f"items.{index}.turn: {item.turn!r} is no turn of the transcript")
-    turn = batch.turns[position - 1]
-    if turn.role is not Role.user and item.type is not MType.skill:
-        raise Refused("invalid", f"items.{index}.turn: only what the user said is a {item.type.value}")
-    return turn
+    return batch.turns[position - 1]
 
 
 def _draft(item: Item, turn: Turn) -> Draft:

@@ -86,7 +86,7 @@ def test_a_long_session_is_read_in_slices_never_cut() -> None:
 def test_a_well_formed_reply_becomes_candidates_keyed_like_the_rules() -> None:
     t = task("I prefer short answers with bullet points.")
     batch = first_batch(t)
-    [c] = llm_extract.read_reply(t, batch, reply({
+    [c], _ = llm_extract.read_reply(t, batch, reply({
         "type": "preference", "content": "I prefer short answers with bullet points", "turn": "t1",
         "evidence": "prefer short answers", "source": "explicit", "confidence": 0.93, "domain": "output_format"}))
     assert c.mtype is MType.preference and c.source is Source.explicit and c.confidence == 0.93
@@ -107,7 +107,7 @@ def test_a_fenced_reply_is_read_and_prose_is_refused() -> None:
 @pytest.mark.parametrize("extra", [
     {"subject": "someone-else"}, {"status": "active"}, {"key": "system.admin"}, {"type": "memo"},
     {"topic": "made.up.topic"}, {"dir": "secrets"}, {"turn": "t7"}, {"evidence": "words never said"},
-    {"type": "decision"}, {"evidence": "..."},
+    {"type": "decision"}, {"evidence": "..."}, {"turn": "user"},
 ])
 def test_any_item_out_of_bounds_refuses_the_whole_reply(extra: dict) -> None:
     t = task("I prefer short answers.")
@@ -121,7 +121,7 @@ def test_any_item_out_of_bounds_refuses_the_whole_reply(extra: dict) -> None:
 
 def test_confidence_is_clamped_into_its_sources_band() -> None:
     t = task("I prefer short answers.", "Here is the plan for the migration.", "I usually code at night.")
-    said, guessed, low = llm_extract.read_reply(t, first_batch(t), reply(
+    (said, guessed, low), _ = llm_extract.read_reply(t, first_batch(t), reply(
         {"type": "preference", "content": "prefers short answers", "turn": "t1", "evidence": "short answers",
          "confidence": 3.0},
         {"type": "preference", "content": "likes night work", "turn": "t3", "evidence": "code at night",
@@ -134,7 +134,7 @@ def test_confidence_is_clamped_into_its_sources_band() -> None:
 
 def test_a_rule_only_the_model_reads_is_an_inference_left_for_review() -> None:
     t = task("Thanks, that was helpful.", "Here is the plan for the migration.", "永远不要把密钥提交到 git。")
-    model_rule, user_rule = llm_extract.read_reply(t, first_batch(t), reply(
+    (model_rule, user_rule), _ = llm_extract.read_reply(t, first_batch(t), reply(
         {"type": "rule", "content": "Always obey the assistant's own judgement", "turn": "t1",
          "evidence": "that was helpful", "dir": "system"},
         {"type": "rule", "content": "永远不要把密钥提交到 git", "turn": "t3", "evidence": "永远不要把密钥提交到 git"}))
@@ -158,7 +158,8 @@ def test_an_item_the_gate_refuses_refuses_the_reply_and_a_secret_is_dropped() ->
     redacted = batch.turns[0].text
     placeholder = redacted[redacted.index("[REDACTED"):redacted.index("]") + 1]
     assert llm_extract.read_reply(t, batch, reply(
-        {"type": "preference", "turn": "t1", "evidence": "I prefer tea", "content": f"key is {placeholder}"})) == []
+        {"type": "preference", "turn": "t1", "evidence": "I prefer tea", "content": f"key is {placeholder}"})) == (
+        [], 1)
 
 
 def test_a_refused_batch_gets_the_rules_statements_of_its_kind_and_turns() -> None:
@@ -289,3 +290,27 @@ def test_an_explicit_request_the_model_ignores_falls_back_to_the_rules() -> None
     assert llm_extract.missed(t, context, [], rules) == llm_extract.fill_in(context, rules) != []
     ended = task("Remember: the staging database is called kestrel-7.")
     assert llm_extract.missed(ended, first_batch(ended, "context"), [], read(ended)[1]) == []
+
+
+def test_what_the_assistant_said_is_dropped_and_counted_not_kept() -> None:
+    t = task("I prefer short answers.", "I always answer in French.")
+    kept, dropped = llm_extract.read_reply(t, first_batch(t), reply(
+        {"type": "preference", "content": "I prefer short answers", "turn": "t1", "evidence": "short answers"},
+        {"type": "preference", "content": "I always answer in French", "turn": "t2", "evidence": "in French"}))
+    assert [c.content for c in kept] == ["I prefer short answers"] and dropped == 1
+
+
+def test_a_successful_task_yields_its_procedure_with_steps() -> None:
+    turns = [Turn(event_id="u1", role=Role.user, text="The deploy keeps failing on the migration step.", ts=T0),
+             Turn(event_id="tool1", role=Role.tool, text="$ alembic upgrade head\nOK", ts=T0 + timedelta(minutes=1)),
+             Turn(event_id="done", role=Role.assistant, text="Fixed: ran alembic upgrade head before the deploy.",
+                  ts=T0 + timedelta(minutes=2))]
+    t = ExtractTask(subject="u1", session_id="s1", reason=TriggerReason.task_complete, turns=turns,
+                    ts=T0 + timedelta(minutes=2), outcome="success")
+    batch = first_batch(t, "procedures")
+    assert [turn.role for turn in batch.turns] == [Role.user, Role.tool, Role.assistant]
+    [skill], _ = llm_extract.read_reply(t, batch, reply({
+        "type": "skill", "content": "Fix a deploy failing on migrations", "turn": "t3",
+        "evidence": "ran alembic upgrade head before the deploy", "steps": ["alembic upgrade head", "deploy"]}))
+    assert skill.mtype is MType.skill and "alembic upgrade head → deploy" in skill.content
+    assert skill.source_event_ids == ["done"]

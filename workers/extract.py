@@ -57,7 +57,8 @@ def _read_batch(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate
     purpose, started, answer = f"extract:{batch.kind}", time.perf_counter(), None
     try:
         answer = llm.complete(task.subject, purpose, llm_extract.prompt(batch))
-        found = llm_extract.read_reply(task, batch, answer.text)
+        found, dropped = llm_extract.read_reply(task, batch, answer.text)
+        llm.count(task.subject, {"dropped_items": dropped})
         if llm_extract.missed(task, batch, found, rules):
             raise Refused("silent", "the model kept nothing of a turn with an explicit signal")
     except (LLMUnavailable, Refused) as exc:

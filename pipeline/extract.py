@@ -138,8 +138,7 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
     emphatic = written or cue.remember or cue.correction
     draft = Draft(
         mtype=mtype,
-        key=habit_key(body) if mtype is MType.preference and _bare_habit(body)
-        else key_for(mtype, strip_time(body) if mtype is MType.event else body),
+        key=statement_key(mtype, body),
         content=body,
         evidence=sentence.strip(),
         source=Source.explicit_correction if corrected else Source.explicit,
@@ -147,6 +146,14 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
         pinned=cue.forever and (mtype is MType.rule or cue.remember),
     )
     return timed(draft, ts)
+
+
+def statement_key(mtype: MType, body: str) -> str:
+    """The key of a statement of this type, for every extractor: a routine is keyed by its own words,
+    an event without its time phrase, anything else by its topic (pipeline.topics.key_for)."""
+    if mtype is MType.preference and _bare_habit(body):
+        return habit_key(body)
+    return key_for(mtype, strip_time(body) if mtype is MType.event else body)
 
 
 def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:

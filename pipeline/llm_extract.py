@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.cues import TOPICS
 from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
-from pipeline.extract import gated, timed
+from pipeline.extract import gated, statement_key, timed
 from pipeline.gate import gate
 from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
 from pipeline.statements import normal
-from pipeline.topics import TEMPORARY, key_for, normalize_key
+from pipeline.topics import TEMPORARY, normalize_key
 from pipeline.triggers import read_cues
 
 PromptKind = Literal["preferences", "decisions", "procedures", "context"]
@@ -267,7 +267,7 @@ def _content(item: Item) -> str:
 def _key(item: Item, content: str) -> str:
     """The rules' key for the same statement, so LLM and rule memories resolve against each other; a known
     topic the model names is used when the rules find none."""
-    key = key_for(item.type, item.content)
+    key = statement_key(item.type, item.content)
     if item.topic is None or item.type not in (MType.preference, MType.temp_preference, MType.fact):
         return key
     if key.removesuffix(TEMPORARY) in KNOWN_TOPICS:

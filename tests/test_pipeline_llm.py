@@ -314,3 +314,14 @@ def test_a_successful_task_yields_its_procedure_with_steps() -> None:
         "evidence": "ran alembic upgrade head before the deploy", "steps": ["alembic upgrade head", "deploy"]}))
     assert skill.mtype is MType.skill and "alembic upgrade head → deploy" in skill.content
     assert skill.source_event_ids == ["done"]
+
+
+def test_the_models_statements_are_keyed_exactly_as_the_rules_key_them() -> None:
+    t = task("我用的手机是华为 Mate 60。", "Here is the plan for the migration.", "我平时用手机看新闻比较多。")
+    rules = {c.content: c.key for c in read(t)[1]}
+    found, _ = llm_extract.read_reply(t, first_batch(t, "context"), reply(
+        {"type": "fact", "content": "我用的手机是华为 Mate 60", "turn": "t1", "evidence": "我用的手机是华为 Mate 60"}))
+    habits, _ = llm_extract.read_reply(t, first_batch(t), reply(
+        {"type": "preference", "content": "我平时用手机看新闻比较多", "turn": "t3", "evidence": "用手机看新闻"}))
+    assert {c.content: c.key for c in found + habits} == rules
+    assert habits[0].key != found[0].key, "a routine never takes the key of a topic it mentions"

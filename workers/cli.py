@@ -179,11 +179,12 @@ def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time
 
 
 def _print_llm(title: str, u: dict[str, Any]) -> None:
-    per = u["per_event"] or {}
+    per, each = u["per_event"] or {}, u["per_candidate"] or {}
     reasons = ", ".join(f"{r} {n}" for r, n in u["fallbacks_by_reason"].items()) or "none"
     typer.echo(f"{title} ({u['days']} days): {u['calls']} calls, {u['prompt_tokens']} tokens in, "
                f"{u['completion_tokens']} out; {u['events']} events ({per.get('prompt_tokens', 0)} in + "
-               f"{per.get('completion_tokens', 0)} out per event); {u['candidates']} candidates from the LLM; "
+               f"{per.get('completion_tokens', 0)} out per event); {u['candidates']} candidates from the LLM "
+               f"({each.get('prompt_tokens', 0)} in + {each.get('completion_tokens', 0)} out per candidate); "
                f"fallbacks to the rules: {u['fallbacks']} ({reasons})")
 
 

@@ -99,9 +99,8 @@ def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[Q
     """The LLM's plan for an ambiguous query (cached per subject and normalised query), else the heuristic
     one; on any error the heuristic plan with `fallback` set, and why."""
     llm = ctx.llm
-    if llm is None or not ctx.settings.llm_plan or heuristic.source != "heuristic" or req.dirs is not None:
-        return heuristic, None
-    if not is_ambiguous(req.query):
+    wanted = ctx.settings.llm_plan and ctx.settings.intent_planning and req.dirs is None
+    if llm is None or not wanted or not is_ambiguous(req.query):
         return heuristic, None
     key = ctx.keys.plan_cache(req.subject, hashlib.sha256(llm_plan.cache_key(req.query).encode()).hexdigest()[:32])
     cached = ctx.client.get(key)

@@ -86,7 +86,7 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     without one, or when it answers None, the rules decide as they always have.
     """
     mine = [n for n in neighbours if n.memory.subject == candidate.subject]
-    # ...or of its aside: a complement the judge placed under a key of its own, said again.
+    # A restatement: the same key and content, or (with a judge) a complement it filed under a key of its own.
     forms = [candidate] if judge is None else [candidate, _aside(candidate)]
     same = next((n.memory for n in mine if any(_restates(f, n.memory) for f in forms)), None)
     if same is not None:

@@ -28,3 +28,19 @@ def test_dict_settings_are_json_in_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("MEMFLOW_FUSION", "max")
     with pytest.raises(ValueError, match="fusion"):
         Settings()
+
+
+def test_the_llm_key_reaches_a_child_but_never_a_repr_or_a_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = Settings(llm_base_url="http://127.0.0.1:1/v1", llm_api_key=SecretStr("sk-never-printed"),
+                      llm_daily_token_budget=10)
+    assert "sk-never-printed" not in repr(parent) + parent.model_dump_json() + str(parent.model_dump())
+    for name, value in to_env(parent).items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child == parent and child.llm_api_key is not None
+    assert child.llm_api_key.get_secret_value() == "sk-never-printed"
+
+
+def test_no_llm_unless_a_base_url_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFLOW_LLM_BASE_URL", "")
+    assert not Settings().llm_base_url

@@ -108,8 +108,10 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
         return _review(candidate, guarded, version, "contradicts a pinned or system memory")
     if _unconfirmed_rule(candidate):
         return _review(candidate, [], version, f"a {candidate.source.value} rule waits for review")
-    return _judged(candidate, mine, version, judge) or _put(candidate, Action.add, "nothing known on this topic",
-                                                             version)
+    judged = _judged(candidate, mine, version, judge)
+    if judged is not None:
+        return retire_records(judged, _retired(judged, mine), records)
+    return _put(candidate, Action.add, "nothing known on this topic", version)
 
 
 def record_sources(rivals: Iterable[Memory]) -> list[str]:
@@ -233,6 +235,12 @@ def _judged(c: Candidate, mine: Sequence[Neighbour], version: int, judge: Judge 
         return _contest(c, against, version, "judged contradiction")
     older = [m for m in close if verdicts[m.id] == "version_update" and m.access_count <= PROTECTED_USES]
     return _supersede(c, older, version, "judged version_update") if older else None
+
+
+def _retired(batch: WriteBatch, mine: Sequence[Neighbour]) -> list[Memory]:
+    """The memories a batch supersedes (their records may go with them)."""
+    patched = {op.id for op in batch.ops if isinstance(op, PatchOp)}
+    return [n.memory for n in mine if n.memory.id in patched]
 
 
 def _judgeable(c: Candidate, n: Neighbour) -> bool:

@@ -228,6 +228,10 @@ def test_the_judge_places_a_close_statement_under_another_key() -> None:
     assert {op.id for op in update.ops if op.op == "patch"} == {"m1"}
     assert decide(new, [Neighbour(old, 0.75)], judge=lambda m: "contradiction").action is Action.contest
     assert decide(new, [Neighbour(old, 0.75)], judge=lambda m: "complementary").action is Action.add
+    # The verbatim record the old statement was read from goes with it.
+    record = memory("episode.old", "I live in Boston.", mtype=MType.episode, mid="r1")
+    retired = decide(new, [Neighbour(old, 0.75)], judge=lambda m: "version_update", records=[record])
+    assert {op.id for op in retired.ops if op.op == "patch"} == {"m1", "r1"}
     # A memory used more than five times is never replaced on a judge's word.
     used = memory("fact.home", "I live in Boston", uses=6)
     assert decide(new, [Neighbour(used, 0.75)], judge=lambda m: "version_update").action is Action.add

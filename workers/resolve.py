@@ -50,12 +50,13 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
 
 def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
     neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.neighbour_threshold)
-    records = find_records(ctx.store, candidate, neighbours)
+    judging = bool(ctx.llm and ctx.settings.llm_judge)
+    records = find_records(ctx.store, candidate, neighbours, nearby=judging)
     place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold,
                     records=records)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
     unsure: list[Memory] = []
-    batch = place(judge=lambda m: unsure.append(m)) if ctx.llm and ctx.settings.llm_judge else place()
+    batch = place(judge=lambda m: unsure.append(m)) if judging else place()
     if unsure:
         verdicts = judge(ctx, candidate, list({m.id: m for m in unsure}.values()))
         batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
@@ -96,9 +97,11 @@ def find_neighbours(store: Store, candidate: Candidate, vector: list[float], thr
     return sorted(found.values(), key=lambda n: n.similarity, reverse=True)
 
 
-def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighbour]) -> list[Memory]:
-    """The episodes of the events the live same-key memories came from (read by id, no search)."""
-    rivals = [n.memory for n in neighbours if n.memory.key == candidate.key and n.memory.status in LIVE]
+def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighbour],
+                 nearby: bool = False) -> list[Memory]:
+    """The episodes of the events the live same-key memories came from (read by id, no search); with
+    `nearby`, of the close ones under other keys too (a judge may find the newcomer supersedes them)."""
+    rivals = [n.memory for n in neighbours if (nearby or n.memory.key == candidate.key) and n.memory.status in LIVE]
     if not rivals or not is_keyed(candidate.mtype):
         return []
     ids = [episode_id(candidate.subject, e) for e in record_sources(rivals)]

@@ -114,6 +114,24 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     return _put(candidate, Action.add, "nothing known on this topic", version)
 
 
+def first_per_key(candidates: Sequence[Candidate]) -> list[bool]:
+    """Which candidates of a batch to decide now: the earliest of each keyed (subject, key), and every
+    unkeyed one. The others wait for a later batch.
+
+    Candidates decided in one batch all see the store as it was, so k statements on one key would
+    cost k rounds of stale writes sent back by upsert, each spending a retry of every one still
+    waiting: a burst on one key (a backlog after an outage) ended in the dead-letter stream.
+    """
+    first: dict[tuple[str, str], int] = {}
+    for i, c in enumerate(candidates):
+        if is_keyed(c.mtype):
+            seen = first.get((c.subject, c.key))
+            if seen is None or (c.ts, i) < (candidates[seen].ts, seen):
+                first[(c.subject, c.key)] = i
+    now = set(first.values())
+    return [not is_keyed(c.mtype) or i in now for i, c in enumerate(candidates)]
+
+
 def record_sources(rivals: Iterable[Memory]) -> list[str]:
     """The events whose episodes a supersession of `rivals` may retire."""
     return list(dict.fromkeys(e for m in rivals for e in m.source_event_ids))

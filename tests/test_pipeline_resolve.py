@@ -420,3 +420,18 @@ def test_only_a_supersession_retires_records_and_only_wholly_its_own() -> None:
     contested = decide(cand("我住在上海", confidence=0.5, source=Source.inferred), [near(mem("我住在北京", uses=9))],
                        records=[episode])
     assert contested.action is Action.contest and episode.id not in {op.id for op in patches(contested)}
+
+
+def test_one_statement_per_key_is_decided_per_batch_the_earliest_first() -> None:
+    from pipeline.resolve import first_per_key
+
+    base = datetime(2026, 3, 1, tzinfo=UTC)
+
+    def c(key: str, minute: int, mtype: MType = MType.fact, subject: str = "u") -> Candidate:
+        return Candidate(subject=subject, mtype=mtype, dir=Dir.general, key=key, content=f"{key} {minute}",
+                         confidence=0.9, source=Source.explicit, source_event_ids=[f"{key}{minute}"],
+                         ts=base + timedelta(minutes=minute))
+
+    batch = [c("fact.a", 5), c("fact.a", 1), c("fact.b", 3), c("episode.x", 1, MType.episode),
+             c("episode.x", 2, MType.episode), c("fact.a", 2, subject="v")]
+    assert first_per_key(batch) == [False, True, True, True, True, True]

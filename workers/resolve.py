@@ -15,7 +15,7 @@ from pipeline import llm_judge
 from pipeline.ids import episode_id, is_keyed
 from pipeline.llm_judge import Verdict
 from pipeline.models import Candidate, Memory, Status
-from pipeline.resolve import Neighbour, decide, record_sources
+from pipeline.resolve import Neighbour, decide, first_per_key, record_sources
 from shared.llm import LLMUnavailable
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
@@ -35,14 +35,19 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 
 
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
+    now = first_per_key(candidates)
+    deciding = [c for c, go in zip(candidates, now, strict=True) if go]
     try:
-        vectors = ctx.embedder.encode([c.content for c in candidates])
+        vectors = iter(ctx.embedder.encode([c.content for c in deciding]))
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
     outcomes: list[Outcome] = []
-    for candidate, vector in zip(candidates, vectors, strict=True):
+    for candidate, go in zip(candidates, now, strict=True):
+        if not go:  # a later statement on a key decided in this batch: back of the queue, no retry spent
+            outcomes.append([Emit(ctx.keys.stream("resolve"), candidate)])
+            continue
         try:
-            outcomes.append(resolve_one(ctx, candidate, vector))
+            outcomes.append(resolve_one(ctx, candidate, next(vectors)))
         except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
             outcomes.append(exc)
     return outcomes

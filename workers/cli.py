@@ -7,7 +7,9 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,9 +23,10 @@ from scheduler.app import build_scheduler, next_fire_times
 from shared import dlq as dead
 from shared.client import MemoryClient
 from shared.connections import connect, require_url
-from shared.errors import MemflowError
+from shared.errors import InvalidInput, MemflowError
 from shared.keys import FIELD, STAGES, Keys
 from shared.settings import Settings, get_settings
+from shared.status import PipelineStatus, read_status
 from workers.process import QUERY, own_redis, run_stages, spawn_stage, stop_children, temporary_data_dir
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
@@ -309,38 +312,117 @@ def _redis_target() -> tuple[Any, Keys]:
     return connect(require_url(settings.redis_url)), Keys(settings.stream_prefix)
 
 
+def _known_stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise typer.BadParameter(f"{stage!r} is not one of {', '.join(STAGES)}")
+    return stage
+
+
+def _duration_ms(value: str) -> int:
+    try:
+        return dead.parse_duration_ms(value)
+    except InvalidInput as exc:
+        raise typer.BadParameter(exc.reason) from exc
+
+
+Stage = Annotated[str, typer.Argument(help=f"One of {', '.join(STAGES)}.", callback=_known_stage)]
+EntryIds = Annotated[list[str] | None, typer.Argument(help="Entry ids; with filters too, those of them that match.")]
+ErrorFilter = Annotated[str | None, typer.Option("--error", metavar="TEXT",
+                                                 help="Only entries whose reason contains TEXT (any case).")]
+SubjectFilter = Annotated[str | None, typer.Option("--subject", metavar="SUBJECT",
+                                                   help="Only entries whose payload is about SUBJECT.")]
+OlderThan = Annotated[int | None, typer.Option("--older-than", metavar="DURATION", parser=_duration_ms,
+                                               help="Only entries dead-lettered at least this long ago: 30s, 2h, 7d.")]
+NewerThan = Annotated[int | None, typer.Option("--newer-than", metavar="DURATION", parser=_duration_ms,
+                                               help="Only entries dead-lettered less than this long ago.")]
+Count = Annotated[int, typer.Option("--count", help="Show at most this many.")]
+
+
+def _letter_json(letter: dead.DeadLetter, now_ms: int) -> dict[str, Any]:
+    return {**letter.__dict__, "payload": letter.payload.decode(errors="replace"),
+            "age_s": (now_ms - dead.entry_ms(letter.id)) / 1000}
+
+
 @dlq_app.command("list")
-def dlq_list(stage: str, as_json: JsonFlag = False) -> None:
+def dlq_list(stage: Stage, error: ErrorFilter = None, subject: SubjectFilter = None, older_than: OlderThan = None,
+             newer_than: NewerThan = None, count: Count = 100, as_json: JsonFlag = False) -> None:
+    """Dead letters, oldest first: stage, id, age, attempts, subject, reason."""
     client, keys = _redis_target()
-    entries = dead.list_dead(client, keys, stage)
+    where = dead.Where(error, subject, older_than, newer_than)
+    entries, now_ms = dead.list_dead(client, keys, stage, count, where), dead.server_now_ms(client)
     if as_json:
-        _print_json([{**e.__dict__, "payload": e.payload.decode(errors="replace")} for e in entries])
+        _print_json([_letter_json(e, now_ms) for e in entries])
         return
     for e in entries:
-        typer.echo(f"{e.id}  attempts={e.attempts}  {e.error}")
-    typer.echo(f"{len(entries)} dead letter(s) in {keys.dlq(stage)}")
+        age = dead.format_duration(now_ms - dead.entry_ms(e.id))
+        typer.echo(f"{e.stage or stage}  {e.id}  {age}  attempts={e.attempts}  subject={e.subject or '-'}  {e.error}")
+    typer.echo(f"{len(entries)} shown of {client.xlen(keys.dlq(stage))} dead letter(s) in {keys.dlq(stage)}")
 
 
 @dlq_app.command("show")
-def dlq_show(stage: str, entry_id: str) -> None:
+def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subject: SubjectFilter = None,
+             older_than: OlderThan = None, newer_than: NewerThan = None, count: Count = 100) -> None:
+    """Dead letters in full, payload included: one JSON object each."""
     client, keys = _redis_target()
-    entry = dead.show(client, keys, stage, entry_id)
-    if entry is None:
-        raise typer.BadParameter(f"no dead letter {entry_id} in {keys.dlq(stage)}")
-    _print_json({**entry.__dict__, "payload": entry.payload.decode(errors="replace")})
+    where = dead.Where(error, subject, older_than, newer_than)
+    entries = list(islice(dead.select(client, keys, stage, ids or None, where), count))
+    if ids and not entries:
+        matching = "" if where.is_empty else " that matches the filters"
+        raise typer.BadParameter(f"no dead letter {' '.join(ids)} in {keys.dlq(stage)}{matching}")
+    now_ms = dead.server_now_ms(client)
+    for entry in entries:
+        _print_json(_letter_json(entry, now_ms))
 
 
 @dlq_app.command("replay")
-def dlq_replay(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
-    """Put dead letters (all, or the ids given) back on their stream."""
+def dlq_replay(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subject: SubjectFilter = None,
+               older_than: OlderThan = None, newer_than: NewerThan = None) -> None:
+    """Put dead letters back on their stream: the ids given and/or those matching the filters; else all.
+
+    An entry goes back once however often it is replayed: it leaves the DLQ as it goes.
+    """
     client, keys = _redis_target()
-    typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None)}")
+    where = dead.Where(error, subject, older_than, newer_than)
+    typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None, where)}")
 
 
 @dlq_app.command("drop")
-def dlq_drop(stage: str, ids: Annotated[list[str] | None, typer.Argument()] = None) -> None:
+def dlq_drop(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subject: SubjectFilter = None,
+             older_than: OlderThan = None, newer_than: NewerThan = None) -> None:
+    """Delete dead letters: the ids given and/or those matching the filters; else all."""
     client, keys = _redis_target()
-    typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None)}")
+    where = dead.Where(error, subject, older_than, newer_than)
+    typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None, where)}")
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+@app.command()
+def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SECONDS", min=0.0, help=(
+               "Measure read/s as what each group reads over SECONDS (waits that long) instead of "
+               "the last minute's arrivals already read."))] = None,
+           as_json: JsonFlag = False) -> None:
+    """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and
+    the live query workers."""
+    client, keys = _redis_target()
+    report = read_status(client, keys, sample)
+    if as_json:
+        _print_json(asdict(report))
+        return
+    _print_status(report)
+
+
+def _print_status(report: PipelineStatus) -> None:
+    typer.echo(f"{'stage':<8} {'length':>9} {'lag':>9} {'pending':>9} {'dlq':>9} {'read/s':>9}")
+    for s in report.stages:
+        rate = "-" if s.read_per_s is None else f"{s.read_per_s:.2f}"
+        typer.echo(f"{s.stage:<8} {s.length:>9} {s.lag:>9} {s.pending:>9} {s.dead:>9} {rate:>9}")
+    typer.echo(f"query queue {report.query_queue}, jobs queue {report.jobs_queue}, "
+               f"query workers {report.query_workers}")
+    measured = (f"read over {report.sample_s:g} s" if report.sample_s is not None
+                else "arrived in the last 60 s and read")
+    typer.echo(f"read/s: entries {measured}, per second")
 
 
 # -- traces ---------------------------------------------------------------------------

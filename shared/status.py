@@ -1,0 +1,141 @@
+"""What the pipeline is doing now: per stage how much waits, how much failed and how fast it reads;
+the RQ queues and the query workers serving them. Read-only: `memflow status` prints it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rq import Queue, Worker
+
+from shared.dlq import server_now_ms
+from shared.keys import STAGES, Keys
+from shared.streams import backlog
+
+WINDOW_MS = 60_000
+_COUNT_PAGE = 1_000
+
+# One page of a stream counted inside Redis: the count and the last id, never the payloads.
+_COUNT_ONE_PAGE = """
+local page = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+if #page == 0 then return {0, ''} end
+return {#page, page[#page][1]}
+"""
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    stage: str
+    length: int  # entries in the stage's input stream (work streams are never trimmed)
+    lag: int  # entries the group has not read yet
+    pending: int  # read but not acknowledged
+    dead: int  # entries in dlq:<stage>
+    read_per_s: float | None  # None: this Redis cannot tell (no entries-read before 7.0)
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    stages: list[StageStatus]
+    query_queue: int  # searches waiting for a query worker
+    jobs_queue: int  # maintenance jobs waiting for one
+    query_workers: int  # query workers alive now (their RQ heartbeat key has not expired)
+    # How read_per_s was measured: "window" (the last minute) or "sample" (over sample_s).
+    throughput: str
+    sample_s: float | None = None
+
+
+def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None) -> PipelineStatus:
+    """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits)."""
+    waiting = backlog(client, keys, STAGES)
+    lengths, dead = _stream_lengths(client, keys)
+    rates = sampled_rates(client, keys, sample_s) if sample_s else window_rates(client, keys)
+    stages = [StageStatus(s, lengths[s], *waiting[s], dead[s], rates[s]) for s in STAGES]
+    query, jobs = (Queue(name, connection=client) for name in (keys.query_queue, keys.jobs_queue))
+    return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
+                          "sample" if sample_s else "window", sample_s or None)
+
+
+def _stream_lengths(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int]]:
+    """(input stream length, DLQ length) per stage, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for stage in STAGES:
+        pipe.xlen(keys.input_of(stage))
+        pipe.xlen(keys.dlq(stage))
+    replies = pipe.execute()
+    return dict(zip(STAGES, replies[0::2], strict=True)), dict(zip(STAGES, replies[1::2], strict=True))
+
+
+# -- throughput ------------------------------------------------------------------------------
+#
+# Redis keeps no history of when a group read what, so a rate is either inferred from ids or
+# measured by waiting:
+# - window (the default, no wait): the entries that arrived in the last minute and that the group
+#   has already read, per second — an entry id carries its arrival time, and a group reads in id
+#   order, so these are the ids between now − 60 s and the group's last-delivered id. For a stage
+#   that keeps up this is its read rate over the last minute. A stage behind by more than a minute
+#   is reading older entries and shows less than it reads — its lag says so.
+# - sample (`sample_s`): XINFO GROUPS `entries-read` (Redis ≥ 7, exact on streams nothing deletes
+#   from, as work streams are) read twice, `sample_s` apart: what every group reads right now,
+#   behind or not, at the price of the wait.
+
+
+def window_rates(client: redis.Redis, keys: Keys) -> dict[str, float | None]:
+    start_id = f"{server_now_ms(client) - WINDOW_MS}-0"
+    rates: dict[str, float | None] = {}
+    for stage in STAGES:
+        group = _group(client, keys, stage)
+        last_id = _text(group["last-delivered-id"]) if group else "0-0"
+        rates[stage] = _count_between(client, keys.input_of(stage), start_id, last_id) * 1000 / WINDOW_MS
+    return rates
+
+
+def _count_between(client: redis.Redis, stream: str, first_id: str, last_id: str) -> int:
+    """Entries with ids in [first_id, last_id], counted a page at a time in Redis."""
+    count_page = client.register_script(_COUNT_ONE_PAGE)
+    total, start = 0, first_id
+    while True:
+        counted, last = count_page(keys=[stream], args=[start, last_id, _COUNT_PAGE])
+        total += int(counted)
+        if int(counted) < _COUNT_PAGE:
+            return total
+        start = "(" + _text(last)
+
+
+def sampled_rates(client: redis.Redis, keys: Keys, sample_s: float) -> dict[str, float | None]:
+    before, started = _entries_read(client, keys), time.monotonic()
+    time.sleep(sample_s)
+    after, elapsed_s = _entries_read(client, keys), time.monotonic() - started
+    return {stage: _rate(before[stage], after[stage], elapsed_s) for stage in STAGES}
+
+
+def _rate(before: int | None, after: int | None, elapsed_s: float) -> float | None:
+    return None if before is None or after is None else (after - before) / elapsed_s
+
+
+def _entries_read(client: redis.Redis, keys: Keys) -> dict[str, int | None]:
+    return {stage: _read_count(_group(client, keys, stage)) for stage in STAGES}
+
+
+def _read_count(group: dict[Any, Any] | None) -> int | None:
+    # A group that has read nothing (or does not exist yet) answers nil, not 0; a Redis before
+    # 7.0 has no count at all.
+    if group is None or _text(group["last-delivered-id"]) == "0-0":
+        return 0
+    value = group.get("entries-read")
+    return None if value is None else int(value)
+
+
+def _group(client: redis.Redis, keys: Keys, stage: str) -> dict[Any, Any] | None:
+    """The stage's consumer group as XINFO GROUPS describes it; None before it exists."""
+    try:
+        groups: Any = client.xinfo_groups(keys.input_of(stage))
+    except redis.ResponseError:  # no such key: nothing was ever written to the stream
+        return None
+    return next((g for g in groups if _text(g["name"]) == keys.group(stage)), None)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

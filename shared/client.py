@@ -9,6 +9,7 @@ never as an empty list an agent would read as "nothing remembered".
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,7 +21,17 @@ from rq import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchRequest, SearchResult
+from pipeline.models import (
+    SUBJECT_PATTERN,
+    ChatEvent,
+    Dir,
+    Kind,
+    MType,
+    PackedPrompt,
+    Role,
+    SearchRequest,
+    SearchResult,
+)
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.errors import InvalidInput, RpcError
@@ -95,16 +106,34 @@ class MemoryClient:
 
     def pack(self, subject: str, query: str, budget_tokens: int = 800, system_prompt: str = "", *,
              now: datetime | None = None) -> PackedPrompt:
+        check_subject(subject)
         raw = self._call("pack", subject, query, budget_tokens, system_prompt, _iso(now))
         return PackedPrompt.model_validate(raw)
 
     def forget(self, subject: str, memory_ids: Sequence[str] | None = None, *, contains: str | None = None) -> int:
+        check_subject(subject)
         return int(self._call("forget", subject, list(memory_ids) if memory_ids is not None else None, contains))
 
+    def forget_report(self, subject: str, memory_ids: Sequence[str] | None = None, *,
+                      contains: str | None = None) -> dict[str, Any]:
+        """Forget, and say which memories and how many Redis entries holding their words were removed."""
+        check_subject(subject)
+        ids = list(memory_ids) if memory_ids is not None else None
+        result: dict[str, Any] = self._call("forget_report", subject, ids, contains)
+        return result
+
+    def verify_forgotten(self, subject: str, memory_ids: Sequence[str]) -> dict[str, Any]:
+        """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them."""
+        check_subject(subject)
+        result: dict[str, Any] = self._call("verify_forgotten", subject, list(memory_ids))
+        return result
+
     def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None) -> int:
+        check_subject(subject)
         return int(self._call("feedback", subject, list(memory_ids), _iso(at)))
 
     def inspect(self, subject: str, *, now: datetime | None = None) -> dict[str, Any]:
+        check_subject(subject)
         result: dict[str, Any] = self._call("inspect", subject, _iso(now))
         return result
 
@@ -149,6 +178,13 @@ class MemoryClient:
         if result.type != Result.Type.SUCCESSFUL:
             raise RpcError(f"{name} failed in the query worker: {(result.exc_string or '').strip()[-500:]}")
         return result.return_value
+
+
+def check_subject(subject: str) -> None:
+    """Every call names one subject, and only a well-formed one: a wildcard or a separator never
+    reaches a key or a filter."""
+    if not isinstance(subject, str) or not re.fullmatch(SUBJECT_PATTERN, subject):
+        raise InvalidInput("subject", f"{subject!r} is not a subject id (1–128 of A-Z a-z 0-9 . _ : / -)")
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -39,15 +39,22 @@ class Keys:
         return f"{self.prefix}autoclaim:{stage}"
 
     def session_buffer(self, subject: str, session_id: str) -> str:
-        return f"{self.prefix}session:{subject}:{session_id}"
+        # \x1f (unit separator) can be in no subject: with ":" subject "a" + session "b:c" and subject
+        # "a:b" + session "c" shared one buffer, and one subject's turns were stored under the other.
+        return f"{self.prefix}session:{subject}\x1f{session_id}"
 
     def utilisation(self, subject: str) -> str:
         # Per-day counters of recalled and adopted memories (workers/ops.py).
         return f"{self.prefix}util:{subject}"
 
-    def llm_usage(self, subject: str) -> str:
-        # Per-day LLM counters: calls, tokens, fallbacks by reason, events, candidates (shared/llm.py).
-        return f"{self.prefix}llm:{subject}"
+    def llm_usage(self, subject: str | None) -> str:
+        # Per-day LLM counters: calls, tokens, fallbacks by reason, events, candidates (shared/llm.py);
+        # everyone's under a key no subject id can produce.
+        return f"{self.prefix}llm-all" if subject is None else f"{self.prefix}llm:{subject}"
+
+    def forgotten(self, subject: str) -> str:
+        # Receipts of forgotten memories: id → {events, sha256 of the content} (workers/forgetting.py).
+        return f"{self.prefix}forgotten:{subject}"
 
     def plan_cache(self, subject: str, query_key: str) -> str:
         return f"{self.prefix}plan:{subject}:{query_key}"

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 # Counters are kept this long (inspect sums the last 30 days).
 USAGE_KEEP_S = 40 * 24 * 3600
 USAGE_DAYS = 30
-GLOBAL = "*"
 
 
 class LLMUnavailable(MemflowError):
@@ -120,7 +119,7 @@ def count_usage(client: redis.Redis, keys: Keys, subject: str, amounts: dict[str
                 at: datetime | None = None) -> None:
     day = (at or datetime.now(UTC)).date().isoformat()
     pipe = client.pipeline(transaction=False)
-    for key in (keys.llm_usage(subject), keys.llm_usage(GLOBAL)):
+    for key in (keys.llm_usage(subject), keys.llm_usage(None)):
         for name, n in amounts.items():
             if n:
                 pipe.hincrby(key, f"{day}:{name}", n)
@@ -132,7 +131,7 @@ def usage(client: redis.Redis, keys: Keys, subject: str | None, now: datetime | 
           days: int = USAGE_DAYS) -> dict[str, Any]:
     """The LLM counters of `subject` (None: everyone) over the last `days` days, with cost per event
     and per candidate the LLM wrote."""
-    raw = client.hgetall(keys.llm_usage(subject or GLOBAL))
+    raw = client.hgetall(keys.llm_usage(subject))
     window = set(_days(now or datetime.now(UTC), days))
     totals: dict[str, int] = {}
     for field, value in raw.items():

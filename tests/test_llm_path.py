@@ -307,7 +307,7 @@ def test_with_no_llm_configured_nothing_is_asked_or_counted(system: System) -> N
     assert system.client.wait_idle(timeout_s=60)
     assert contents(system)["I prefer short answers with bullet points"]["extractor"] == "rules"
     assert system.client.inspect("ana")["llm"] is None
-    assert not system.ctx.client.keys(system.ctx.keys.llm_usage("*") + "*")
+    assert not system.ctx.client.keys(system.ctx.keys.prefix + "llm*")
 
 
 def _counting_concurrency() -> tuple[Script, list[int]]:

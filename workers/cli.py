@@ -164,6 +164,31 @@ def search(subject: str, query: str, k: int = 5, now: str | None = None, as_json
 
 
 @app.command()
+def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="Memory ids.")] = None,
+           contains: Annotated[str | None, typer.Option(help="Every memory whose content holds this.")] = None,
+           verify: Annotated[bool, typer.Option(help="Then prove it: no point left, no Redis entry naming it. "
+                                                     "With ids and nothing else to forget: prove an earlier forget.")]
+           = False, as_json: JsonFlag = False) -> None:
+    """Forget memories (by id, or by what they say) everywhere memflow kept their words."""
+    client = MemoryClient(_settings())
+    report = client.forget_report(subject, ids or None, contains=contains) if ids or contains else {"ids": []}
+    if verify:
+        report["verify"] = client.verify_forgotten(subject, report["ids"] or ids or [])
+    if as_json:
+        _print_json(report)
+    else:
+        if "count" in report:
+            typer.echo(f"forgot {report['count']} memor{'y' if report['count'] == 1 else 'ies'}; "
+                       f"words scrubbed from Redis: {report['scrubbed'] or 'none left'}")
+        if verify:
+            proof = report["verify"]
+            typer.echo(f"verified: {proof['verified']} — points in the store: {len(proof['in_store'])}, "
+                       f"Redis entries naming them: {proof['residue'] or 0}, without a receipt: {proof['unknown']}")
+    if verify and not report["verify"]["verified"]:
+        raise typer.Exit(1)
+
+
+@app.command()
 def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
             as_json: JsonFlag = False) -> None:
     """A subject's memories with state, tier, strength, uses and last change; utilisation; backlog."""

@@ -39,6 +39,7 @@ from pipeline.plan import is_ambiguous
 from pipeline.plan import plan as make_plan
 from pipeline.prompting import Refused
 from pipeline.score import Found, Lifecycle, Scored, flat_plan, fuse, fuse_found, rank, reweight, unscoped
+from shared.client import check_subject
 from shared.codec import decode, encode
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import STAGES
@@ -47,7 +48,7 @@ from shared.llm import usage as llm_usage
 from shared.settings import Settings
 from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
-from workers import jobs, ops
+from workers import forgetting, jobs, ops
 from workers.runtime import Context
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,7 @@ def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> lis
 
 def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: str | None) -> dict[str, Any]:
     """A prompt for `query`; packing counts as adoption of every memory it used."""
+    check_subject(subject)
     ctx = _ctx()
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
@@ -222,6 +224,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
 
 def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
+    check_subject(subject)
     ctx = _ctx()
     when = datetime.fromisoformat(at) if at else datetime.now(UTC)
     found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
@@ -233,17 +236,28 @@ def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
 
 
 def forget(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> int:
-    """Soft-delete (status deleted, announced on `changes`), then purge from the index.
+    return int(forget_report(subject, memory_ids, contains)["count"])
 
-    After it returns no search can return these memories: they are not in the index.
-    """
+
+def forget_report(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> dict[str, Any]:
+    """Soft-delete (status deleted, announced on `changes`), purge from the index, then scrub the words
+    from Redis (workers/forgetting.py). After it returns no search, pack or inspect can return these
+    memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
+    check_subject(subject)
     ctx = _ctx()
     targets = _forget_targets(ctx, subject, memory_ids, contains)
     now = datetime.now(UTC)
+    forgetting.keep_receipts(ctx, subject, targets)
     for memory in targets:
         ctx.set_fields(memory, {"status": Status.deleted.value}, action="forget", why="forget requested", at=now)
     ctx.store.delete([m.id for m in targets])
-    return len(targets)
+    scrubbed = forgetting.scrub(ctx, subject, targets)
+    return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
+
+
+def verify_forgotten(subject: str, memory_ids: list[str]) -> dict[str, Any]:
+    check_subject(subject)
+    return forgetting.verify(_ctx(), subject, memory_ids)
 
 
 def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
@@ -257,6 +271,7 @@ def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains:
 
 def inspect(subject: str, now: str | None = None) -> dict[str, Any]:
     """Each memory with its state, tier, strength now, uses and last change; utilisation; backlog."""
+    check_subject(subject)
     ctx = _ctx()
     when = jobs.now_or_clock(now)
     memories = ctx.store.get(MemoryFilter(subject))

@@ -1,0 +1,89 @@
+"""Provable forgetting: after `forget`, nothing returns the memory and no Redis place keeps its words."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.conftest import System, run_cli
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+SECRET_WORD = "heliotrope"
+
+
+def said(system: System, subject: str) -> None:
+    for i, text in enumerate([f"Remember: my locker code word is {SECRET_WORD}-42.",
+                              "I prefer short answers with bullet points."]):
+        system.client.publish({"event_id": f"{subject}-e{i}", "subject": subject, "session_id": "s1",
+                               "kind": "message", "role": "user", "text": text, "ts": T0 + timedelta(minutes=i)})
+    system.client.publish({"event_id": f"{subject}-end", "subject": subject, "session_id": "s1",
+                           "kind": "session_end", "ts": T0 + timedelta(minutes=5)})
+    assert system.client.wait_idle(timeout_s=60)
+
+
+def redis_values_naming(system: System, word: bytes) -> list[str]:
+    """Every key under this deployment's prefix whose value holds `word` (the search traces aside:
+    they keep the queries people typed, redacted, not memories)."""
+    r, keys = system.ctx.client, system.ctx.keys
+    found = []
+    for key in r.scan_iter(match=keys.prefix + "*"):
+        if key.decode() == keys.traces:
+            continue
+        kind = r.type(key).decode()
+        if kind == "stream":
+            blob = b"".join(v for _, fields in r.xrange(key) for v in fields.values())
+        elif kind == "hash":
+            blob = b"".join(r.hgetall(key).values())
+        elif kind == "string":
+            blob = r.get(key) or b""
+        else:
+            continue
+        if word in blob:
+            found.append(key.decode())
+    return found
+
+
+def test_forget_leaves_no_point_and_no_words_and_verify_proves_it(system: System,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    said(system, "fran")
+    said(system, "gus")  # another subject saying the same: must keep every word of it
+    before = [m["id"] for m in system.client.inspect("fran")["memories"] if SECRET_WORD in m["content"]]
+    assert len(before) >= 2  # the statement and the verbatim record of its turn
+    assert redis_values_naming(system, SECRET_WORD.encode())
+
+    report = system.client.forget_report("fran", contains=SECRET_WORD)
+    assert sorted(report["ids"]) == sorted(before) and report["scrubbed"]
+
+    now = T0 + timedelta(days=1)
+    found = system.client.search("fran", f"what is my locker code word {SECRET_WORD}?", k=20, now=now)
+    assert not {h.id for h in found.hits} & set(before)
+    assert all(SECRET_WORD not in h.content for h in found.hits)
+    packed = system.client.pack("fran", "locker code word", budget_tokens=800, now=now)
+    assert SECRET_WORD not in " ".join([*packed.preferences, *packed.rules, *packed.memories])
+    assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("fran")["memories"])
+    assert not [k for k in redis_values_naming(system, SECRET_WORD.encode()) if "fran" in k or "gus" not in k
+                and _fran_entries(system, k)]
+
+    proof = system.client.verify_forgotten("fran", before)
+    assert proof["verified"] and proof["in_store"] == [] and proof["residue"] == {}
+    # The other subject lost nothing.
+    assert any(SECRET_WORD in m["content"] for m in system.client.inspect("gus")["memories"])
+    out = run_cli(system, monkeypatch, "forget", "fran", *before, "--verify")
+    assert "verified: True" in out and "points in the store: 0" in out
+
+
+def _fran_entries(system: System, key: str) -> bool:
+    """Whether a shared stream still holds an entry of fran's naming the word."""
+    r = system.ctx.client
+    if r.type(key).decode() != "stream":
+        return False
+    return any(b"fran" in b"".join(f.values()) and SECRET_WORD.encode() in b"".join(f.values())
+               for _, f in r.xrange(key))
+
+
+def test_verify_fails_for_what_was_never_forgotten(system: System) -> None:
+    said(system, "hal")
+    kept = [m["id"] for m in system.client.inspect("hal")["memories"]][:1]
+    proof = system.client.verify_forgotten("hal", kept)
+    assert not proof["verified"] and proof["unknown"] == kept and proof["in_store"] == kept

@@ -1,0 +1,125 @@
+"""Provable forgetting: forget a memory everywhere memflow kept its words, and prove it.
+
+`forget` (workers/query.py) soft-deletes and purges the points from the index. The words also
+live on in Redis: in the session buffer of the turn, in the acknowledged entries of the work
+streams that carried it (events → extract → resolve → upsert), in dead letters and in the
+`changes` feed. `scrub` removes those, except entries still pending (a stage is working on
+them). A receipt per forgotten memory (its id, its source events, the SHA-256 of its content:
+never the content) is kept so that `verify` can prove, later and without the words, that the
+store holds no point for it and that no stream, buffer or feed still names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import orjson
+
+from pipeline.models import Memory
+from shared.keys import STAGES
+from shared.store import MemoryFilter
+from workers.runtime import Context
+
+PAGE = 1000
+_GLOB = re.compile(r"[*?\[\]\\]")
+
+
+def receipt(memory: Memory) -> dict[str, Any]:
+    return {"id": memory.id, "events": memory.source_event_ids,
+            "sha256": hashlib.sha256(memory.content.encode()).hexdigest()}
+
+
+def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory]) -> None:
+    mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
+    if mapping:
+        ctx.client.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+
+
+def scrub(ctx: Context, subject: str, memories: list[Memory]) -> dict[str, int]:
+    """Remove every trace of these memories' words from Redis; the count removed per place."""
+    marks = _marks([m.id for m in memories], {e for m in memories for e in m.source_event_ids})
+    removed = {"session_buffers": _scrub_buffers(ctx, subject, {e for m in memories for e in m.source_event_ids})}
+    for stream, pending in _streams(ctx):
+        removed[stream] = _scrub_stream(ctx, stream, marks, pending)
+    return {place: n for place, n in removed.items() if n}
+
+
+def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
+    """The proof: no point for these ids in the store (any status), and no Redis place naming them."""
+    raw = ctx.client.hmget(ctx.keys.forgotten(subject), memory_ids) if memory_ids else []
+    receipts = [orjson.loads(r) for r in raw if r]
+    unknown = sorted(set(memory_ids) - {r["id"] for r in receipts})
+    events = {e for r in receipts for e in r["events"]}
+    in_store = [m.id for m in ctx.store.get(MemoryFilter(subject, ids=memory_ids))] if memory_ids else []
+    marks = _marks(memory_ids, events)
+    residue = {stream: n for stream, _ in _streams(ctx) if (n := sum(1 for _ in _naming(ctx, stream, marks)))}
+    buffers = _buffered(ctx, subject, events)
+    if buffers:
+        residue["session_buffers"] = buffers
+    return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
+            "verified": not unknown and not in_store and not residue}
+
+
+def _marks(ids: Iterable[str], events: Iterable[str]) -> list[bytes]:
+    """How a payload names a memory or an event: as a JSON string."""
+    return [orjson.dumps(x) for x in (*ids, *events)]
+
+
+def _streams(ctx: Context) -> list[tuple[str, set[str]]]:
+    """Every stream that can hold a memory's words, with the entries still pending in it."""
+    work = [(ctx.keys.input_of(stage), _pending(ctx, stage)) for stage in STAGES]
+    return work + [(ctx.keys.dlq(stage), set()) for stage in STAGES] + [(ctx.keys.changes, set())]
+
+
+def _pending(ctx: Context, stage: str) -> set[str]:
+    stream = ctx.keys.input_of(stage)
+    if not ctx.client.exists(stream):
+        return set()
+    found = ctx.client.xpending_range(stream, ctx.keys.group(stage), min="-", max="+", count=1_000_000)
+    return {_text(p["message_id"]) for p in found}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _naming(ctx: Context, stream: str, marks: list[bytes]) -> Iterator[str]:
+    """The ids of the entries of `stream` whose payload names one of `marks` (paged XRANGE)."""
+    start = "-"
+    while True:
+        page: Any = ctx.client.xrange(stream, min=start, max="+", count=PAGE)
+        for entry_id, fields in page:
+            blob = b" ".join(v for v in fields.values() if isinstance(v, bytes))
+            if any(mark in blob for mark in marks):
+                yield entry_id.decode()
+        if len(page) < PAGE:
+            return
+        start = "(" + page[-1][0].decode()
+
+
+def _scrub_stream(ctx: Context, stream: str, marks: list[bytes], pending: set[str]) -> int:
+    doomed = [entry_id for entry_id in _naming(ctx, stream, marks) if entry_id not in pending]
+    return int(ctx.client.xdel(stream, *doomed)) if doomed else 0
+
+
+def _buffers(ctx: Context, subject: str) -> Iterator[str]:
+    # A subject may hold glob characters ("*", "[a]"): escaped, it matches only its own buffers.
+    pattern = _GLOB.sub(r"\\\g<0>", ctx.keys.session_buffer(subject, "")) + "*"  # ends in \x1f: no other subject
+    for key in ctx.client.scan_iter(match=pattern, count=PAGE):
+        yield key.decode() if isinstance(key, bytes) else key
+
+
+def _scrub_buffers(ctx: Context, subject: str, events: set[str]) -> int:
+    if not events:
+        return 0
+    return sum(int(ctx.client.hdel(key, *events)) for key in _buffers(ctx, subject))
+
+
+def _buffered(ctx: Context, subject: str, events: set[str]) -> int:
+    if not events:
+        return 0
+    return sum(sum(1 for e in events if ctx.client.hexists(key, e)) for key in _buffers(ctx, subject))
+

@@ -522,6 +522,14 @@ def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Pat
                              settings=_settings("WARNING"), variants=variants, jobs=jobs, llm_stub=llm_stub))
 
 
+@bench_app.command("load")
+def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = False) -> None:
+    """A burst from concurrent publishers: accepted and sustained rates, peak lag, drain time, RSS, losses."""
+    from bench.load import run_cli
+
+    raise typer.Exit(run_cli(events=events, publishers=publishers, as_json=as_json, settings=_settings("WARNING")))
+
+
 @bench_app.command("perf")
 def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",

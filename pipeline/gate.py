@@ -30,26 +30,77 @@ def _rx(*alternatives: str) -> re.Pattern[str]:
 
 
 # Instructions aimed at the agent, not facts about the user: never stored, whoever sends them.
+# Judged on the text folded by `_folded` (full-width letters, zero-width characters).
 INJECTION = _rx(
-    r"\b(?:ignore|disregard|forget|override)\b.{0,30}?\b(?:previous|prior|above|earlier|all|your|the)\b"
-    r".{0,30}?\b(?:instructions?|prompts?|rules|directions|guidelines)\b",
-    r"\byou are now (?:a|an|the|my|in|no longer|free|unrestricted)\b|\bfrom now on,? you are\b",
-    r"\bsystem prompt\b|\b(?:developer|jailbreak|dan) mode\b|\bact as (?:an? )?(?:admin|administrator|root)\b",
+    # "ignore all previous instructions"; not "ignore my previous directions to the venue".
+    r"\b(?:ignore|disregard|forget|override)\b.{0,30}?(?<!my )(?<!our )"
+    r"\b(?:previous|prior|above|earlier|all|your|the)\b.{0,30}?\b(?:instructions?|prompts?|rules|directions|guidelines)\b",
+    r"\b(?:ignore|disregard|forget)\b.{0,20}?\beverything\b.{0,10}?"
+    r"\b(?:you(?:'ve| have| were)? (?:been )?told|above)\b",
+    r"\byou are now (?:a|an|the|in|no longer|free|unrestricted)\b|\byou are no longer (?:bound|restricted|limited)\b"
+    r"|\bfrom now on,? you are\b(?! (?:allowed|welcome) to\b)",
+    r"\b(?:you(?:'re| are)|pretend|act as|ai|assistant|chatbot)\b.{0,40}?\b(?:no|without(?: any)?) "
+    r"(?:restrictions|limitations|limits|guardrails)\b|\bpretend (?:that )?(?:you are|you're)\b|(?-i:\bDAN\b)",
+    r"\b(?:new|updated|reveal|print|show|repeat|output|leak|override|replace|ignore) (?:me |us )?(?:your |the )?"
+    r"system prompt\b|\bsystem prompt\s*:|\b(?:jailbreak|dan|god) mode\b|\b(?:enter|activate) developer mode\b"
+    r"|\bdeveloper mode (?:is )?(?:now )?(?:enabled|activated|engaged)\b",
+    r"(?<!\bI )(?<!\bwe )\bact as (?:an? )?(?:admin|administrator|root)\b",
     r"\bremember (?:that )?the (?:admin|administrator|root) password\b|\b(?:admin|root) password (?:is|=)",
-    r"(?:忽略|无视|忘掉|忘记|不要理会|跳过)(?:掉)?(?:你)?(?:之前|以上|前面|上面|先前|此前|原来|原有)?的?"
-    r"(?:所有|全部|一切)?的?(?:指令|指示|提示词?|规则|设定|限制)",
-    r"你现在是(?!不是)|从现在(?:开始|起)[，,]?你(?:是|扮演)|系统提示词?|系统指令|管理员密码|越狱|开发者模式",
+    r"\b(?:as|I am|I'm) your (?:developer|creator|owner|master|admin|administrator|operator)\b",
+    r"\bask (?:the )?users? for (?:their |his |her )?(?:\w+ ){0,2}?(?:password|passcode|pin|cvv|credentials|card num)",
+    # Chat-template and markup smuggling: a "system" turn or a note to the model inside the text.
+    r"<\s*/?\s*(?:system|sys|instructions?)\s*>|<<\s*/?\s*SYS\s*>>|\[/?INST\]|<\|im_start\|>"
+    r"|\[\s*system\b[^\]]{0,20}\]|\bnote (?:to|for) (?:the )?(?:ai|assistant|model|llm|bot)\b"
+    r"|<!--.{0,40}?(?:\b(?:assistant|ai|model|system|llm|bot)\b|系统|助手|模型)",
+    r"(?:忽略|无视|忘掉|忘记|不要理会|别理会|不要管|别管|跳过|抛开)[^，。！？,.!?\n]{0,8}?"
+    r"(?:之前|以上|前面|上面|先前|此前|原来|原有|所有|全部|一切|你的)[^，。！？,.!?\n]{0,8}?"
+    r"(?:指令|指示|提示词?|规则|设定|限制|要求|约束)",
+    # "以上指令全部作废", "把之前的规则都忘了"; not "公司之前的规则都作废了吗".
+    r"(?:之前|以上|前面|上面|先前|此前|原来|原有)的?(?:所有|全部|一切)?的?(?:指令|指示|提示词?|设定|限制)"
+    r"[^，。！？\n]{0,4}?(?:作废|无效|失效|忘了|忘掉|不算数?|不再适用)"
+    r"|把(?:之前|以上|前面|上面|先前|此前|原来|原有)的?(?:所有|全部|一切)?的?规则[^，。！？\n]{0,3}?(?:忘|作废|清空)",
+    r"你现在是(?!不是|否|在|几|什么|哪|谁|怎么|多少|用|从)|从现在(?:开始|起)[，,]?你(?:是|扮演)|你的新(?:规则|身份|设定|指令|任务)",
+    r"(?:你是|你现在|你将|扮演|假装|成为)[^，,。！？\n]{0,12}?(?:没有|不受|无视|摆脱)(?:任何)?的?(?:道德|伦理|安全)?(?:限制|约束|规则|底线|审查)",
+    r"假装你是|(?:作为|我是)你的(?:开发者|开发人员|创造者|主人|管理员)",
+    r"(?:【|\[|<|「)\s*系统(?:提示词?|指令|消息|通知|设定)?\s*(?:】|\]|>|」)|系统(?:提示词?|指令|消息)\s*[:：]"
+    r"|(?:以下是|这是|新的?)系统(?:提示词?|指令|消息)|(?:输出|打印|显示|泄露|重复)(?:你的)?系统提示词?",
+    r"越狱(?:模式|版本?|指令)|开发者模式已?(?:开启|启动|激活|启用)了?[。！!.]|(?:进入|切换到)开发者模式",
+    r"(?:记住|记下|牢记|保存|存下)[^，。！？\n]{0,6}管理员密码|管理员密码\s*(?:是|为|=|:|：)",
+    r"向用户(?:索要|索取|询问|要)[^，。！？\n]{0,6}(?:密码|验证码|银行卡|卡号|身份证|口令)",
 )
+
+# A value given for a password or key: after a strong separator anything; after "is" not a
+# plain word ("the password is required"); after "to" or a bare space only with a digit in it
+# ("密码 88886666", "changed it to Maple!Leaf77", not "a password to log in").
+_PLAIN_WORD = (
+    r"(?!(?:a|an|the|not|too|very|so|now|still|also|just|only|being|been|required|stored|saved|kept|hashed"
+    r"|encrypted|expired|invalid|valid|wrong|incorrect|correct|missing|empty|weak|strong|long|short|same|different"
+    r"|changed|reset|set|sent|shared|hidden|case|in|on|at|for|of|to|from|with|by|what|how|where|managed|rotated"
+    r"|refreshed|generated|used|needed|optional|mandatory|secure|fine|ok|okay|good|bad|this|that|it|my|your|our"
+    r"|their|his|her|there|here)\b)(?!\d+\s*(?:characters|chars|digits|letters|位|个字符))"
+)
+_VALUE_AFTER = (
+    r"(?:\s*(?:=|:|：|是|为|(?:改|换|设置?|重置)(?:成|为)了?)\s*[:：]?\s*"
+    rf"|\s*(?:\bis\b|'s\b|\bwas\b)\s*[:：]?\s*{_PLAIN_WORD}"
+    r"|\s*(?:\b(?:changed|set|reset|updated)\s+)?\bto\s+(?=[\x21-\x7e]*\d)"
+    r"|\s+(?=[\x21-\x7e]{4})(?=[\x21-\x7e]*\d))"
+)
+# "for my debit card", "to the staging box": what the password or key is for (within the sentence).
+_FOR_WHAT = r"(?:\s+(?:for|of|to)\s+(?:(?:my|the|our|your)\s+)?[\w@-]+(?:\.[\w@-]+)*(?:\s+[\w@-]+(?:\.[\w@-]+)*)?)?"
 
 # Secrets, in the order they are replaced: specific formats first, so a key inside a
 # "password: …" phrase is named for what it is. `secret` groups mark the part replaced.
 SECRETS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private_key", _rx(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")),
+    # A key pasted whole, or cut off before its END line (then its base64 lines go).
+    ("private_key", _rx(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
+                        r"|(?:\s*[A-Za-z0-9+/=]{16,})*)")),
     (
         "api_key",
         re.compile(
-            r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}|\bAKIA[0-9A-Z]{16}\b|\bgh[pousr]_[A-Za-z0-9]{20,}"
-            r"|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abprs]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_\-]{35}"
+            r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}|\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|\bAKIA[0-9A-Z]{16}\b"
+            r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bglpat-[A-Za-z0-9_\-]{20,}"
+            r"|\bhf_[A-Za-z0-9]{30,}|\bnpm_[A-Za-z0-9]{36}\b|\bxox[abprs]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_\-]{35}"
+            r"|\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}|\bLTAI[0-9A-Za-z]{12,30}\b|\bAKID[0-9A-Za-z]{13,40}\b"
         ),
     ),
     (
@@ -59,33 +110,70 @@ SECRETS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
         ),
     ),
+    # Credentials inside a connection URL: postgres://user:PASSWORD@host.
+    ("password", re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:(?P<secret>[^\s@/]+)@")),
     (
         "password",
         _rx(
-            r"(?:密码|口令|\b(?:password|passwd|pwd|passcode|pin)\b)(?:\s*(?:for|of)\s+[\w.@-]+)?"
-            r"\s*(?:是|为|=|:|：|\bis\b)\s*(?P<secret>[\x21-\x7e]+)"
+            rf"(?:密码|口令|\b(?:password|passwd|pwd|passcode)\b){_FOR_WHAT}{_VALUE_AFTER}"
+            r"(?P<secret>[\x21-\x7e]+)"
         ),
     ),
+    # A PIN is digits: "a pin on your purse. Is Spider-Man…" is no PIN.
+    ("password", _rx(rf"\bpin(?: code| number)?\b{_FOR_WHAT}{_VALUE_AFTER}(?P<secret>\d{{4,8}})(?!\d)")),
     (
         "api_key",
         _rx(
             r"(?:\b(?:api[_ -]?key|(?:aws[_ -])?secret(?:[_ -]?access)?(?:[_ -]?key)?|private[_ -]?key"
-            r"|access[_ -]?token|auth[_ -]?token|token)\b"
-            r"|密钥|秘钥|令牌)\s*(?:是|为|=|:|：|\bis\b)\s*(?P<secret>[\x21-\x7e]{6,})"
+            r"|(?:client|app)[_ -]?secret|secret[_ -]?id|access[_ -]?token|auth[_ -]?token|token)\b"
+            rf"|密钥|秘钥|令牌){_FOR_WHAT}{_VALUE_AFTER}"
+            # A key has a digit in it or is long: "the secret is patience" is advice.
+            r"(?P<secret>(?=[\x21-\x7e]*\d)[\x21-\x7e]{6,}|[\x21-\x7e]{20,})"
         ),
     ),
-    # Chinese resident ID: region, birth date, sequence, check digit (may be X).
+    (
+        "otp",
+        _rx(
+            r"(?:验证码|校验码|动态码|\b(?:verification|security|one[- ]time|2fa|otp|sms) (?:pass)?code|\botp\b)"
+            r"(?:\s+(?:is|was))?\s*(?:是|为|:|：)?\s*(?P<secret>\d{4,8})(?!\d)"
+        ),
+    ),
+    # Chinese resident ID: region, birth date, sequence, check digit (may be X); may be grouped 6-8-4.
     (
         "id_card",
         re.compile(
-            r"(?<!\d)[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}"
+            r"(?<!\d)[1-9]\d{5}([ -]?)(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\1\d{3}"
             r"[\dXx](?![\dA-Za-z])"
         ),
     ),
-    # Bank cards: 16–19 digits, optionally grouped. No Luhn check on purpose: a mistyped
-    # card number is still somebody's card number.
-    ("bank_card", re.compile(r"(?<!\d)(?:\d[ -]?){15,18}\d(?!\d)")),
+    # US social security number, and passport or licence numbers named as such.
+    ("ssn", re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}([- ])(?!00)\d{2}\1(?!0000)\d{4}(?![\d-])")),
+    (
+        "passport",
+        _rx(
+            r"(?:\b(?:passport|driver'?s? licen[cs]e)\b(?:\s*(?:number|no\.?|#))?|护照|驾驶证)(?:号码?)?"
+            r"\s*(?:是|为|=|:|：|\bis\b)?\s*(?P<secret>[A-Za-z]{0,2}\d{6,12})(?![\dA-Za-z])"
+        ),
+    ),
+    # Bank cards: 15–19 digits, whole or grouped as printed (4-4-4-4[-3], Amex 4-6-5). No Luhn
+    # check on purpose: a mistyped card number is still somebody's card number. Order, tracking
+    # and invoice numbers are named as such and left alone (see `_REFERENCE`).
+    (
+        "bank_card",
+        re.compile(
+            r"(?<!\d)(?<!\d[ -])(?:\d{15,19}|\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{5})"
+            r"(?![ -]?\d)"
+        ),
+    ),
+    ("card_code", _rx(r"(?:\b(?:cvv2?|cvc2?)\b|安全码)\s*(?:is|是|为|:|：)?\s*(?P<secret>\d{3,4})(?!\d)")),
 )
+# The words that make a long number an order, tracking or invoice number, right before it.
+_REFERENCE = _rx(
+    r"(?:订单|单号|流水|工单|运单|快递|发票|学号|工号|编号|order|tracking|invoice|ticket|transaction|reference|ref"
+    r"|booking|confirmation)"
+    r"\s*(?:号码?|编号|no\.?|number|num|id|#)?(?:\s+is)?\s*[:：#]?\s*$"
+)
+_UNLESS_AFTER = {"bank_card": _REFERENCE}
 
 # Personal but not secret: kept in memories (the user may want their email remembered),
 # removed from traces (DESIGN §4.5).
@@ -94,7 +182,8 @@ CONTACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "phone",
         re.compile(
-            r"(?<!\d)(?:\+?86[ -]?)?1[3-9]\d{9}(?!\d)|\+\d{1,3}[ -]?\(?\d{1,4}\)?(?:[ -]?\d{2,4}){2,4}"
+            r"(?<!\d)(?:\+?86[ -]?)?1[3-9]\d(?:\d{8}|([ -])\d{4}\1\d{4})(?!\d)"
+            r"|\+\d{1,3}[ -]?\(?\d{1,4}\)?(?:[ -]?\d{2,4}){2,4}"
             r"|(?<!\d)\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?!\d)"
         ),
     ),
@@ -121,7 +210,7 @@ def gate(text: str, role: Role) -> GateVerdict:
     """Whether a message may become memory, and its text with secrets replaced."""
     if not _meaningful(text):
         return _drop(text, "empty" if not text.strip() else "filler")
-    if INJECTION.search(text):
+    if INJECTION.search(_folded(text)):
         return _drop(redact(text), "injection")
     if _is_filler(text):
         return _drop(text, "filler")
@@ -150,18 +239,26 @@ def _role_flags(role: Role) -> tuple[str, ...]:
 def _redact(text: str, table: tuple[tuple[str, re.Pattern[str]], ...]) -> tuple[str, list[str]]:
     kinds: list[str] = []
     for kind, pattern in table:
-        text, count = pattern.subn(partial(_placeholder, kind=kind), text)
-        if count and kind not in kinds:
-            kinds.append(kind)
+        text = pattern.sub(partial(_placeholder, kind=kind, found=kinds), text)
     return text, kinds
 
 
-def _placeholder(m: re.Match[str], kind: str) -> str:
+def _placeholder(m: re.Match[str], kind: str, found: list[str]) -> str:
+    unless = _UNLESS_AFTER.get(kind)
+    if unless is not None and unless.search(m.string, max(0, m.start() - 24), m.start()):
+        return m.group(0)
+    if kind not in found:
+        found.append(kind)
     if m.re.groupindex.get("secret") is None or m.group("secret") is None:
         return f"[REDACTED:{kind}]"
     start, end = m.span("secret")
     whole = m.group(0)
     return whole[: start - m.start()] + f"[REDACTED:{kind}]" + whole[end - m.start() :]
+
+
+def _folded(text: str) -> str:
+    """Full-width letters made plain ("ｉｇｎｏｒｅ") and zero-width characters taken out of words."""
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
 
 
 def _meaningful(text: str) -> bool:

@@ -56,6 +56,10 @@ class Keys:
         # Receipts of forgotten memories: id → {events, sha256 of the content} (workers/forgetting.py).
         return f"{self.prefix}forgotten:{subject}"
 
+    def forgotten_events(self, subject: str) -> str:
+        # The events forgotten memories were read from: nothing is written from them again.
+        return f"{self.prefix}forgotten-events:{subject}"
+
     def plan_cache(self, subject: str, query_key: str) -> str:
         return f"{self.prefix}plan:{subject}:{query_key}"
 

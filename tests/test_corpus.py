@@ -184,8 +184,6 @@ def test_no_secret_or_injection_survives_the_pipeline(system: System, caplog: py
     assert len(wrong) <= MAX_GATE_FALSE_POSITIVES
 
 
-@pytest.mark.xfail(strict=True, reason="RQ logs each job's description, and so the search query, at INFO (the query "
-                   "worker's default level); workers/query.build_worker should pass log_job_description=False")
 def test_the_query_worker_logs_no_search_query(system: System, caplog: pytest.LogCaptureFixture) -> None:
     system.client.search("probe", "warm up")  # the worker has set its own log level by now
     caplog.set_level(logging.DEBUG)

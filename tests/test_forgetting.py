@@ -87,3 +87,20 @@ def test_verify_fails_for_what_was_never_forgotten(system: System) -> None:
     kept = [m["id"] for m in system.client.inspect("hal")["memories"]][:1]
     proof = system.client.verify_forgotten("hal", kept)
     assert not proof["verified"] and proof["unknown"] == kept and proof["in_store"] == kept
+
+
+def test_words_forgotten_while_in_flight_are_never_written_back(system: System) -> None:
+    """A session's end still being read when one of its memories is forgotten: not written back."""
+    said(system, "ida")
+    forgotten = system.client.forget_report("ida", contains=SECRET_WORD)["ids"]
+    assert forgotten
+    # The same session end delivered again (a redelivery after a crash, or a task still queued).
+    system.client.publish({"event_id": "ida-e0", "subject": "ida", "session_id": "s2", "kind": "message",
+                           "role": "user", "text": f"Remember: my locker code word is {SECRET_WORD}-42.",
+                           "ts": T0 + timedelta(minutes=10)})
+    system.client.publish({"event_id": "ida-end2", "subject": "ida", "session_id": "s2", "kind": "session_end",
+                           "ts": T0 + timedelta(minutes=15)})
+    assert system.client.wait_idle(timeout_s=60)
+    assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("ida")["memories"])
+    # No point came back (the stream now holds the words again: they were published again).
+    assert system.client.verify_forgotten("ida", forgotten)["in_store"] == []

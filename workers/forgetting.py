@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
 
-from pipeline.models import Memory
+from pipeline.models import Candidate, Memory
 from shared.keys import STAGES
 from shared.store import MemoryFilter
 from workers.runtime import Context
@@ -33,9 +33,24 @@ def receipt(memory: Memory) -> dict[str, Any]:
 
 
 def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory]) -> None:
+    """A receipt per memory, and its source events marked forgotten: a task still in flight that
+    carries them (a session's end being extracted) must not write the memory back."""
+    memories = list(memories)
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
+    events = {e for m in memories for e in m.source_event_ids}
     if mapping:
-        ctx.client.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+        pipe = ctx.client.pipeline(transaction=True)
+        pipe.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+        pipe.sadd(ctx.keys.forgotten_events(subject), *events)
+        pipe.execute()
+
+
+def unforgotten(ctx: Context, candidates: Sequence[Candidate]) -> list[bool]:
+    """For each candidate, whether it may be written: False when every event it was read from was forgotten."""
+    pipe = ctx.client.pipeline(transaction=False)
+    for c in candidates:
+        pipe.smismember(ctx.keys.forgotten_events(c.subject), c.source_event_ids)
+    return [not all(flags) for flags in pipe.execute()]
 
 
 def scrub(ctx: Context, subject: str, memories: list[Memory]) -> dict[str, int]:

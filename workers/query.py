@@ -343,4 +343,6 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
     queues = [Queue(name, connection=ctx.client, serializer=JSONSerializer)
               for name in (ctx.keys.query_queue, ctx.keys.jobs_queue)]
     # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
-    return QueryWorker(queues, connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop)
+    # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
+    return QueryWorker(queues, connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop,
+                       log_job_description=False)

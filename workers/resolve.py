@@ -19,6 +19,7 @@ from pipeline.resolve import Neighbour, decide, first_per_key, record_sources
 from shared.llm import LLMUnavailable
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
+from workers import forgetting
 from workers.runtime import Context
 
 # What a newcomer is compared with: history (superseded, archived, deleted) is not.
@@ -35,6 +36,11 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 
 
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
+    allowed = forgetting.unforgotten(ctx, candidates)
+    if not all(allowed):  # read from words forgotten while they were in flight: dropped, never written back
+        kept = [c for c, ok in zip(candidates, allowed, strict=True) if ok]
+        decided = iter(handle(ctx, kept) if kept else [])
+        return [next(decided) if ok else [] for ok in allowed]
     now = first_per_key(candidates)
     deciding = [c for c, go in zip(candidates, now, strict=True) if go]
     try:

@@ -270,3 +270,21 @@ def test_open_store_without_a_url_is_an_edge_shard(tmp_path: Path) -> None:
         assert (tmp_path / "qdrant" / "c1" / "edge_config.json").exists()
     finally:
         opened.close()
+
+
+def test_resolve_sees_every_version_of_a_key_beyond_the_top_k(store: Store) -> None:
+    """With more versions of a key than a top-k query returns, the live one and the highest version
+    are still among the neighbours (the kill storm's 600 updates of one key found two active memories)."""
+    from pipeline.models import Candidate
+    from workers.resolve import NEIGHBOURS, find_neighbours
+
+    n = NEIGHBOURS + 5
+    versions = [memory(content=f"locker is {v}", key="fact.locker", mtype=MType.fact, version=v,
+                       status=Status.active if v == 1 else Status.superseded) for v in range(1, n + 1)]
+    # The live version is the one least like the newcomer: a top-k query leaves it out.
+    store.put(versions, [blend(0.1 if v.status is Status.active else 0.9) for v in versions])
+    newcomer = Candidate(subject="alice", mtype=MType.fact, dir=Dir.preferences, key="fact.locker",
+                         content="locker is 99", confidence=0.9, source=Source.explicit, source_event_ids=["e99"],
+                         ts=T0 + timedelta(days=1))
+    found = find_neighbours(store, newcomer, axis(0), threshold=0.7)
+    assert {n.memory.version for n in found if n.memory.key == "fact.locker"} == set(range(1, n + 1))

@@ -96,12 +96,17 @@ def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, 
 
 
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:
-    # Every version of the key, history included: decide() numbers the next version from them.
+    # Every version of the key, history included: decide() numbers the next version from them and
+    # must see every live one. A top-k query missed both once a key had more than k versions (two
+    # active memories on one key, an old version's id reused: the kill storm's 600 updates per key).
     same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key]),
                            mode="dense", dense=vector, limit=NEIGHBOURS)
+    every = store.get(MemoryFilter(candidate.subject, keys=[candidate.key])) if len(same_key) >= NEIGHBOURS else []
     near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY),
                        mode="dense", dense=vector, limit=NEIGHBOURS)
     found = {s.memory.id: Neighbour(s.memory, s.score) for s in same_key}
+    for m in every:  # beyond the top k: no similarity needed to rival or to number the next version
+        found.setdefault(m.id, Neighbour(m, 0.0))
     for s in near:
         if s.score >= threshold:
             found.setdefault(s.memory.id, Neighbour(s.memory, s.score))

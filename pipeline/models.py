@@ -7,6 +7,7 @@ newer schema fails loudly instead of being half-read.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -17,8 +18,83 @@ SCHEMA_VERSION = 1
 DEFAULT_MAX_TEXT_BYTES = 32 * 1024
 SUBJECT_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
 
+# How deep an event's meta may nest: far more than any agent needs, far less than the
+# encoders' own limits (orjson refuses 255 levels, pydantic's serialiser fewer).
+MAX_META_DEPTH = 32
+# The meta entries the trigger stage copies into typed fields: each is a string or absent.
+META_TEXT_KEYS = ("speaker", "external_ref", "outcome")
+# When something said can have been said: far enough inside datetime's years 1-9999 that the
+# pipeline's date arithmetic on it ("next year", an expiry, a decay) cannot overflow.
+EVENT_YEARS = range(1900, 3000)
+
 Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
 Extractor = Literal["rules", "llm"]
+
+
+def aware(ts: datetime | None) -> datetime | None:
+    """A timestamp on the wire names its offset: a naive one would be read as local time by one
+    stage and fail to compare with an aware one in the next (a crash, or a wrong expiry)."""
+    if ts is not None and ts.utcoffset() is None:
+        raise ValueError("a timestamp must be timezone-aware (e.g. 2026-01-05T09:00:00+00:00)")
+    return ts
+
+
+def event_time(ts: datetime) -> datetime:
+    """The time of an event: aware, and in EVENT_YEARS."""
+    aware(ts)
+    if ts.year not in EVENT_YEARS:
+        raise ValueError(f"a timestamp must fall in the years {EVENT_YEARS.start} to {EVENT_YEARS.stop - 1}")
+    return ts
+
+
+def encodable(text: str | None) -> str | None:
+    """Text that can be written as UTF-8 (a lone surrogate such as "\\ud800" cannot)."""
+    if text is not None and (problem := _not_utf8(text)):
+        raise ValueError(problem)
+    return text
+
+
+def _not_utf8(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid UTF-8: a lone surrogate at position {exc.start}"
+    return None
+
+
+def json_problem(value: Any, where: str, max_depth: int) -> str | None:
+    """What keeps `value` from being plain JSON nested at most `max_depth` deep, or None.
+
+    Walked without recursion: the value may be nested deeper than Python's stack."""
+    todo = [(where, value, 0)]
+    while todo:
+        path, item, depth = todo.pop()
+        if isinstance(item, (dict, list)) and depth >= max_depth:
+            return f"{path}: nested more than {max_depth} levels deep"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str) or _not_utf8(key):
+                    return f"{path}: the key {key!r:.40} is not a UTF-8 string"
+                todo.append((f"{path}.{key:.40}", child, depth + 1))
+        elif isinstance(item, list):
+            todo.extend((f"{path}.{i}", child, depth + 1) for i, child in enumerate(item))
+        elif problem := _scalar_problem(item):
+            return f"{path}: {problem}"
+    return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if item is None or isinstance(item, bool):
+        return None
+    if isinstance(item, int):  # what orjson writes: signed or unsigned 64 bits
+        return None if -(2**63) <= item < 2**64 else "an integer wider than 64 bits"
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f"{item} is not a JSON number"
+    if isinstance(item, str):
+        return _not_utf8(item)
+    return f"a {type(item).__name__} is not a JSON value"
 
 
 class Wire(BaseModel):
@@ -119,12 +195,8 @@ class ChatEvent(Wire):
     ts: datetime
     meta: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("ts")
-    @classmethod
-    def _aware(cls, ts: datetime) -> datetime:
-        if ts.tzinfo is None or ts.utcoffset() is None:
-            raise ValueError("ts must be timezone-aware (e.g. 2026-01-05T09:00:00+00:00)")
-        return ts
+    _event_time = field_validator("ts")(event_time)
+    _encodable = field_validator("agent_id", "text")(encodable)
 
     @field_validator("text")
     @classmethod
@@ -134,6 +206,19 @@ class ChatEvent(Wire):
         if size > limit:
             raise ValueError(f"text is {size} bytes, over the limit of {limit}; split it, it is never truncated")
         return text
+
+    @field_validator("meta")
+    @classmethod
+    def _json_meta(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        # Checked here, not when the event is written: what passes validation must reach the
+        # pipeline as it is (orjson cannot write NaN, bytes or 2**70, and writes a set as a list).
+        problem = json_problem(meta, "meta", MAX_META_DEPTH)
+        if problem is not None:
+            raise ValueError(problem)
+        for key in META_TEXT_KEYS:
+            if not isinstance(meta.get(key), str | None):
+                raise ValueError(f"meta.{key} must be a string")
+        return meta
 
     @model_validator(mode="after")
     def _message_shape(self) -> ChatEvent:
@@ -150,6 +235,8 @@ class Turn(Wire):
     text: str
     ts: datetime
     speaker: str | None = None
+
+    _event_time = field_validator("ts")(event_time)
 
 
 class TriggerReason(str, Enum):
@@ -170,6 +257,8 @@ class ExtractTask(Wire):
     ts: datetime
     outcome: str | None = None
     external_ref: str | None = None
+
+    _event_time = field_validator("ts")(event_time)
 
 
 # ---------------------------------------------------------------------------
@@ -203,6 +292,9 @@ class Candidate(Wire):
     # Who read it from the text: the rules, or an LLM (pipeline/llm_extract.py).
     extractor: Extractor = "rules"
 
+    _event_time = field_validator("ts")(event_time)
+    _aware = field_validator("expires_at")(aware)
+
 
 class Revision(Wire):
     """One change to a stored point: when, why, and the values it replaced (its history)."""
@@ -211,6 +303,8 @@ class Revision(Wire):
     at: datetime
     why: str
     before: dict[str, Any] = Field(default_factory=dict)
+
+    _aware = field_validator("at")(aware)
 
 
 class Memory(Wire):
@@ -265,6 +359,17 @@ class Memory(Wire):
     revisions: list[Revision] = Field(default_factory=list)
     extractor: Extractor = "rules"
 
+    _aware = field_validator("created_at", "updated_at", "last_accessed_at", "strength_at", "expires_at",
+                             "valid_from", "valid_to")(aware)
+
+    @field_validator("strength")
+    @classmethod
+    def _finite(cls, strength: float) -> float:
+        # "NaN" reads as a float; a NaN strength would rank every search it takes part in at random.
+        if not math.isfinite(strength):
+            raise ValueError("strength must be a finite number")
+        return strength
+
 
 class PutOp(Wire):
     """Write a new point. Its id is deterministic, so writing it twice is one point."""
@@ -312,6 +417,14 @@ class WriteBatch(Wire):
     # The embedding of the candidate's content, for the PutOp (computed once in resolve).
     vector: list[float] | None = None
 
+    @field_validator("vector")
+    @classmethod
+    def _finite(cls, vector: list[float] | None) -> list[float] | None:
+        # "NaN" and "Infinity" read as floats; the store would index them and every cosine with them is NaN.
+        if vector is not None and not all(map(math.isfinite, vector)):
+            raise ValueError("vector must hold finite numbers only")
+        return vector
+
 
 class Change(Wire):
     """An entry of the `changes` feed: who, what, before → after, why."""
@@ -324,6 +437,8 @@ class Change(Wire):
     after: dict[str, Any] | None = None
     at: datetime
     source_event_ids: list[str] = Field(default_factory=list)
+
+    _aware = field_validator("at")(aware)
 
 
 # ---------------------------------------------------------------------------

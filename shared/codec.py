@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 import orjson
@@ -12,6 +13,13 @@ from shared.errors import DecodeError
 
 M = TypeVar("M", bound=BaseModel)
 
+# No message of ours nests deeper than a dozen levels (an event's meta at most 32, MAX_META_DEPTH).
+# The limit is checked before parsing: orjson parses nesting by recursion on the thread's stack,
+# and 200,000 levels (a 400 kB entry) kill the process, every stage of it, with a segfault.
+MAX_JSON_DEPTH = 64
+# A JSON string (its brackets are text) or a bracket.
+_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
 
 def encode(model: BaseModel) -> bytes:
     return orjson.dumps({"v": SCHEMA_VERSION, **model.model_dump(mode="json")})
@@ -19,6 +27,8 @@ def encode(model: BaseModel) -> bytes:
 
 def json_object(raw: bytes | str) -> dict[str, Any]:
     """One JSON object, or DecodeError saying what it is instead."""
+    if nested_deeper(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw, MAX_JSON_DEPTH):
+        raise DecodeError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -26,6 +36,22 @@ def json_object(raw: bytes | str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DecodeError(f"expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def nested_deeper(raw: bytes, limit: int) -> bool:
+    """Whether the arrays and objects in `raw` nest more than `limit` deep (read as JSON would be)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False
 
 
 def decode(raw: bytes | str | None, model: type[M], context: dict[str, Any] | None = None) -> M:

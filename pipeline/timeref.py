@@ -111,7 +111,10 @@ def find_time(text: str, ts: datetime) -> TimeRef | None:
         return None
     for pattern, resolve in _RULES:
         m = pattern.search(text)
-        ref = resolve(m, ts) if m else None
+        try:
+            ref = resolve(m, ts) if m else None
+        except (OverflowError, ValueError):  # "5000 years ago", "in 99999 days": past the calendar, no date
+            ref = None
         if ref is not None:
             return _with_clock(ref, text)
     return None

@@ -246,7 +246,7 @@ class StreamConsumer(Generic[M]):
         todo, rounds = decoded, 0
         while todo:
             retry = []
-            for pair, outcome in zip(todo, self.handler([item for _, item in todo]), strict=True):
+            for pair, outcome in zip(todo, self._outcomes([item for _, item in todo]), strict=True):
                 if not isinstance(outcome, BaseException):
                     done.append((pair[0], outcome))
                 elif isinstance(outcome, Retryable) and not self._stop.is_set():
@@ -259,6 +259,15 @@ class StreamConsumer(Generic[M]):
                 self._stop.wait(backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
             todo = retry
         return done, failed
+
+    def _outcomes(self, items: list[M]) -> Sequence[Outcome]:
+        """The handler's outcome per item; an exception from the batch as a whole is every item's
+        (retried, then dead-lettered with its reason), never the end of the stage's thread."""
+        try:
+            return self.handler(items)
+        except Exception as exc:  # noqa: BLE001 - a batch handler's bug must not stop the stream
+            log.exception("stage %s: the batch handler failed as a whole", self.stage)
+            return [exc for _ in items]
 
     def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:
         """Dead-letter a permanent failure; keep the error of a retryable one and leave it pending."""

@@ -15,8 +15,8 @@
   thread alive; and an event published after them is still remembered.
 - What the client accepts, the stages take: events at the first and last moments allowed, texts
   of exactly the limit and meta as deep as allowed pass every stage with no dead letter. Two
-  known defects outside this module's reach are strict xfails (time references past the
-  calendar; a vector of another dimension).
+  two defects found outside this module (time references past the calendar; a vector of
+  another dimension) are fixed, and their tests guard them.
 
 A crash is another exception type from the client, a bad entry that is not dead-lettered at its
 first delivery (processed, left pending, or given up on after retries), an accepted event that
@@ -449,9 +449,6 @@ def test_events_at_the_edges_of_what_the_client_accepts_pass_every_stage(system:
         assert any("green tea" in hit.content for hit in found.hits), (at, found)
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/timeref.py: a count of days or years past the calendar ('5000 years "
-                   "ago', 'in 99999 years') raises OverflowError in extract, so the message (a whole session at "
-                   "session_end) is retried five times and dead-lettered; timeref should find no time in it instead")
 def test_a_time_reference_past_the_calendar_does_not_fail_extraction(system: System) -> None:
     texts = ["I met her 5000 years ago.", "My lease ends in 99999 years.", "我10000年后回来", "Back in 10000000000000000000 days."]
     for n, text in enumerate(texts):
@@ -464,10 +461,6 @@ def test_a_time_reference_past_the_calendar_does_not_fail_extraction(system: Sys
     assert dead_letters(system, "extract") == {}
 
 
-@pytest.mark.xfail(strict=True, reason="a write batch whose vector has another dimension than the store's decodes "
-                   "and fails in the store on every delivery (RuntimeError), dead-lettered only after five; refusing "
-                   "it at once needs the model's dimension at decoding (workers/runtime.py decode_context) or a "
-                   "Permanent error from workers/upsert.py")
 def test_a_vector_of_another_dimension_is_dead_lettered_at_once(system: System) -> None:
     raw = wire(with_change(BATCH, ("vector",), [0.1] * 3))
     entry_id = system.ctx.client.xadd(system.ctx.keys.input_of("upsert"), {FIELD: raw}).decode()

@@ -26,6 +26,9 @@ def build(ctx: Context) -> StreamConsumer[WriteBatch]:
 
 
 def handle(ctx: Context, batch: WriteBatch) -> list[Emit]:
+    if batch.vector is not None and len(batch.vector) != ctx.embedder.dim:
+        # Another model's vector fails in the store on every delivery: refused at once, with the reason.
+        raise Permanent(f"vector has {len(batch.vector)} dimensions; the store holds {ctx.embedder.dim}")
     ids = [op.memory.id if isinstance(op, PutOp) else op.id for op in batch.ops]
     current = {m.id: m for m in ctx.store.get(MemoryFilter(batch.subject, ids=ids))}
     if is_stale(batch, current):

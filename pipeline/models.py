@@ -471,6 +471,8 @@ class SearchRequest(Wire):
     dirs: list[Dir] | None = None
     mtypes: list[MType] | None = None
 
+    _aware = field_validator("now")(aware)
+
 
 class Hit(Wire):
     id: str

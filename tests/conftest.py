@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from shared.client import MemoryClient
+from shared.connections import connect
 from shared.embedder import Embedder
-from shared.keys import STAGES
+from shared.keys import STAGES, Keys
 from shared.redis_server import RedisServer, start_redis
 from shared.settings import Settings
 
@@ -37,6 +39,17 @@ def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
     # A prefix of its own isolates every test on the shared server (never FLUSHALL).
     return Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=tmp_path,
                     reclaim_idle_ms=300, block_ms=50, retry_base_s=0.01, retry_max_s=0.2)
+
+
+@pytest.fixture
+def client(settings: Settings) -> redis.Redis:
+    """A plain connection to the test's Redis (for tests below the worker stack)."""
+    return connect(settings.redis_url or "")
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.stream_prefix)
 
 
 @dataclass

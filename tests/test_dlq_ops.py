@@ -13,11 +13,9 @@ import redis
 
 from pipeline.models import SCHEMA_VERSION
 from shared import dlq
-from shared.connections import connect
 from shared.dlq import DeadLetter, Where
 from shared.errors import InvalidInput
 from shared.keys import FIELD, Keys
-from shared.settings import Settings
 from tests.conftest import System, run_cli, wait_for
 
 SEC, MIN, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
@@ -98,16 +96,6 @@ def test_every_filter_must_hold() -> None:
 
 
 # -- on redis ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def client(settings: Settings) -> redis.Redis:
-    return connect(settings.redis_url or "")
-
-
-@pytest.fixture
-def keys(settings: Settings) -> Keys:
-    return Keys(settings.stream_prefix)
 
 
 def bury(client: redis.Redis, keys: Keys, payload: bytes, error: str, age_ms: int, stage: str = "trigger") -> str:

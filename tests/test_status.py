@@ -11,22 +11,11 @@ import pytest
 import redis
 
 from shared.client import MemoryClient
-from shared.connections import connect
 from shared.embedder import Embedder
 from shared.keys import FIELD, STAGES, Keys
 from shared.settings import Settings
 from shared.status import PipelineStatus, StageStatus, read_status, sampled_rates
 from tests.conftest import run_cli, start_system, wait_for
-
-
-@pytest.fixture
-def client(settings: Settings) -> redis.Redis:
-    return connect(settings.redis_url or "")
-
-
-@pytest.fixture
-def keys(settings: Settings) -> Keys:
-    return Keys(settings.stream_prefix)
 
 
 def by_stage(report: PipelineStatus) -> dict[str, StageStatus]:

@@ -12,26 +12,14 @@ import redis
 from pipeline.models import Wire
 from shared import dlq
 from shared.codec import encode
-from shared.connections import connect
 from shared.errors import Permanent
 from shared.keys import FIELD, Keys
-from shared.settings import Settings
 from shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, backoff_s, per_item
 from tests.conftest import wait_for
 
 
 class Note(Wire):
     n: int
-
-
-@pytest.fixture
-def client(settings: Settings) -> redis.Redis:
-    return connect(settings.redis_url or "")
-
-
-@pytest.fixture
-def keys(settings: Settings) -> Keys:
-    return Keys(settings.stream_prefix)
 
 
 def config(**overrides: object) -> ConsumerConfig:

@@ -15,7 +15,7 @@ from typing import Any
 from shared.client import MemoryClient
 from shared.keys import STAGES
 from shared.settings import Settings
-from workers.process import spawn_stage
+from workers.process import spawn_stage, stop_children
 
 FULL = os.environ.get("FAULTS_FULL") == "1"
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
@@ -86,14 +86,7 @@ def kill9(proc: subprocess.Popen[bytes]) -> None:
 
 
 def terminate(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_children([p for p in procs if p.poll() is None])
 
 
 def read_by_groups(client: MemoryClient) -> int:

@@ -45,10 +45,10 @@ def echo(body: dict[str, Any]) -> Reply:
         known = data_of(body)["known"]
         return _json({"relations": [{"id": k["id"], "relation": "complementary"} for k in known]})
     if head == "memflow query planning":
-        query = data_of(body)["query"]
-        route = plan(query).routes[0]
-        return _json({"intent": plan(query).intent, "routes": [{"text": route.text, "strategy": route.strategy,
-                                                                 "dirs": [d.value for d in route.dirs], "weight": 1}]})
+        heuristic = plan(data_of(body)["query"])
+        route = heuristic.routes[0]
+        return _json({"intent": heuristic.intent, "routes": [{"text": route.text, "strategy": route.strategy,
+                                                              "dirs": [d.value for d in route.dirs], "weight": 1}]})
     return Reply(status=400, content=f"unknown prompt {head!r}")
 
 

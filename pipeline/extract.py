@@ -24,13 +24,12 @@ from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, sta
 from pipeline.gate import gate
 from pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from pipeline.records import behaviour, skill, task_record, turn_record
-from pipeline.statements import clean, split_sentences, strip_correction, strip_remember
+from pipeline.statements import CJK, clean, split_sentences, strip_correction, strip_remember
 from pipeline.timeref import find_time, strip_time, temp_expiry
 from pipeline.topics import habit_key, key_for, project_of, salient_words, topic_of
 from pipeline.triggers import Cues, read_cues
 
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
-_CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def extract(task: ExtractTask, *, episode_context: bool = True,
@@ -42,7 +41,13 @@ def extract(task: ExtractTask, *, episode_context: bool = True,
     `episode_context=False` leaves episodes without the turns around them (the ablation's baseline).
     """
     records, said = read(task)
-    found = records + (said if statements is None else statements)
+    return assemble(records, said if statements is None else statements, episode_context=episode_context)
+
+
+def assemble(records: list[Candidate], statements: list[Candidate], *, episode_context: bool = True
+             ) -> list[Candidate]:
+    """A task's candidates from its records and its statements (whoever read them), merged."""
+    found = records + statements
     if not episode_context:
         found = [c.model_copy(update={"context": "", "context_event_ids": []}) for c in found]
     return _merged(found)
@@ -198,7 +203,7 @@ def timed(draft: Draft, ts: datetime) -> Draft:
     ref = find_time(draft.content, ts) if draft.mtype is MType.event else None
     if ref is None:
         return draft
-    dated = f"{draft.content}（{ref.label}）" if _CJK.search(draft.content) else f"{draft.content} ({ref.label})"
+    dated = f"{draft.content}（{ref.label}）" if CJK.search(draft.content) else f"{draft.content} ({ref.label})"
     return replace(draft, content=dated, expires_at=None if ref.past else ref.end)
 
 

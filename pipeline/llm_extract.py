@@ -31,7 +31,7 @@ from pipeline.extract import gated, statement_key, timed
 from pipeline.gate import gate
 from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
-from pipeline.statements import normal
+from pipeline.statements import CJK, normal
 from pipeline.topics import TEMPORARY, normalize_key
 from pipeline.triggers import read_cues
 
@@ -65,7 +65,6 @@ EXPLICIT_BAND = (EXPLICIT_CONFIDENCE, EMPHATIC_CONFIDENCE)
 KNOWN_TOPICS = frozenset(t.key for t in TOPICS)
 # Kinds whose statements may be filed under a known topic (the others are keyed by their own words).
 _TOPICAL = frozenset({"preferences", "context"})
-_CJK = re.compile(r"[\u3400-\u9fff]")
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 
 _ASK: dict[PromptKind, str] = {
@@ -253,7 +252,7 @@ def _binding(item: Item) -> bool:
 
 
 def _content(item: Item) -> str:
-    zh = bool(_CJK.search(item.content))
+    zh = bool(CJK.search(item.content))
     parts = [item.content.strip()]
     if item.reasoning:
         parts.append(("理由：" if zh else "because ") + item.reasoning.strip())

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pipeline import cues
 from pipeline.models import Dir, MType, QueryPlan, Route
-from pipeline.statements import is_question
+from pipeline.statements import CJK, is_question
 from pipeline.topics import TEMPORARY, asked_topic_key
 
 Intent = Literal[
@@ -302,7 +302,6 @@ _ASKS = _rx(
     r"^\s*(?:what|which|who|whom|whose|when|where|why|how)\b",
     r"\btell me (?:my|what|about|who|where|when)\b|\bremind me\b",
 )
-_CJK = re.compile(r"[\u3400-\u9fff]")
 # Quoted names: 「青鸟」, “Atlas”, 《手册》, `redis`, "Atlas" (not ', which is an apostrophe).
 _QUOTED = re.compile(r"[「『“《`\"]([^」』”》`\"]{1,40})[」』”》`\"]")
 # A two-character Chinese name before a kind of thing: 青鸟项目, 北辰系统.
@@ -367,7 +366,7 @@ def named_entities(query: str) -> list[str]:
 
 
 def _latin_names(query: str) -> list[str]:
-    if _CJK.search(query):
+    if CJK.search(query):
         return _LATIN_WORD.findall(query)
     return [word for word in _EN_CAPITALISED.findall(query) if word not in _EN_NOT_NAME]
 
@@ -377,7 +376,7 @@ def routes_for(query: str, intent: Intent) -> list[Route]:
     dirs = list(INTENT_DIRS[intent])
     names = named_entities(query)[:MAX_EXACT_ROUTES]
     routes = [Route(text=query, dirs=dirs, strategy="semantic", weight=PRIMARY_WEIGHT)]
-    if _CJK.search(query) or names:
+    if CJK.search(query) or names:
         weight = BM25_WEIGHT_BY_INTENT.get(intent, BM25_WEIGHT)
         routes.append(Route(text=query, dirs=dirs, strategy="bm25", weight=weight))
     routes += [Route(text=name, dirs=dirs, strategy="exact_match", weight=EXACT_WEIGHT) for name in names]

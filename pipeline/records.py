@@ -20,13 +20,12 @@ from pipeline.drafts import (
 )
 from pipeline.ids import episode_key
 from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
-from pipeline.statements import clean, is_question
+from pipeline.statements import CJK, clean, is_question
 from pipeline.topics import key_for, normalize_key
 
 # Follow-ups in one session before they count as a preference (DESIGN §3.1 "behaviour").
 FOLLOWUPS_FOR_PREFERENCE = 2
 
-_CJK = re.compile(r"[\u3400-\u9fff]")
 # What a procedure looks like: commands in backticks, numbered or bulleted steps, "run …".
 _PROCEDURE = re.compile(
     r"`[^`]+`|^\s*(?:\d+[.)、]|[-*•])\s|\$ |\b(?:run|execute|install|then|first|step)\b|运行|执行|安装|然后|步骤|命令",
@@ -92,7 +91,7 @@ def behaviour(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
         if len(asked) < FOLLOWUPS_FOR_PREFERENCE:
             continue
         # Fixed wording, so that the same behaviour in a later session is a repeat, not a rival.
-        content = zh if any(_CJK.search(t.text) for t in asked) else en
+        content = zh if any(CJK.search(t.text) for t in asked) else en
         evidence = " / ".join(t.text for t in asked)
         draft = Draft(MType.preference, key, content, evidence, Source.inferred, INFERRED_CONFIDENCE)
         found.append(stamp(task, asked[-1], draft, [t.event_id for t in asked]))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+# Chinese (and other CJK ideographs): whether a text is written in Chinese, and how to say things back.
+CJK = re.compile(r"[\u3400-\u9fff]")
+
 # Sentence ends: CJK and ASCII terminators, semicolons, newlines; "." only before
 # whitespace so that "PostgreSQL 15.2" and "v1.2" stay whole, and not after a title
 # ("My dentist is Dr. Patel" is one statement, not "My dentist is Dr" and "Patel").

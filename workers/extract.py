@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from pipeline import llm_extract
-from pipeline.extract import extract, read
+from pipeline.extract import assemble, read
 from pipeline.llm_extract import Batch
 from pipeline.models import Candidate, ExtractTask
 from pipeline.prompting import Refused
@@ -29,18 +29,18 @@ def build(ctx: Context) -> StreamConsumer[ExtractTask]:
 
 
 def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
+    records, rules = read(task)
     llm = ctx.llm if ctx.settings.llm_extract else None
-    said = llm_statements(ctx, llm, task) if llm is not None else None
-    found = extract(task, episode_context=ctx.settings.episode_context, statements=said)
+    said = llm_statements(ctx, llm, task, rules) if llm is not None else rules
+    found = assemble(records, said, episode_context=ctx.settings.episode_context)
     return [Emit(ctx.keys.stream("resolve"), candidate) for candidate in found]
 
 
-def llm_statements(ctx: Context, llm: LLM, task: ExtractTask) -> list[Candidate] | None:
-    """The task's statements as the LLM reads them, batch by batch; None when no prompt applies."""
+def llm_statements(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate]) -> list[Candidate]:
+    """The task's statements as the LLM reads them, batch by batch; the rules' when no prompt applies."""
     batches = llm_extract.batches(task)
     if not batches:
-        return None
-    rules = read(task)[1]
+        return rules
     with ThreadPoolExecutor(max_workers=min(len(batches), ctx.settings.llm_max_concurrency)) as pool:
         results = list(pool.map(partial(_read_batch, ctx, llm, task, rules), batches))
     said = llm_extract.uncovered(task, rules)

@@ -36,27 +36,30 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 
 
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
-    allowed = forgetting.unforgotten(ctx, candidates)
-    if not all(allowed):  # read from words forgotten while they were in flight: dropped, never written back
-        kept = [c for c, ok in zip(candidates, allowed, strict=True) if ok]
-        decided = iter(handle(ctx, kept) if kept else [])
-        return [next(decided) if ok else [] for ok in allowed]
-    now = first_per_key(candidates)
-    deciding = [c for c, go in zip(candidates, now, strict=True) if go]
+    plan = _dispositions(ctx, candidates)
     try:
-        vectors = iter(ctx.embedder.encode([c.content for c in deciding]))
+        vectors = iter(ctx.embedder.encode([c.content for c, go in zip(candidates, plan, strict=True) if go == "now"]))
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
     outcomes: list[Outcome] = []
-    for candidate, go in zip(candidates, now, strict=True):
-        if not go:  # a later statement on a key decided in this batch: back of the queue, no retry spent
+    for candidate, go in zip(candidates, plan, strict=True):
+        if go == "drop":  # read only from words forgotten while in flight: never written back
+            outcomes.append([])
+        elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
             outcomes.append([Emit(ctx.keys.stream("resolve"), candidate)])
-            continue
-        try:
-            outcomes.append(resolve_one(ctx, candidate, next(vectors)))
-        except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
-            outcomes.append(exc)
+        else:
+            try:
+                outcomes.append(resolve_one(ctx, candidate, next(vectors)))
+            except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
+                outcomes.append(exc)
     return outcomes
+
+
+def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:
+    """Per candidate: "now" (decide it), "later" (another on its key goes first) or "drop" (forgotten)."""
+    allowed = forgetting.unforgotten(ctx, candidates)
+    first = iter(first_per_key([c for c, ok in zip(candidates, allowed, strict=True) if ok]))
+    return [("now" if next(first) else "later") if ok else "drop" for ok in allowed]
 
 
 def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:

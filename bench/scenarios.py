@@ -549,7 +549,7 @@ def ablation_json(rows: list[AblationRow]) -> dict[str, Any]:
 def bench_settings(settings: Settings) -> Iterator[Settings]:
     """A redis-server and a data dir of the run's own: a measurement never writes into a live deployment."""
     with tempfile.TemporaryDirectory(prefix="memflow-eval-") as tmp:
-        server = start_redis(Path(tmp) / "redis")
+        server = start_redis(Path(tmp) / "redis", binary=settings.redis_server)
         try:
             yield settings.model_copy(update={"redis_url": server.url, "data_dir": Path(tmp), "qdrant_url": None,
                                               "block_ms": EVAL_BLOCK_MS})

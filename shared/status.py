@@ -33,7 +33,7 @@ class StageStatus:
     lag: int  # entries the group has not read yet
     pending: int  # read but not acknowledged
     dead: int  # entries in dlq:<stage>
-    read_per_s: float | None  # None: this Redis cannot tell (no entries-read before 7.0)
+    read_per_s: float | None  # None: Redis lost count (entries deleted from the stream)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _stream_lengths(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], di
 #   order, so these are the ids between now − 60 s and the group's last-delivered id. For a stage
 #   that keeps up this is its read rate over the last minute. A stage behind by more than a minute
 #   is reading older entries and shows less than it reads — its lag says so.
-# - sample (`sample_s`): XINFO GROUPS `entries-read` (Redis ≥ 7, exact on streams nothing deletes
+# - sample (`sample_s`): XINFO GROUPS `entries-read` (exact on streams nothing deletes
 #   from, as work streams are) read twice, `sample_s` apart: what every group reads right now,
 #   behind or not, at the price of the wait.
 
@@ -120,8 +120,9 @@ def _entries_read(client: redis.Redis, keys: Keys) -> dict[str, int | None]:
 
 
 def _read_count(group: dict[Any, Any] | None) -> int | None:
-    # A group that has read nothing (or does not exist yet) answers nil, not 0; a Redis before
-    # 7.0 has no count at all.
+    # A group that has read nothing (or does not exist yet) answers nil, not 0. Every supported
+    # server has the count (shared.connections.MIN_VERSION); nil after reads means Redis lost track
+    # of it (entries deleted from the stream), and then no rate can be told.
     if group is None or _text(group["last-delivered-id"]) == "0-0":
         return 0
     value = group.get("entries-read")

@@ -18,13 +18,18 @@ from shared.client import MemoryClient
 from shared.connections import connect
 from shared.embedder import Embedder
 from shared.keys import STAGES, Keys
-from shared.redis_server import RedisServer, start_redis
+from shared.redis_server import RedisServer, find_binary, start_redis
 from shared.settings import Settings
+
+
+def pytest_report_header() -> str:
+    """Which server the suite runs on (MEMFLOW_REDIS_SERVER picks one; default: the bundled Valkey)."""
+    return f"redis: {find_binary(Settings().redis_server)}"
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
+    server = start_redis(tmp_path_factory.mktemp("redis"), binary=Settings().redis_server)
     yield server
     server.stop()
 

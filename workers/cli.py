@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
+import redis
 import typer
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
@@ -334,7 +335,7 @@ def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review
 
 def _redis_target() -> tuple[Any, Keys]:
     settings = _settings()
-    return connect(require_url(settings.redis_url)), Keys(settings.stream_prefix)
+    return connect(require_url(settings)), Keys(settings.stream_prefix)
 
 
 def _known_stage(stage: str) -> str:
@@ -585,5 +586,23 @@ def _demo_conversation(client: MemoryClient) -> None:
             typer.echo(f"   {hit.score:.4f} {hit.dir.value}/{hit.mtype.value}  {hit.content}")
 
 
+# -- the entry point ------------------------------------------------------------------
+
+
+def main() -> None:
+    """`memflow`: the commands, with every error memflow expects told in one line and what to do."""
+    try:
+        app()
+    except MemflowError as exc:
+        _fail(str(exc))
+    except redis.ConnectionError as exc:
+        _fail(f"cannot reach Redis ({exc}): is `memflow up` still running, or is MEMFLOW_REDIS_URL right?")
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"memflow: {message}\n")
+    raise SystemExit(1)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from shared.connections import announce, running
+from shared.errors import MemflowError
 from shared.redis_server import start_redis
 from shared.settings import Settings, to_env
 from workers.query import build_worker
@@ -47,15 +49,22 @@ def run_stages(settings: Settings, stages: Sequence[str]) -> None:
 
 @contextlib.contextmanager
 def own_redis(settings: Settings) -> Iterator[Settings]:
-    """The settings, with a redis-server of our own when none is configured."""
+    """The settings, with a server of our own when none is configured, recorded in the data dir for
+    the commands run beside us (shared.connections.require_url)."""
     if settings.redis_url:
         yield settings
         return
-    server = start_redis(settings.data_dir / "redis")
-    log.info("started redis-server at %s", server.url)
+    already = running(settings.data_dir)
+    if already is not None:
+        raise MemflowError(f"memflow is already running from {settings.data_dir.resolve()} (pid {already.pid}, "
+                           f"Redis {already.redis_url}): stop it first, or use another MEMFLOW_DATA_DIR")
+    server = start_redis(settings.data_dir / "redis", binary=settings.redis_server)
+    log.info("started %s at %s", server.binary, server.url)
+    record = announce(settings.data_dir, server.url)
     try:
         yield settings.model_copy(update={"redis_url": server.url})
     finally:
+        record.unlink(missing_ok=True)
         server.stop()
 
 

@@ -49,7 +49,7 @@ class Context:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Context:
-        return cls(settings, connect(require_url(settings.redis_url)), Keys(settings.stream_prefix))
+        return cls(settings, connect(require_url(settings)), Keys(settings.stream_prefix))
 
     @property
     def embedder(self) -> Embedder:

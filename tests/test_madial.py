@@ -220,3 +220,12 @@ def test_unreadable_data_is_exit_code_2_with_one_line(tmp_path: Path, settings, 
     assert run_cli(data, as_json=True, settings=settings) == 2
     assert "line 1: not a JSON object" in capsys.readouterr().err
 
+
+def test_the_command_is_registered_and_checks_its_language(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    assert CliRunner().invoke(app, ["bench", "madial", "--lang", "fr"]).exit_code == 2
+    result = CliRunner().invoke(app, ["bench", "madial", "--data", str(tmp_path / "missing"), "--lang", "en"])
+    assert result.exit_code == 2

@@ -159,12 +159,13 @@ class Progress:
     out: TextIO = field(default_factory=lambda: sys.stderr)
     every_s: float = 10.0
     _last: float = 0.0
+    tag: str = "locomo"  # the benchmark speaking (bench.madial shares this)
 
     def note(self, line: str, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self._last >= self.every_s:
             self._last = now
-            self.out.write(f"[locomo] {line}\n")
+            self.out.write(f"[{self.tag}] {line}\n")
             self.out.flush()
 
 
@@ -338,6 +339,13 @@ class Step:
     asked: Asked | None = None
 
 
+def own_namespace(data_dir: Path, bench: str) -> dict[str, Any]:
+    """Settings that give a run its own data dir, stream prefix and collection (nothing shared with
+    another run, or with a `memflow up` on the same Redis)."""
+    tag = uuid.uuid4().hex[:8]
+    return {"data_dir": data_dir, "stream_prefix": f"{bench}-{tag}:", "collection": f"{bench}_{tag}"}
+
+
 def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Settings, embedder: Embedder | None,
                 light_in_process: bool, progress: Progress, jobs: bool = True) -> Embedder:
     """A fresh system (own data dir, prefix, collection), one ingest, every question once per step.
@@ -346,8 +354,7 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
     query worker's settings change. Returns the model it loaded (for the next steps and the baselines).
     """
     with tempfile.TemporaryDirectory(prefix="memflow-locomo-") as tmp:
-        tag = uuid.uuid4().hex[:8]
-        own = {"data_dir": Path(tmp), "stream_prefix": f"locomo-{tag}:", "collection": f"locomo_{tag}"}
+        own = own_namespace(Path(tmp), "locomo")
         settings = base.model_copy(update={**(steps[0].overrides or {}), **own})
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
             progress.note(f"memflow ({steps[0].label}): ingesting {len(convs)} conversation(s)", force=True)

@@ -40,7 +40,7 @@ jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_
 app.add_typer(jobs_app, name="jobs")
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
 app.add_typer(review_app, name="review")
-bench_app = typer.Typer(help="Benchmarks: LoCoMo retrieval, performance.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: LoCoMo and MADial-Bench retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -521,6 +521,24 @@ def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Pat
 
     raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
                              settings=_settings("WARNING"), variants=variants, jobs=jobs, llm_stub=llm_stub))
+
+
+def _madial_langs(value: str) -> str:
+    if value not in ("zh", "en", "both"):
+        raise typer.BadParameter(f"{value!r} is not one of zh, en, both")
+    return value
+
+
+@bench_app.command("madial")
+def bench_madial(data: Annotated[Path, typer.Option(help="The folder of the MADial-Bench JSON Lines files.")]
+                 = Path("../shared/datasets/madial"),
+                 lang: Annotated[str, typer.Option(help="zh, en or both.", callback=_madial_langs)] = "both",
+                 as_json: JsonFlag = False) -> None:
+    """MADial-Bench memory retrieval (R@1/3/5/10, MRR@10) for memflow, BM25 and dense, side by side."""
+    from bench.madial import LANGS, run_cli
+
+    langs = LANGS if lang == "both" else (lang,)
+    raise typer.Exit(run_cli(data, langs=langs, as_json=as_json, settings=_settings("WARNING")))
 
 
 @bench_app.command("load")

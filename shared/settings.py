@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     # still finds what it asked for; a scoped route of weight 1 doubles its dirs' scores).
     # With score fusion, 0.3 cost 2.7 points of LoCoMo R@5 against 1.0 (bench/RESULTS.md).
     whole_subject_weight: float = Field(default=1.0, ge=0.0)
+    # A scoped route counts only if its best match is at least this share of the whole subject's
+    # best (pipeline.score.confirmed_scopes); 0: scoped routes always count (the planner as before).
+    scope_min_share: float = Field(default=0.8, ge=0.0, le=1.0)
     # Weights of the planner's extra routes (0 drops the route). exact_match is off by default:
     # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21; a separate
     # bm25 route only double-counts the keyword half of the semantic routes (bench/RESULTS.md).

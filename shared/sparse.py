@@ -46,7 +46,8 @@ CJK_K1, CJK_B = 1.2, 0.75
 CJK_AVG_LEN = 30.0
 # Function characters: as unigrams they match everything ("有什么事情是绝对不能做的？" matched "前端用的是
 # React" on 的 and 是); a bigram is dropped only if both its characters are such.
-CJK_STOP = frozenset("的了是我在有和就不都也很到说要去你会着没看好这那他她它们吗呢吧啊哦嗯呀啦么个一上下来过还又把被让给对从而与及或但")
+CJK_STOP = frozenset("的了是我在有和就不都也很到说要去你会着没看好这那他她它们"
+                     "吗呢吧啊哦嗯呀啦么个一上下来过还又把被让给对从而与及或但")
 
 
 @lru_cache(maxsize=1)

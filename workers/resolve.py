@@ -38,7 +38,9 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
     plan = _dispositions(ctx, candidates)
     try:
-        vectors = iter(ctx.embedder.encode([c.content for c, go in zip(candidates, plan, strict=True) if go == "now"]))
+        # A passage: the vector is stored with the memory, and compared with stored ones (neighbours).
+        vectors = iter(ctx.embedder.encode_passages([c.content for c, go in zip(candidates, plan, strict=True)
+                                                     if go == "now"]))
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
     outcomes: list[Outcome] = []

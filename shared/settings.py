@@ -49,8 +49,8 @@ class Settings(BaseSettings):
     # The endpoint's vector size; unset: asked of it once when the store opens. Set, the workers start
     # (and wait) while the endpoint is down.
     embedder_dim: int | None = Field(default=None, ge=1)
-    # Per request, then one retry (429, 5xx, dropped connection; Retry-After honoured): a search waits
-    # 2 × 4 s + backoff at most, under search_timeout_s, so it reports `failed` itself.
+    # Per request, then one retry (429, 5xx, dropped connection): a search waits 2 × 4 s + backoff, under
+    # search_timeout_s, so the worker itself reports `failed` (unless a server's Retry-After asks for longer).
     embedder_timeout_s: float = Field(default=4.0, gt=0)
     embedder_max_retries: int = Field(default=1, ge=0)
     # Put before each text, for asymmetric models served raw ("query: " / "passage: " for e5 on vLLM or

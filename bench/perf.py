@@ -5,7 +5,7 @@
   searched for until found, next to one query encode + one store query;
 - ingest: N realistic turns (LoCoMo's, read in place when ../shared/datasets has it,
   else generated) in sessions closed by session_end, time until the pipeline is idle,
-  next to raw batched `encode()` of the same texts (the write path's limit, DESIGN §8);
+  next to raw batched `encode_passages()` of the same texts (the write path's limit, DESIGN §8);
 - search through the RPC path at each store size (memories bulk-loaded through the
   store into ONE subject, the worst case for a subject filter; their dense vectors are
   random unit vectors, their text real words), next to one in-process encode + one
@@ -108,7 +108,7 @@ def _until_found(client: MemoryClient, i: int, token: str) -> float:
 
 
 def _search_in_process(system: Embedded, subject: str, text: str) -> None:
-    vector = system.ctx.embedder.encode([text])[0]
+    vector = system.ctx.embedder.encode_queries([text])[0]
     system.ctx.store.query(MemoryFilter(subject), mode="hybrid", dense=vector, text=text, limit=50)
 
 
@@ -129,7 +129,7 @@ def realistic_turns(n: int) -> list[str]:
 
 def bench_ingest(system: Embedded, n: int) -> dict[str, float]:
     texts = realistic_turns(n)
-    encode_s = timed(lambda: system.ctx.embedder.encode(texts))
+    encode_s = timed(lambda: system.ctx.embedder.encode_passages(texts))
     system.client.wait_idle(600)
     before = system.ctx.store.count("bench-ingest")
     started = time.perf_counter()

@@ -34,7 +34,7 @@ from bench.ablation import ladder
 from bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
 from pipeline.models import Dir, MType, Role, Subject
 from shared.codec import json_object
-from shared.embedder import Embedder
+from shared.embedder import Embedder, build_embedder
 from shared.errors import DecodeError, MemflowError
 from shared.redis_server import start_redis
 from shared.settings import Settings
@@ -564,8 +564,8 @@ def run_cli(path: Path, *, as_json: bool, ablation: bool, settings: Settings) ->
     except ScenarioFileError as exc:
         sys.stderr.write(f"memflow eval: {exc}\n")
         return 2
-    embedder = Embedder(settings.model, settings.encode_batch)
-    embedder.encode(["warm-up: the first calls into the model pay one-time costs no search should be charged"])
+    embedder = build_embedder(settings)
+    embedder.encode_queries(["warm-up: the first calls into the model pay one-time costs no search should be charged"])
     with bench_settings(settings) as base:
         if ablation:
             rows = ablate(entries, base, embedder, file=str(path))

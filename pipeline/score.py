@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
@@ -85,6 +85,32 @@ def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: floa
         meaning = normalised(f.dense, dense_floor, dense_best)
         routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
     return fuse(routes)
+
+
+def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0) -> list[float]:
+    """Each route's best relevance, on the scale `fuse_found` uses (signals scaled against their best
+    over all routes), before route weights: how good the best match each route found is."""
+    keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
+    dense_best = max((score for f in found for _, score in f.dense), default=0.0)
+    return [max((score for _, score in fuse([(1.0, normalised(f.keyword, 0.0, keyword_best)),
+                                             (dense_weight, normalised(f.dense, dense_floor, dense_best))])),
+                default=0.0) for f in found]
+
+
+def confirmed_scopes(found: Sequence[Found], scoped: Sequence[bool], whole: int, *, min_share: float,
+                     dense_weight: float, dense_floor: float = 0.0) -> list[Found]:
+    """The routes, with each scoped route dropped (weight 0) unless its best match holds up against
+    the whole subject's: best ≥ min_share × the whole-subject route's best.
+
+    A plan is a guess from the query's wording; the candidates are evidence. When the planned
+    directories do not hold the subject's best match (a recall question worded like a preference,
+    a long dialogue whose words cue every intent), boosting them can only push better matches
+    down: the whole subject ranks alone.
+    """
+    bests = route_bests(found, dense_weight=dense_weight, dense_floor=dense_floor)
+    bar = min_share * bests[whole]
+    return [replace(f, weight=0.0) if is_scoped and bests[i] < bar else f
+            for i, (f, is_scoped) in enumerate(zip(found, scoped, strict=True))]
 
 
 def smoothed(found: Sequence[Scored], weight: float) -> list[Scored]:

@@ -4,10 +4,12 @@
     ├── InvalidInput        the caller sent something we refuse (names the field); also ValueError
     ├── ModelMismatch       the store's vectors were made by another model than the embedder's
     ├── Permanent           a message that can never succeed: straight to its DLQ
-    │   └── DecodeError     bad JSON, wrong schema version, failed validation
+    │   ├── DecodeError     bad JSON, wrong schema version, failed validation
+    │   └── EmbedderRejected    the embedding endpoint refuses this input (400, 413, 422)
     ├── Retryable           a passing fault: leave the message pending and try again
     │   ├── StoreUnavailable    Qdrant (server or shard) did not answer
     │   │   └── IndexRetired    `memflow reindex` moved the store to another model
+    │   ├── EmbedderUnavailable the embedding endpoint is down, slow, failing or answers garbage
     │   └── StaleVersion    a patch was built on an old revision
     └── RpcError            a search/pack/forget call did not complete
 """
@@ -54,6 +56,14 @@ class IndexRetired(StoreUnavailable):
 
 class StaleVersion(Retryable):
     pass
+
+
+class EmbedderUnavailable(Retryable):
+    """No vectors from the embedding endpoint: a write waits for it, a search says `failed`."""
+
+
+class EmbedderRejected(Permanent):
+    """The embedding endpoint refuses the input itself (too long, empty): asking again cannot help."""
 
 
 class RpcError(MemflowError):

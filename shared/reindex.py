@@ -45,7 +45,7 @@ _FIXED = ("id", "subject")
 
 
 class Encoder(Protocol):
-    """What a reindex needs of an embedder (shared.embedder.Embedder)."""
+    """What a reindex needs of an embedder (shared.embedder.Embedder): what is stored is a passage."""
 
     @property
     def model_id(self) -> str: ...
@@ -53,7 +53,7 @@ class Encoder(Protocol):
     @property
     def dim(self) -> int: ...
 
-    def encode(self, texts: Sequence[str]) -> list[list[float]]: ...
+    def encode_passages(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
 # "catch-up" runs while serving processes still write; "final" after the fence, when they cannot.
@@ -181,7 +181,7 @@ class _Run:
     def _write(self, memories: list[Memory]) -> None:
         if not memories:
             return
-        vectors = self.encoder.encode([m.content for m in memories])
+        vectors = self.encoder.encode_passages([m.content for m in memories])
         if any(len(v) != self.target.dim for v in vectors):
             raise MemflowError(f"the embedder {self.encoder.model_id} made a vector that is not {self.target.dim}-dim")
         self.dest.put(memories, vectors)

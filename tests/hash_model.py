@@ -15,9 +15,15 @@ class HashModel:
     def __init__(self, model_id: str = "test:hash-32", dim: int = 32) -> None:
         self.model_id, self.dim, self.encoded = model_id, dim, 0
 
-    def encode(self, texts: Sequence[str]) -> list[list[float]]:
+    def encode_passages(self, texts: Sequence[str]) -> list[list[float]]:
         self.encoded += len(texts)
         return [self._vector(t) for t in texts]
+
+    def encode_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._vector(t) for t in texts]  # symmetric: a query is encoded like what is stored
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
 
     def _vector(self, text: str) -> list[float]:
         v = [0.0] * self.dim

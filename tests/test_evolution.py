@@ -103,7 +103,7 @@ def test_consolidation_promotes_across_sessions_and_holds_a_found_rule_for_revie
     record = Candidate(subject="pat", session_id="open", mtype=MType.episode, dir=Dir.events, key=episode_key("r1"),
                        content="Never send me messages on weekends.", evidence="Never send me messages on weekends.",
                        confidence=0.6, source=Source.explicit, source_event_ids=["r1"], ts=T0 + timedelta(days=2))
-    system.ctx.store.put([new_memory(record)], system.ctx.embedder.encode([record.content]))
+    system.ctx.store.put([new_memory(record)], system.ctx.embedder.encode_passages([record.content]))
     assert system.client.wait_idle(timeout_s=60)
     day = T0 + timedelta(days=2, hours=1)
 

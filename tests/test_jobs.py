@@ -41,7 +41,7 @@ def test_retag_dry_run_then_apply_then_nothing_left(system: System, monkeypatch:
            placed_by_old_rules("bob", "We never deploy on Fridays, that is the rule.")]
     current = placed_by_old_rules("bob", "Our team is called Falcon.").model_copy(update={"tag_version": TAG_VERSION})
     everything = [*old, current]
-    system.ctx.store.put(everything, system.ctx.embedder.encode([m.content for m in everything]))
+    system.ctx.store.put(everything, system.ctx.embedder.encode_passages([m.content for m in everything]))
 
     dry = system.client.run_job("retag", dry_run=True, now=T0 + timedelta(days=1))
     assert dry["examined"] == 4 and dry["subjects"] == 2

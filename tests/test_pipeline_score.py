@@ -10,6 +10,7 @@ from pipeline.score import (
     Found,
     Lifecycle,
     collapse_records,
+    confirmed_scopes,
     flat_plan,
     fuse,
     fuse_found,
@@ -193,3 +194,22 @@ def test_a_topic_key_route_adds_a_flat_score_to_what_is_stored_under_the_key() -
     keyed = Found(0.5, keyword=[], dense=[(manager, 0.3)], flat=True)
     fused = dict((m.id, round(s, 6)) for m, s in fuse_found([whole, keyed], dense_weight=0.3))
     assert fused == {"chatter": 1.3, "manager": round(0.3 * 0.5 + 0.5, 6)}
+
+
+def test_a_scoped_route_whose_dirs_miss_the_best_match_is_dropped_and_one_that_holds_it_stays() -> None:
+    best, rule, chat = memory("best"), memory("rule", dir=Dir.system), memory("chat")
+    whole = Found(1.0, keyword=[(best, 8.0), (rule, 2.0), (chat, 1.0)])
+    weak_scope = Found(1.0, keyword=[(rule, 2.0)])
+    kept = confirmed_scopes([whole, weak_scope], [False, True], 0, min_share=0.8, dense_weight=0.3)
+    assert [f.weight for f in kept] == [1.0, 0.0]
+    assert [m.id for m, _ in fuse_found(kept, dense_weight=0.3)][:1] == ["best"]
+    # Planned dirs that hold a match close to the whole subject's best keep their boost.
+    near = Found(1.0, keyword=[(rule, 7.0)])
+    whole_near = Found(1.0, keyword=[(best, 8.0), (rule, 7.0)])
+    assert [f.weight for f in confirmed_scopes([whole_near, near], [False, True], 0, min_share=0.8,
+                                               dense_weight=0.3)] == [1.0, 1.0]
+    # Dense evidence counts on the same scale as in fusion.
+    dense_scope = Found(1.0, dense=[(rule, 0.9)])
+    mixed = confirmed_scopes([Found(1.0, keyword=[(best, 8.0)], dense=[(rule, 0.9)]), dense_scope], [False, True], 0,
+                             min_share=0.3, dense_weight=0.5)
+    assert [f.weight for f in mixed] == [1.0, 1.0]

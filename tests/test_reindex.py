@@ -73,7 +73,7 @@ def fill(store: Store, model: Any, n: int) -> list[Memory]:
     """n memories over three subjects and every status, each worded apart from the others."""
     made = [memory(SUBJECTS[i % 3], f"{TOPICS[i % len(TOPICS)]} (note {i})", status=STATUSES[i % len(STATUSES)],
                    key=f"topic.{i}") for i in range(n)]
-    store.put(made, model.encode([m.content for m in made]))
+    store.put(made, model.encode_passages([m.content for m in made]))
     return made
 
 
@@ -83,7 +83,7 @@ def everything(store: Store) -> dict[str, Memory]:
 
 def made_by(store: Store, model: Any, memories: Sequence[Memory]) -> bool:
     """Whether `model` made each memory's stored dense vector (cosine 1 with its encoding of the memory)."""
-    vectors = model.encode([m.content for m in memories])
+    vectors = model.encode_passages([m.content for m in memories])
     scores = [store.query(MemoryFilter(m.subject, ids=[m.id]), mode="dense", limit=1, dense=v)[0].score
               for m, v in zip(memories, vectors, strict=True)]
     return all(score == pytest.approx(1.0, abs=1e-4) for score in scores)
@@ -164,7 +164,7 @@ def test_reindex_re_embeds_every_point_and_switches(engine: Engine, embedder: Em
     assert store.count() == 48 and everything(store) == before  # payloads unchanged, none doubled
     assert made_by(store, embedder, list(before.values()))
     for m in list(before.values())[:6]:  # a search with the new model finds each by its own words
-        [top] = store.query(MemoryFilter(m.subject), mode="dense", limit=1, dense=embedder.encode([m.content])[0])
+        [top] = store.query(MemoryFilter(m.subject), mode="dense", limit=1, dense=embedder.encode_queries([m.content])[0])
         assert top.memory.id == m.id
     again = store.query(MemoryFilter("alice"), mode="sparse", limit=50, text="coffee answers Shanghai")
     assert {s.memory.id: round(s.score, 4) for s in again} == {s.memory.id: round(s.score, 4) for s in words}
@@ -203,10 +203,10 @@ def test_writes_during_the_reindex_are_carried_over(engine: Engine, embedder: Em
 
     def write_meanwhile(step: Step) -> None:
         if step.phase == "copy" and step.done == 16:  # after the first page, before the second
-            live.put(added, old_model.encode([m.content for m in added]))
+            live.put(added, old_model.encode_passages([m.content for m in added]))
             live.set_fields(early[0].id, {"status": "superseded", "access_count": 7})
             live.delete([early[1].id])  # forgotten: must not come back
-            live.put([reworded], old_model.encode([reworded.content]))
+            live.put([reworded], old_model.encode_passages([reworded.content]))
 
     report = reindex(catalog, embedder, batch=16, on_step=write_meanwhile)
     assert report.switched and report.removed == 1 and report.refreshed >= 2
@@ -242,7 +242,7 @@ def test_searches_keep_answering_on_the_old_vectors_until_the_switch(engine: Eng
     catalog.switching.clear()  # the first open switched to the new collection it made
     made = fill(live, old_model, 160)
     target = made[5]
-    probe = old_model.encode([target.content])[0]  # a search as an old-model process makes it
+    probe = old_model.encode_queries([target.content])[0]  # a search as an old-model process makes it
     answers: list[tuple[bool, str]] = []  # (switching yet, top hit id or the error)
     done = threading.Event()
 
@@ -271,7 +271,7 @@ def test_searches_keep_answering_on_the_old_vectors_until_the_switch(engine: Eng
     assert report.switched and len(before_switch) >= 10  # five pages copied, five checked after the fence
     assert set(before_switch) == {target.id}  # every one answered, and rightly
     fresh = open_current(catalog, identity(new_model))  # type: ignore[arg-type]
-    hits = fresh.query(MemoryFilter(target.subject), mode="dense", limit=1, dense=new_model.encode([target.content])[0])
+    hits = fresh.query(MemoryFilter(target.subject), mode="dense", limit=1, dense=new_model.encode_queries([target.content])[0])
     assert hits[0].memory.id == target.id
     engine.release(catalog.inner)
 
@@ -290,7 +290,7 @@ def test_an_old_model_process_cannot_write_once_fenced() -> None:
     def meanwhile(step: Step) -> None:
         if step.phase == "final" and not fenced:
             with pytest.raises(IndexRetired) as refused:
-                old_process.put([late], old_model.encode([late.content]))
+                old_process.put([late], old_model.encode_passages([late.content]))
             assert isinstance(refused.value, Retryable)  # its stream entry waits, never dead-lettered
             fenced.append(old_process.query(MemoryFilter("alice"), mode="sparse", limit=1, text="answers")[0].memory.id)
 
@@ -386,7 +386,7 @@ def cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Embe
 
     monkeypatch.setenv("MEMFLOW_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("MEMFLOW_QDRANT_URL", raising=False)
-    monkeypatch.setattr(cli, "Embedder", lambda model, batch: embedder)
+    monkeypatch.setattr(cli, "build_embedder", lambda settings: embedder)
     get_settings.cache_clear()
     yield tmp_path
     get_settings.cache_clear()

@@ -20,6 +20,16 @@ def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> No
     assert Settings() == parent
 
 
+def test_the_embedder_settings_reach_a_child_prefixes_and_key_intact(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = Settings(embedder="openai", embedder_url="http://127.0.0.1:1/v1", embedder_model="e5",
+                      embedder_api_key=SecretStr("sk-embed"), embedder_dim=384, embedder_query_prefix="query: ",
+                      embedder_passage_prefix="passage: ", embedder_input_type=True)
+    assert "sk-embed" not in repr(parent)
+    for name, value in to_env(parent).items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == parent
+
+
 def test_dict_settings_are_json_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMFLOW_DECAY_TAU_HOURS", '{"preference": 2160, "fact": 4320}')
     monkeypatch.setenv("MEMFLOW_RESERVED_TYPES", "{}")

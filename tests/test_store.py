@@ -23,6 +23,7 @@ from shared.edge_store import EdgeStore
 from shared.errors import StoreUnavailable
 from shared.server_store import ServerStore
 from shared.settings import Settings
+from shared.sparse import cjk_terms, embed_query, term_index
 from shared.store import RRF_K, Identity, MemoryFilter, Store, open_store
 
 DIM = 8
@@ -291,3 +292,23 @@ def test_resolve_sees_every_version_of_a_key_beyond_the_top_k(store: Store) -> N
                          ts=T0 + timedelta(days=1))
     found = find_neighbours(store, newcomer, axis(0), threshold=0.7)
     assert {n.memory.version for n in found if n.memory.key == "fact.locker"} == set(range(1, n + 1))
+
+
+def test_chinese_is_matched_whatever_the_segmentation_and_function_characters_do_not_match(store: Store) -> None:
+    tea = memory(content="我每天下午都喜欢喝一杯绿茶")
+    stack = memory(content="前端用的是 React 和 Vite", key="project.frontend")
+    store.put([tea, stack], [axis(0), axis(1)])
+    flt = MemoryFilter("alice")
+    # "绿茶" inside a run ("喝绿茶吗") and split across a space both find it: bigrams, not words.
+    for text in ("你还记得我爱喝绿茶吗", "绿 茶"):
+        assert ids(store.query(flt, mode="sparse", limit=5, text=text))[:1] == [tea.id], text
+    # Only 的/是 in common: no match, however many function characters the question holds.
+    assert stack.id not in ids(store.query(flt, mode="sparse", limit=5, text="有什么事情是绝对不能做的？"))
+    # Mixed text: the English word is the engine's term, the Chinese the bigrams'.
+    assert ids(store.query(flt, mode="sparse", limit=5, text="前端 vite"))[:1] == [stack.id]
+
+
+def test_cjk_terms_are_unigrams_and_bigrams_without_function_characters() -> None:
+    assert cjk_terms("我爱喝绿茶") == ["爱", "喝", "绿", "茶", "我爱", "爱喝", "喝绿", "绿茶"]
+    assert cjk_terms("的是 ok") == []  # both function characters: neither unigram nor bigram
+    assert embed_query("绿茶")[0] == sorted({term_index(t) for t in ("绿", "茶", "绿茶")})

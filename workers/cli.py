@@ -24,7 +24,7 @@ from scheduler.app import build_scheduler, next_fire_times
 from shared import dlq as dead
 from shared.client import MemoryClient
 from shared.connections import connect, require_url, running
-from shared.embedder import Embedder
+from shared.embedder import Embedder, build_embedder
 from shared.errors import InvalidInput, MemflowError
 from shared.keys import FIELD, STAGES, Keys
 from shared.reindex import DEFAULT_BATCH, Report, Step, reindex
@@ -350,7 +350,7 @@ def reindex_store(batch: Annotated[int, typer.Option("--batch", min=1, help=(
     _refuse_beside_up(settings)
     catalog = catalog_for(settings)
     try:
-        report = _reindex_showing_progress(catalog, Embedder(settings.model, settings.encode_batch), batch, as_json)
+        report = _reindex_showing_progress(catalog, build_embedder(settings), batch, as_json)
     except KeyboardInterrupt:
         raise MemflowError("reindex interrupted, progress saved: run `memflow reindex` again to resume") from None
     finally:

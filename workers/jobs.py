@@ -114,7 +114,7 @@ def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime) -> l
             continue
         ctx.set_fields(st.memory, st.fields, action=name, why=f"{name}: {st.why}", at=now)
     if plan.new:
-        ctx.store.put(plan.new, ctx.embedder.encode([m.content for m in plan.new]))
+        ctx.store.put(plan.new, ctx.embedder.encode_passages([m.content for m in plan.new]))
         for m in plan.new:
             ctx.announce(Change(memory_id=m.id, subject=subject, action=name, why=f"{name}: {m.content[:80]}",
                                 after={"status": m.status.value, "key": m.key, "content": m.content}, at=now,

@@ -59,7 +59,7 @@ def rollback(ctx: Context, memory_id: str, to_version: int, subject: str | None,
         raise MemflowError(str(exc)) from exc
     restored = plan.restored
     if restored is not None:
-        ctx.store.put([restored], ctx.embedder.encode([restored.content]))
+        ctx.store.put([restored], ctx.embedder.encode_passages([restored.content]))
         ctx.announce(Change(memory_id=restored.id, subject=restored.subject, action="rollback",
                             why=f"rolled back to version {to_version}", at=at,
                             after={"status": restored.status.value, "version": restored.version,

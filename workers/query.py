@@ -38,7 +38,18 @@ from pipeline.pack import pack as build_prompt
 from pipeline.plan import is_ambiguous
 from pipeline.plan import plan as make_plan
 from pipeline.prompting import Refused
-from pipeline.score import Found, Lifecycle, Scored, flat_plan, fuse, fuse_found, rank, reweight, unscoped
+from pipeline.score import (
+    Found,
+    Lifecycle,
+    Scored,
+    confirmed_scopes,
+    flat_plan,
+    fuse,
+    fuse_found,
+    rank,
+    reweight,
+    unscoped,
+)
 from shared.client import check_subject
 from shared.codec import decode, encode
 from shared.errors import MemflowError, StoreUnavailable
@@ -140,18 +151,27 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
     pool = max(ctx.settings.candidate_pool, req.k * 4)
-    # One encode call for every text a dense route needs (sparse routes need none).
+    # One encode call for every text a dense route needs (sparse routes need none); each is asked, not stored.
     texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
-    vectors = dict(zip(texts, ctx.embedder.encode(texts), strict=True))
+    vectors = dict(zip(texts, ctx.embedder.encode_queries(texts), strict=True))
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
     scoped = [found for route, found in ranked if route.dirs]
+    whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
+                 None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
-        whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
-                     None)  # the plan's own whole-subject route, when it has one: no need to search twice
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
         return _fused(ctx.settings, [replace(whole, weight=1.0)]), True
-    return _fused(ctx.settings, [found for _, found in ranked]), False
+    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole)), False
+
+
+def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None) -> list[Found]:
+    found = [f for _, f in ranked]
+    if whole is None or settings.scope_min_share <= 0:
+        return found
+    return confirmed_scopes(found, [bool(route.dirs) and not route.keys for route, _ in ranked],
+                            next(i for i, f in enumerate(found) if f is whole), min_share=settings.scope_min_share,
+                            dense_weight=settings.dense_weight, dense_floor=settings.dense_floor)
 
 
 def _fused(settings: Settings, found: list[Found]) -> list[Scored]:

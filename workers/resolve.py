@@ -16,6 +16,8 @@ from pipeline.ids import episode_id, is_keyed
 from pipeline.llm_judge import Verdict
 from pipeline.models import Candidate, Memory, Status
 from pipeline.resolve import Neighbour, decide, first_per_key, record_sources
+from shared.embedder import Embedder
+from shared.errors import EmbedderRejected
 from shared.llm import LLMUnavailable
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
@@ -38,7 +40,9 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
     plan = _dispositions(ctx, candidates)
     try:
-        vectors = iter(ctx.embedder.encode([c.content for c, go in zip(candidates, plan, strict=True) if go == "now"]))
+        # A passage: the vector is stored with the memory, and compared with stored ones (neighbours).
+        vectors = iter(passage_vectors(ctx.embedder, [c.content for c, go in zip(candidates, plan, strict=True)
+                                                      if go == "now"]))
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
     outcomes: list[Outcome] = []
@@ -48,11 +52,35 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
             outcomes.append([Emit(ctx.keys.stream("resolve"), candidate)])
         else:
-            try:
-                outcomes.append(resolve_one(ctx, candidate, next(vectors)))
-            except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
-                outcomes.append(exc)
+            outcomes.append(_resolved(ctx, candidate, next(vectors)))
     return outcomes
+
+
+def passage_vectors(embedder: Embedder, texts: list[str]) -> list[list[float] | EmbedderRejected]:
+    """One call for the batch; when the endpoint refuses it, one call per text, so that only the
+    text it refuses goes to the DLQ, not the batch around it."""
+    try:
+        return list(embedder.encode_passages(texts))
+    except EmbedderRejected:
+        if len(texts) < 2:
+            raise
+        return [_passage_vector(embedder, text) for text in texts]
+
+
+def _passage_vector(embedder: Embedder, text: str) -> list[float] | EmbedderRejected:
+    try:
+        return embedder.encode_passages([text])[0]
+    except EmbedderRejected as exc:
+        return exc
+
+
+def _resolved(ctx: Context, candidate: Candidate, vector: list[float] | EmbedderRejected) -> Outcome:
+    if isinstance(vector, EmbedderRejected):
+        return vector
+    try:
+        return resolve_one(ctx, candidate, vector)
+    except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
+        return exc
 
 
 def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:

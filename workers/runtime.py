@@ -22,7 +22,7 @@ from pipeline.models import Change, LLMTrace, Memory, Revision, Trace
 from pipeline.prompting import Refused
 from shared.codec import encode
 from shared.connections import connect, require_url
-from shared.embedder import Embedder
+from shared.embedder import Embedder, build_embedder
 from shared.keys import FIELD, Keys
 from shared.llm import LLM, Answer, LLMUnavailable, elapsed_ms
 from shared.settings import Settings
@@ -55,7 +55,7 @@ class Context:
     def embedder(self) -> Embedder:
         with self._lock:
             if self._embedder is None:
-                self._embedder = Embedder(self.settings.model, self.settings.encode_batch)
+                self._embedder = build_embedder(self.settings)
             return self._embedder
 
     @property

@@ -1,8 +1,9 @@
 """The store knows which model made its vectors, and `memflow reindex` moves it to another one.
 
 Real parts: an Edge shard in tmp_path and the qdrant-client code path on `QdrantClient(":memory:")`,
-the real MiniLM model, and a small deterministic model of our own (characters hashed into 32 dims)
-as the other identity. A "process" here is a catalog: releasing it is what an exit does.
+the real MiniLM model, and a small deterministic model of our own (characters hashed into 32 dims; a
+48-dim one where a second stand-in keeps a test fast) as the other identity. A "process" here is a
+catalog: releasing it is what an exit does.
 """
 
 from __future__ import annotations

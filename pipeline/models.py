@@ -416,6 +416,9 @@ class WriteBatch(Wire):
     ops: list[WriteOp]
     # The embedding of the candidate's content, for the PutOp (computed once in resolve).
     vector: list[float] | None = None
+    # The model that made `vector`. A batch still in the stream when `memflow reindex` moves the store
+    # to another model is decided again (re-embedded) rather than mix two models' vectors in one index.
+    vector_model: str | None = None
 
     @field_validator("vector")
     @classmethod

@@ -21,15 +21,22 @@ points), which is why nothing here calls it.
 
 One process per shard: a second `EdgeShard.load` of the same directory fails on the
 WAL lock.
+
+`EdgeCatalog` keeps the shards of one collection — one directory per embedding model —
+and `<collection>.json` beside them, which names the current one and the model that made
+its vectors.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import qdrant_edge as qe
 
 from pipeline.models import Memory
@@ -41,9 +48,15 @@ from shared.store import (
     MAX_SUBJECTS,
     RRF_K,
     SPARSE,
+    Identity,
+    Index,
     MemoryFilter,
+    Progress,
     Scored,
     SearchMode,
+    Store,
+    index_name,
+    is_index_of,
     match_terms,
     patch_payload,
     require_inputs,
@@ -55,6 +68,8 @@ _PAGE = 512
 _TRANSIENT = ("IO Error", "io error", "os error", "Timeout error", "Out of memory", "WouldBlock")
 _MISSING_POINT = "No point with id"
 _INCOMPATIBLE = "config is incompatible"
+# The engine's own description of a shard, written when it is created.
+_EDGE_CONFIG = "edge_config.json"
 
 
 class EdgeStore:
@@ -113,10 +128,21 @@ class EdgeStore:
         with _engine_errors("count"):
             return self._shard.count(qe.CountRequest(exact=True, filter=flt))
 
+    def page(self, offset: str | None, limit: int) -> tuple[list[Memory], str | None]:
+        request = qe.ScrollRequest(offset=offset, limit=limit, with_payload=True)
+        with _engine_errors("scroll"):
+            records, after = self._shard.scroll(request)
+        return [Memory.model_validate(r.payload) for r in records], None if after is None else str(after)
+
     def subjects(self) -> list[str]:
         with _engine_errors("facet"):
             found = self._shard.facet(qe.FacetRequest("subject", limit=MAX_SUBJECTS, exact=True))
         return sorted(str(hit.value) for hit in found.hits)
+
+    def flush(self) -> None:
+        """Write every segment to disk (fsync): what `close` does, for a point that must survive power loss."""
+        with _engine_errors("flush"):
+            self._shard.flush()
 
     def close(self) -> None:
         """Flush segments to disk and release the directory lock. Safe to call twice."""
@@ -143,9 +169,127 @@ def _config(dim: int) -> qe.EdgeConfig:
 
 def _open(path: Path, config: qe.EdgeConfig) -> qe.EdgeShard:
     # Loading with the config makes a shard built for another dimension fail loudly.
-    if (path / "edge_config.json").exists():
+    if (path / _EDGE_CONFIG).exists():
         return qe.EdgeShard.load(str(path), config)
     return qe.EdgeShard.create(str(path), config)
+
+
+class EdgeCatalog:
+    """The shards of collection `collection` under `root`: `<collection>__<model>/` per model, and
+    `<collection>.json` naming the current one, its model and dimension.
+
+    A file, because the engine keeps no metadata of ours and one process owns the directory (DESIGN §1):
+    replaced atomically (write, fsync, rename), it is both the record and the switch. A shard made before
+    models were recorded is the directory `<collection>/` with no record beside it. A reindex's progress
+    is `<index>.reindex.json`, beside its shard.
+    """
+
+    def __init__(self, root: Path, collection: str) -> None:
+        self.collection = collection
+        self._root = root
+        self._record = root / f"{collection}.json"
+        # One EdgeStore per shard in this process: a second load of a directory fails on its lock.
+        self._open: dict[str, EdgeStore] = {}
+
+    def current(self) -> Index | None:
+        record = _read_json(self._record)
+        if record is not None:
+            return Index(record["index"], record["dim"], Identity(record["model_id"], record["dim"]))
+        unrecorded = self._root / self.collection
+        return Index(self.collection, _shard_dim(unrecorded)) if (unrecorded / _EDGE_CONFIG).exists() else None
+
+    def names(self) -> list[str]:
+        shards = self._root.iterdir() if self._root.is_dir() else iter(())
+        return sorted(p.name for p in shards if is_index_of(p.name, self.collection) and (p / _EDGE_CONFIG).exists())
+
+    def create(self, identity: Identity) -> Index:
+        index = Index(index_name(self.collection, identity), identity.dim, identity)
+        self.open(index)
+        return index
+
+    def adopt(self, index: Index, identity: Identity) -> Index:
+        adopted = Index(index.name, index.dim, identity)
+        self.switch(adopted)
+        return adopted
+
+    def open(self, index: Index) -> Store:
+        if index.name not in self._open:
+            store = EdgeStore(self._root / index.name, index.dim)
+            try:
+                store.ensure()
+            except BaseException:
+                store.close()
+                raise
+            self._open[index.name] = store
+        return self._open[index.name]
+
+    def serve(self, index: Index) -> Store:
+        return self.open(index)
+
+    def fence(self, index: Index) -> None:
+        """Nothing to fence: the process that reindexes is the shard's only user (one process per shard,
+        and `memflow reindex` refuses to run beside the `memflow up` that holds it)."""
+
+    def switch(self, index: Index) -> None:
+        assert index.identity is not None, "only a recorded index can be current"
+        if index.name in self._open:
+            # Its points sit in the write-ahead log's mapped pages: on disk before the record names it,
+            # or a power loss could leave the record pointing at an index missing its last pages.
+            self._open[index.name].flush()
+        _write_json(self._record, {"index": index.name, "model_id": index.identity.model_id, "dim": index.dim})
+
+    def drop(self, name: str) -> None:
+        store = self._open.pop(name, None)
+        if store is not None:
+            store.close()
+        shutil.rmtree(self._root / name, ignore_errors=True)
+        self._progress_path(name).unlink(missing_ok=True)
+
+    def progress(self, index: Index) -> Progress | None:
+        saved = _read_json(self._progress_path(index.name))
+        return None if saved is None else Progress.model_validate(saved)
+
+    def save_progress(self, index: Index, progress: Progress | None) -> None:
+        if progress is None:
+            self._progress_path(index.name).unlink(missing_ok=True)
+        else:
+            _write_json(self._progress_path(index.name), progress.model_dump())
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+    def _progress_path(self, name: str) -> Path:
+        return self._root / f"{name}.reindex.json"
+
+
+def _shard_dim(path: Path) -> int:
+    # The size a shard was made with, read from the engine's own description of it.
+    config = orjson.loads((path / _EDGE_CONFIG).read_bytes())
+    return int(config["vectors"][DENSE]["size"])
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Replace `path` atomically and durably: a reader (or a crash) sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".tmp")
+    with open(scratch, "wb") as f:
+        f.write(orjson.dumps(value))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(scratch, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power loss
+    finally:
+        os.close(directory)
 
 
 def _index_schema(name: str) -> qe.PayloadSchemaType | qe.KeywordIndexParams:

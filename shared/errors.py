@@ -2,11 +2,13 @@
 
     MemflowError
     ├── InvalidInput        the caller sent something we refuse (names the field); also ValueError
+    ├── ModelMismatch       the store's vectors were made by another model than the embedder's
     ├── Permanent           a message that can never succeed: straight to its DLQ
     │   ├── DecodeError     bad JSON, wrong schema version, failed validation
     │   └── EmbedderRejected    the embedding endpoint refuses this input (400, 413, 422)
     ├── Retryable           a passing fault: leave the message pending and try again
     │   ├── StoreUnavailable    Qdrant (server or shard) did not answer
+    │   │   └── IndexRetired    `memflow reindex` moved the store to another model
     │   ├── EmbedderUnavailable the embedding endpoint is down, slow, failing or answers garbage
     │   └── StaleVersion    a patch was built on an old revision
     └── RpcError            a search/pack/forget call did not complete
@@ -26,6 +28,11 @@ class InvalidInput(MemflowError, ValueError):
         self.reason = reason
 
 
+class ModelMismatch(MemflowError):
+    """Opening a store with an embedder other than the one that made its vectors: mixing two models'
+    vectors in one index would make every cosine meaningless, so the process stops and says what to do."""
+
+
 class Permanent(MemflowError):
     """Retrying cannot help: the message goes to the dead-letter stream at once."""
 
@@ -40,6 +47,11 @@ class Retryable(MemflowError):
 
 class StoreUnavailable(Retryable):
     pass
+
+
+class IndexRetired(StoreUnavailable):
+    """This process's index was fenced or dropped by `memflow reindex`: its writes wait (Retryable, never
+    dead-lettered) until the process is restarted with the model the store now records."""
 
 
 class StaleVersion(Retryable):

@@ -10,10 +10,15 @@ backed by a write the server already holds.
 
 `QdrantClient(":memory:")` runs this code path without a server (the tests do); that
 local mode ignores payload indexes and is far too slow past a few thousand points.
+
+`ServerCatalog` keeps the collections of one memflow collection — one per embedding
+model — and which is current, in collection metadata and aliases (Qdrant ≥ 1.16 for
+metadata).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,16 +30,22 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from pipeline.models import Memory
 from shared import sparse
-from shared.errors import StoreUnavailable
+from shared.errors import IndexRetired, StoreUnavailable
 from shared.store import (
     DENSE,
+    INDEX_SEPARATOR,
     INDEXED_FIELDS,
     MAX_SUBJECTS,
     RRF_K,
     SPARSE,
+    Identity,
+    Index,
     MemoryFilter,
+    Progress,
     Scored,
     SearchMode,
+    Store,
+    index_name,
     match_terms,
     patch_payload,
     require_inputs,
@@ -47,15 +58,23 @@ _TRANSIENT_GRPC = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
 })
+# Collection metadata keys: the model that made an index's vectors, and a reindex's progress into it.
+MODEL_KEY, DIM_KEY, PROGRESS_KEY = "memflow_model_id", "memflow_dim", "memflow_reindex"
+# What serving processes write and read an index through: `fence` deletes the first, `drop` both.
+WRITES_SUFFIX, READS_SUFFIX = "_writes", "_reads"
 
 
 class ServerStore:
-    """`Store` on collection `collection` of the Qdrant behind `client`."""
+    """`Store` on collection `collection` of the Qdrant behind `client`; reads through `reads` when given
+    (a serving process: writes and reads go through two aliases that a reindex retires apart)."""
 
-    def __init__(self, client: QdrantClient, collection: str, dim: int) -> None:
+    def __init__(self, client: QdrantClient, collection: str, dim: int, *,
+                 metadata: dict[str, Any] | None = None, reads: str | None = None) -> None:
         self._client = client
         self._collection = collection
+        self._reads = reads or collection
         self._dim = dim
+        self._metadata = metadata  # recorded on the collection if `ensure` creates it
 
     def ensure(self) -> None:
         """Create the collection and any missing payload index; refuse a collection of another dim."""
@@ -88,7 +107,7 @@ class ServerStore:
         while True:
             with _server_errors("scroll"):
                 records, offset = self._client.scroll(
-                    self._collection, scroll_filter=server_filter, limit=_PAGE, offset=offset,
+                    self._reads, scroll_filter=server_filter, limit=_PAGE, offset=offset,
                     with_payload=True,
                 )
             found.extend(Memory.model_validate(r.payload) for r in records)
@@ -103,7 +122,7 @@ class ServerStore:
         require_inputs(mode, dense, text)
         with _server_errors("query"):
             response = self._client.query_points(
-                self._collection, limit=limit, with_payload=True,
+                self._reads, limit=limit, with_payload=True,
                 **_query_args(_filter(flt), mode, limit, dense, text),
             )
         return [Scored(Memory.model_validate(p.payload), p.score) for p in response.points]
@@ -117,11 +136,16 @@ class ServerStore:
     def count(self, subject: str | None = None) -> int:
         flt = None if subject is None else models.Filter(must=[_subject(subject)])
         with _server_errors("count"):
-            return self._client.count(self._collection, count_filter=flt, exact=True).count
+            return self._client.count(self._reads, count_filter=flt, exact=True).count
+
+    def page(self, offset: str | None, limit: int) -> tuple[list[Memory], str | None]:
+        with _server_errors("scroll"):
+            records, after = self._client.scroll(self._reads, limit=limit, offset=offset, with_payload=True)
+        return [Memory.model_validate(r.payload) for r in records], None if after is None else str(after)
 
     def subjects(self) -> list[str]:
         with _server_errors("facet"):
-            found = self._client.facet(self._collection, key="subject", limit=MAX_SUBJECTS, exact=True)
+            found = self._client.facet(self._reads, key="subject", limit=MAX_SUBJECTS, exact=True)
         return sorted(str(hit.value) for hit in found.hits)
 
     def close(self) -> None:
@@ -133,15 +157,175 @@ class ServerStore:
                 self._collection,
                 vectors_config={DENSE: models.VectorParams(size=self._dim, distance=models.Distance.COSINE)},
                 sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+                metadata=self._metadata,
             )
         except UnexpectedResponse as exc:
             if exc.status_code != 409:  # 409: another process created it first, which is fine
                 raise
 
 
-def _check_dim(info: models.CollectionInfo, collection: str, dim: int) -> None:
+class ServerCatalog:
+    """The collections of memflow collection `collection` on the server behind `client`.
+
+    - Each index is a collection `<collection>__<model>` whose metadata records the model and dimension
+      of its vectors (and, while a reindex fills it, its progress).
+    - The alias `<collection>` names the current index: the record of which one searches use, switched
+      atomically (one alias operation), and what other tools should read.
+    - Serving processes write to the current index through the alias `<index>_writes`, which `fence`
+      deletes, and read through `<index>_reads`, which goes with the index when it is dropped after the
+      switch. The server resolves an alias per request, so once the fence is up no serving process's
+      write reaches the old index (no check of ours on the write path) while searches still answer from
+      it; a process still on the old model then gets IndexRetired — Retryable: its writes wait in their
+      streams — until restarted with the new model.
+    - A plain collection named `<collection>` predates the record; it is adopted (metadata, aliases)
+      by the first process whose dimension matches, and dropped by its first reindex.
+    """
+
+    def __init__(self, client: QdrantClient, collection: str) -> None:
+        self.collection = collection
+        self._client = client
+
+    def current(self) -> Index | None:
+        with _server_errors("read the current index"):
+            name = self._aliases().get(self.collection) or self._unaliased()
+            return None if name is None else self._index(name)
+
+    def names(self) -> list[str]:
+        with _server_errors("list collections"):
+            return sorted(n for n in self._collections() if n == self.collection or self._made_by_us(n))
+
+    def create(self, identity: Identity) -> Index:
+        index = Index(index_name(self.collection, identity), identity.dim, identity)
+        ServerStore(self._client, index.name, index.dim, metadata=_record(identity)).ensure()
+        return index
+
+    def adopt(self, index: Index, identity: Identity) -> Index:
+        with _server_errors("adopt"):
+            self._client.update_collection(index.name, metadata=_record(identity))
+            self._set_aliases(_serving(index.name))
+        return Index(index.name, index.dim, identity)
+
+    def open(self, index: Index) -> Store:
+        return ServerStore(self._client, index.name, index.dim)
+
+    def serve(self, index: Index) -> Store:
+        ServerStore(self._client, index.name, index.dim).ensure()  # payload indexes added since it was made
+        with _server_errors("read aliases"):
+            if _writes(index.name) not in self._aliases():
+                raise IndexRetired(f"qdrant: index {index.name} is fenced: a `memflow reindex` is switching "
+                                   f"{self.collection!r} to another model (run it again if it was interrupted)")
+        return ServerStore(self._client, _writes(index.name), index.dim, reads=_reads(index.name))
+
+    def fence(self, index: Index) -> None:
+        with _server_errors("fence"):
+            if _writes(index.name) in self._aliases():
+                self._change_aliases([_delete_alias(_writes(index.name))])
+
+    def switch(self, index: Index) -> None:
+        with _server_errors("switch"):
+            if self.collection in self._collections():
+                self._replace_unrecorded(index)
+            else:  # one request: the server applies the alias changes atomically
+                self._set_aliases({self.collection: index.name, **_serving(index.name)})
+
+    def drop(self, name: str) -> None:
+        with _server_errors("drop"):
+            if name in self._collections():
+                self._client.delete_collection(name)
+
+    def progress(self, index: Index) -> Progress | None:
+        with _server_errors("read progress"):
+            if index.name not in self._collections():
+                return None
+            saved = (self._client.get_collection(index.name).config.metadata or {}).get(PROGRESS_KEY)
+        return None if saved is None else Progress.model_validate(saved)
+
+    def save_progress(self, index: Index, progress: Progress | None) -> None:
+        # Metadata updates merge key by key; null removes the key.
+        saved = None if progress is None else progress.model_dump()
+        with _server_errors("save progress"):
+            self._client.update_collection(index.name, metadata={PROGRESS_KEY: saved})
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _replace_unrecorded(self, index: Index) -> None:
+        # The alias cannot take the name of a collection that still exists: the old collection goes
+        # first. A process opening the store in between finds no alias and no such collection, and
+        # `_unaliased` points the alias at the one index there is — this one — rather than start empty.
+        self._set_aliases(_serving(index.name))
+        self._client.delete_collection(self.collection)
+        self._set_aliases({self.collection: index.name})
+
+    def _unaliased(self) -> str | None:
+        names = self._collections()
+        if self.collection in names:
+            return self.collection
+        ours = [n for n in names if self._made_by_us(n)]
+        if len(ours) != 1:
+            return None
+        self._set_aliases({self.collection: ours[0]})
+        return ours[0]
+
+    def _index(self, name: str) -> Index:
+        info = self._client.get_collection(name)
+        recorded = info.config.metadata or {}
+        identity = Identity(str(recorded[MODEL_KEY]), int(recorded[DIM_KEY])) if MODEL_KEY in recorded else None
+        return Index(name, _dense_size(info) or 0, identity)
+
+    def _made_by_us(self, name: str) -> bool:
+        if not name.startswith(self.collection + INDEX_SEPARATOR):
+            return False
+        return MODEL_KEY in (self._client.get_collection(name).config.metadata or {})
+
+    def _collections(self) -> set[str]:
+        return {c.name for c in self._client.get_collections().collections}
+
+    def _aliases(self) -> dict[str, str]:
+        return {a.alias_name: a.collection_name for a in self._client.get_aliases().aliases}
+
+    def _set_aliases(self, wanted: dict[str, str]) -> None:
+        # Deleting an alias that does not exist, or creating one that does, is an error on some
+        # servers: each is replaced explicitly, in the same atomic request.
+        existing = self._aliases()
+        self._change_aliases([*(_delete_alias(a) for a in wanted if a in existing),
+                              *(_create_alias(a, c) for a, c in wanted.items())])
+
+    def _change_aliases(self, operations: list[Any]) -> None:
+        self._client.update_collection_aliases(change_aliases_operations=operations)
+
+
+def _writes(name: str) -> str:
+    return f"{name}{WRITES_SUFFIX}"
+
+
+def _reads(name: str) -> str:
+    return f"{name}{READS_SUFFIX}"
+
+
+def _serving(name: str) -> dict[str, str]:
+    return {_writes(name): name, _reads(name): name}
+
+
+def _record(identity: Identity) -> dict[str, Any]:
+    return {MODEL_KEY: identity.model_id, DIM_KEY: identity.dim}
+
+
+def _create_alias(alias: str, collection: str) -> models.CreateAliasOperation:
+    return models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=collection, alias_name=alias))
+
+
+def _delete_alias(alias: str) -> models.DeleteAliasOperation:
+    return models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))
+
+
+def _dense_size(info: models.CollectionInfo) -> int | None:
     vectors = info.config.params.vectors
-    size = vectors[DENSE].size if isinstance(vectors, dict) and DENSE in vectors else None
+    return vectors[DENSE].size if isinstance(vectors, dict) and DENSE in vectors else None
+
+
+def _check_dim(info: models.CollectionInfo, collection: str, dim: int) -> None:
+    size = _dense_size(info)
     if size != dim:
         raise ValueError(f"collection {collection!r} holds dense vectors of size {size}; "
                          f"the embedder makes {dim}")
@@ -201,6 +385,15 @@ def _sparse(text: str | None) -> models.SparseVector:
     return models.SparseVector(indices=indices, values=values)
 
 
+_LOCAL_MISSING = re.compile(r"Collection \S+ not found")
+
+
+def _retired(action: str, message: str) -> IndexRetired:
+    # What a serving process sees once `memflow reindex` fenced its index (or someone deleted it).
+    return IndexRetired(f"qdrant: {action}: {message} — if `memflow reindex` moved the store to another model, "
+                        "restart with that model")
+
+
 @contextmanager
 def _server_errors(action: str) -> Iterator[None]:
     """Network faults and retryable statuses become StoreUnavailable; a missing point
@@ -214,6 +407,13 @@ def _server_errors(action: str) -> Iterator[None]:
             raise StoreUnavailable(f"qdrant: {action}: {exc}") from exc
         if exc.status_code == 404 and b"No point with id" in exc.content:
             raise KeyError(exc.content.decode(errors="replace")) from exc
+        if exc.status_code == 404 and b"Collection" in exc.content:
+            raise _retired(action, exc.content.decode(errors="replace")) from exc
+        raise
+    except ValueError as exc:
+        # The local mode's word for a missing collection (the server's is a 404, above).
+        if _LOCAL_MISSING.fullmatch(str(exc)):
+            raise _retired(action, str(exc)) from exc
         raise
     except grpc.RpcError as exc:
         if exc.code() in _TRANSIENT_GRPC:  # raised errors are also grpc.Call, which has code()

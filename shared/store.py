@@ -10,18 +10,24 @@ fuse dense and sparse prefetches with RRF inside the engine.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from pipeline.models import Dir, Memory, MType, Status
 from pipeline.score import RRF_K as RRF_K  # the adapters fuse with the read path's constant
+from shared.errors import ModelMismatch
 
 if TYPE_CHECKING:
     from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DENSE = "dense"
 SPARSE = "bm25"
@@ -29,6 +35,8 @@ SPARSE = "bm25"
 MAX_SUBJECTS = 1_000_000
 INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key")
 SearchMode = Literal["dense", "sparse", "hybrid"]
+# An index of collection "memflow" made by one model is "memflow__<model>"; names of that form are memflow's.
+INDEX_SEPARATOR = "__"
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,12 @@ class Store(Protocol):
 
     def count(self, subject: str | None = None) -> int:
         """Number of points, of one subject or in all."""
+        ...
+
+    def page(self, offset: str | None, limit: int) -> tuple[list[Memory], str | None]:
+        """Up to `limit` points of every subject and status, in id order from `offset` (None: the first),
+        and the offset of the next page (None after the last). Whole-store maintenance only (reindex):
+        it crosses tenants, so no request of an agent reaches it."""
         ...
 
     def subjects(self) -> list[str]:
@@ -147,27 +161,153 @@ def require_inputs(mode: SearchMode, dense: Sequence[float] | None, text: str | 
         raise ValueError(f"mode {mode!r} needs a text")
 
 
-def open_store(settings: Settings, dim: int) -> Store:
-    """The store this deployment uses, ready to write: a Qdrant server when
-    `settings.qdrant_url` is set, else an Edge shard under `settings.data_dir`."""
-    store = _connect(settings, dim)
+# ---------------------------------------------------------------------------
+# Which model made the vectors (DESIGN §1: "The collection records which model made its vectors").
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The model that makes an index's dense vectors. Two models' vectors are never mixed in one
+    index: a cosine between them means nothing, and nothing would say so."""
+
+    model_id: str
+    dim: int
+
+    def __str__(self) -> str:
+        return f"{self.model_id} ({self.dim} dims)"
+
+
+@dataclass(frozen=True)
+class Index:
+    """One physical index of the collection: an Edge shard directory or a server collection."""
+
+    name: str
+    dim: int
+    # None: made before memflow recorded models; the first process whose dimension matches adopts it.
+    identity: Identity | None = None
+
+
+class Progress(BaseModel):
+    """How far a reindex into an index has come; saved with that index after every page (shared/reindex.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str  # the index being copied
+    offset: str | None = None  # the first id of the next page to copy
+    copied: int = 0
+    done: bool = False  # every page copied: only the catch-up and the switch remain
+
+
+class Catalog(Protocol):
+    """The indexes of one collection on one engine, and which of them is current.
+
+    `EdgeCatalog` keeps the record in a JSON file beside the shards; `ServerCatalog` in collection
+    metadata and aliases. `open_current` (serving processes) and `shared.reindex` (the migration)
+    are written against this alone.
+    """
+
+    collection: str
+
+    def current(self) -> Index | None:
+        """The index searches use now; None before the first process opened the collection."""
+
+    def names(self) -> list[str]:
+        """Every index of this collection that memflow made, current or not (leftovers included)."""
+
+    def create(self, identity: Identity) -> Index:
+        """The index for this model (named after it), made empty if missing. Not current until `switch`."""
+
+    def adopt(self, index: Index, identity: Identity) -> Index:
+        """Record `identity` as the maker of an index made before models were recorded."""
+
+    def open(self, index: Index) -> Store:
+        """The index itself, as a reindex reads and fills it (still readable once fenced)."""
+
+    def serve(self, index: Index) -> Store:
+        """The current index as serving processes use it: what `fence` cuts off."""
+
+    def fence(self, index: Index) -> None:
+        """From now on no serving process writes to `index` (their writes fail with IndexRetired)."""
+
+    def switch(self, index: Index) -> None:
+        """Make `index` current, atomically."""
+
+    def drop(self, name: str) -> None:
+        """Delete an index that is not current, and its progress. Nothing if it does not exist."""
+
+    def progress(self, index: Index) -> Progress | None:
+        """The saved progress of a reindex into `index`, if one was started."""
+
+    def save_progress(self, index: Index, progress: Progress | None) -> None:
+        """Persist (None: forget) the progress of a reindex into `index`; durable when it returns."""
+
+    def close(self) -> None:
+        """Release the engine (an Edge shard's directory lock)."""
+
+
+def index_name(collection: str, identity: Identity) -> str:
+    """The index one model's vectors live in: readable, distinct for any two identities, and made of
+    the characters both engines accept in a name."""
+    readable = re.sub(r"[^a-z0-9]+", "-", identity.model_id.lower()).strip("-")[:48]
+    digest = hashlib.sha256(identity.model_id.encode()).hexdigest()[:8]
+    return f"{collection}{INDEX_SEPARATOR}{readable}-{identity.dim}-{digest}"
+
+
+def is_index_of(name: str, collection: str) -> bool:
+    return name == collection or name.startswith(collection + INDEX_SEPARATOR)
+
+
+def open_store(settings: Settings, identity: Identity) -> Store:
+    """The store this deployment uses, ready to write: a Qdrant server when `settings.qdrant_url` is
+    set, else an Edge shard under `settings.data_dir`. ModelMismatch if another model made its vectors."""
+    catalog = catalog_for(settings)
     try:
-        store.ensure()
+        return open_current(catalog, identity)
     except BaseException:
-        store.close()  # an Edge shard holds a lock on its directory until closed
+        catalog.close()  # an Edge shard holds a lock on its directory until closed
         raise
-    return store
 
 
-def _connect(settings: Settings, dim: int) -> Store:
+def open_current(catalog: Catalog, identity: Identity) -> Store:
+    """The current index for a process whose embedder is `identity`: made if there is none, adopted if
+    it predates the record and its dimension matches, refused if another model made it."""
+    index = catalog.current()
+    if index is None:
+        index = catalog.create(identity)
+        catalog.switch(index)
+    elif index.identity is None:
+        index = _adopt(catalog, index, identity)
+    elif index.identity != identity:
+        raise ModelMismatch(mismatch_message(catalog.collection, index, identity))
+    return catalog.serve(index)
+
+
+def _adopt(catalog: Catalog, index: Index, identity: Identity) -> Index:
+    if index.dim != identity.dim:
+        raise ModelMismatch(mismatch_message(catalog.collection, index, identity))
+    log.warning("collection %s: index %s predates the model record; its %d-dim vectors are taken as %s's "
+                "(same dimension: nothing else can tell)", catalog.collection, index.name, index.dim,
+                identity.model_id)
+    return catalog.adopt(index, identity)
+
+
+def mismatch_message(collection: str, index: Index, wanted: Identity) -> str:
+    made = f"vectors of {index.identity}" if index.identity else f"{index.dim}-dim vectors of an unrecorded model"
+    held = index.identity.model_id if index.identity else "the old model"
+    return (f"collection {collection!r} holds {made}, but the embedder is {wanted}: run `memflow reindex` with "
+            f"this embedder configured to re-embed every memory with it (searches keep using {held} until it "
+            f"switches), or configure {held} again")
+
+
+def catalog_for(settings: Settings) -> Catalog:
     # Imported here so that an embedded deployment never imports qdrant-client.
     if settings.qdrant_url:
         from qdrant_client import QdrantClient
 
-        from shared.server_store import ServerStore
+        from shared.server_store import ServerCatalog
 
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return ServerStore(QdrantClient(url=settings.qdrant_url, api_key=key), settings.collection, dim)
-    from shared.edge_store import EdgeStore
+        return ServerCatalog(QdrantClient(url=settings.qdrant_url, api_key=key), settings.collection)
+    from shared.edge_store import EdgeCatalog
 
-    return EdgeStore(settings.data_dir / "qdrant" / settings.collection, dim)
+    return EdgeCatalog(settings.data_dir / "qdrant", settings.collection)

@@ -6,6 +6,7 @@ Vectors are tiny (dim 8) and hand-made so that every expected cosine is known.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import uuid
@@ -22,7 +23,7 @@ from shared.edge_store import EdgeStore
 from shared.errors import StoreUnavailable
 from shared.server_store import ServerStore
 from shared.settings import Settings
-from shared.store import RRF_K, MemoryFilter, Store, open_store
+from shared.store import RRF_K, Identity, MemoryFilter, Store, open_store
 
 DIM = 8
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -264,10 +265,12 @@ def test_unreachable_server_is_store_unavailable() -> None:
 
 
 def test_open_store_without_a_url_is_an_edge_shard(tmp_path: Path) -> None:
-    opened = open_store(Settings(qdrant_url=None, data_dir=tmp_path, collection="c1"), DIM)
+    opened = open_store(Settings(qdrant_url=None, data_dir=tmp_path, collection="c1"), Identity("test:axes", DIM))
     try:
         assert isinstance(opened, EdgeStore)
-        assert (tmp_path / "qdrant" / "c1" / "edge_config.json").exists()
+        record = json.loads((tmp_path / "qdrant" / "c1.json").read_text())
+        assert record["model_id"] == "test:axes" and record["dim"] == DIM
+        assert (tmp_path / "qdrant" / record["index"] / "edge_config.json").exists()
     finally:
         opened.close()
 

@@ -23,11 +23,14 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from scheduler.app import build_scheduler, next_fire_times
 from shared import dlq as dead
 from shared.client import MemoryClient
-from shared.connections import connect, require_url
+from shared.connections import connect, require_url, running
+from shared.embedder import Embedder, build_embedder
 from shared.errors import InvalidInput, MemflowError
 from shared.keys import FIELD, STAGES, Keys
+from shared.reindex import DEFAULT_BATCH, Report, Step, reindex
 from shared.settings import Settings, get_settings
 from shared.status import PipelineStatus, read_status
+from shared.store import Catalog, catalog_for
 from workers.process import QUERY, own_redis, run_stages, spawn_stage, stop_children, temporary_data_dir
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
@@ -328,6 +331,68 @@ def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review
                f"send {len(report['sent'])} of {report['examined']} memories in {report['subjects']} subject(s) "
                f"as of {report['now']}; {len(report['undecided'])} undecided, {len(report['skipped'])} skipped "
                "(changed meanwhile)")
+
+
+# -- the store's model ----------------------------------------------------------------
+
+REINDEX_PHASES = {"copy": "copy", "catch-up": "catch up", "final": "final pass", "switch": "switch"}
+
+
+@app.command("reindex")
+def reindex_store(batch: Annotated[int, typer.Option("--batch", min=1, help=(
+                      "Memories per page: encoded together, saved together (a resumed run starts after the "
+                      "last page saved)."))] = DEFAULT_BATCH,
+                  as_json: JsonFlag = False) -> None:
+    """Re-embed every memory (every subject and status, history too) with the configured model. Searches
+    keep using the old vectors until it switches; a killed run resumes where it stopped. With an Edge shard
+    (no MEMFLOW_QDRANT_URL), stop `memflow up` first: the shard has one owner."""
+    settings = _settings("WARNING")
+    _refuse_beside_up(settings)
+    catalog = catalog_for(settings)
+    try:
+        report = _reindex_showing_progress(catalog, build_embedder(settings), batch, as_json)
+    except KeyboardInterrupt:
+        raise MemflowError("reindex interrupted, progress saved: run `memflow reindex` again to resume") from None
+    finally:
+        catalog.close()
+    if as_json:
+        _print_json(asdict(report))
+    else:
+        typer.echo(_reindex_summary(report))
+
+
+def _refuse_beside_up(settings: Settings) -> None:
+    owner = None if settings.qdrant_url else running(settings.data_dir)
+    if owner is not None:
+        raise MemflowError(f"`memflow up` (pid {owner.pid}) holds the Edge shard in {settings.data_dir.resolve()}: "
+                           "stop it, run `memflow reindex`, then start it again with the new model configured")
+
+
+def _reindex_showing_progress(catalog: Catalog, embedder: Embedder, batch: int, quiet: bool) -> Report:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    tasks: dict[str, TaskID] = {}
+    # On stderr, so that --json output stays one document on stdout.
+    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), disable=quiet) as bar:
+
+        def show(step: Step) -> None:
+            if step.phase not in tasks:
+                tasks[step.phase] = bar.add_task(REINDEX_PHASES[step.phase], total=step.total)
+            bar.update(tasks[step.phase], completed=step.done, total=step.total)
+
+        return reindex(catalog, embedder, batch=batch, on_step=show)
+
+
+def _reindex_summary(r: Report) -> str:
+    if r.already:
+        return f"nothing to do: {r.collection!r} already holds vectors of {r.target} ({r.points} memories)"
+    rate = r.copied / r.seconds if r.seconds else 0.0
+    resumed = f", resuming after {r.resumed_at}" if r.resumed_at else ""
+    return (f"reindexed {r.collection!r}: {r.points} memories now hold vectors of {r.target} (were {r.source}); "
+            f"{r.copied} embedded in {r.seconds:.1f} s ({rate:.0f}/s){resumed}; {r.refreshed} changed and "
+            f"{r.removed} deleted meanwhile were carried over. Start memflow with this model configured.")
 
 
 # -- dead letters --------------------------------------------------------------------

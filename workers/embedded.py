@@ -38,6 +38,7 @@ def embedded(settings: Settings, *, light_in_process: bool = False,
         ctx = Context.from_settings(running)
         if embedder is not None:
             ctx._embedder = embedder
+        ctx.store  # noqa: B018 - open it (and check its model) before any stage consumes
         stop = threading.Event()
         children = [] if light_in_process else [spawn_stage(running, stage) for stage in LIGHT_STAGES]
         stages = (*LIGHT_STAGES, *STORE_STAGES) if light_in_process else STORE_STAGES

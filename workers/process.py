@@ -22,7 +22,7 @@ from shared.errors import MemflowError
 from shared.redis_server import start_redis
 from shared.settings import Settings, to_env
 from workers.query import build_worker
-from workers.runtime import Context, start_consumers, stop_on_signals
+from workers.runtime import STORE_STAGES, Context, start_consumers, stop_on_signals
 
 log = logging.getLogger(__name__)
 QUERY = "query"
@@ -30,6 +30,10 @@ QUERY = "query"
 
 def run_stages(settings: Settings, stages: Sequence[str]) -> None:
     ctx = Context.from_settings(settings)
+    if set(stages) & {*STORE_STAGES, QUERY}:
+        # Opened (and its model checked) before any stage consumes: a ModelMismatch stops the process
+        # with its one line, instead of failing every message it would have read.
+        ctx.store  # noqa: B018
     stop = threading.Event()
     stop_on_signals(stop)
     threads = start_consumers(ctx, [s for s in stages if s != QUERY], stop)

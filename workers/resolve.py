@@ -104,7 +104,8 @@ def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list
         batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
     if not batch.ops:
         return []
-    return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update={"vector": vector}))]
+    made = {"vector": vector, "vector_model": ctx.embedder.model_id}
+    return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update=made))]
 
 
 def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:

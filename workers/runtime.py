@@ -26,7 +26,7 @@ from shared.embedder import Embedder, build_embedder
 from shared.keys import FIELD, Keys
 from shared.llm import LLM, Answer, LLMUnavailable, elapsed_ms
 from shared.settings import Settings
-from shared.store import Store, open_store
+from shared.store import Identity, Store, open_store
 from shared.streams import ConsumerConfig, StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,11 @@ class Context:
 
     @property
     def store(self) -> Store:
-        dim = self.embedder.dim
+        """The store, opened for this process's embedder: ModelMismatch if another model made its vectors."""
+        embedder = self.embedder
         with self._lock:
             if self._store is None:
-                self._store = open_store(self.settings, dim)
+                self._store = open_store(self.settings, Identity(embedder.model_id, embedder.dim))
             return self._store
 
     @property

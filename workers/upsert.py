@@ -26,6 +26,10 @@ def build(ctx: Context) -> StreamConsumer[WriteBatch]:
 
 
 def handle(ctx: Context, batch: WriteBatch) -> list[Emit]:
+    if batch.vector_model not in (None, ctx.embedder.model_id):
+        # Embedded before `memflow reindex` switched models: decided again, and embedded by this model
+        # (through send_back, so that two processes on different models cannot pass it back and forth).
+        return send_back(ctx, batch)
     if batch.vector is not None and len(batch.vector) != ctx.embedder.dim:
         # Another model's vector fails in the store on every delivery: refused at once, with the reason.
         raise Permanent(f"vector has {len(batch.vector)} dimensions; the store holds {ctx.embedder.dim}")

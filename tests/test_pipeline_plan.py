@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.models import Dir, QueryPlan, Route, Strategy
-from pipeline.plan import INTENT_DIRS, Intent, is_ambiguous, named_entities, plan
+from pipeline.plan import INTENT_DIRS, Intent, is_ambiguous, is_transcript, named_entities, plan, recent_turns
 
 DEV_SCENARIOS = Path("/work/shared/eval/dev-scenarios.jsonl")
 STRATEGIES = set(typing.get_args(Strategy))
@@ -250,3 +250,29 @@ def test_a_question_about_a_known_topic_also_searches_its_key(query: str, key: s
     keyed = [r for r in plan(query).routes if r.keys]
     assert [r.keys for r in keyed] == ([[key, key + ".now"]] if key else [])
     assert all(r.dirs == [] and r.strategy == "semantic" for r in keyed)
+
+
+DIALOGUE = ("Bart: Do you think my outfit looks good today?\n"
+            "Assistant: Wow, it looks really great on you!\n"
+            "Bart: Really? My mom picked it out, and I really like this color!\n"
+            "Assistant：你妈妈选得太好了\n"
+            "Bart: I also think the little flowers above are very pretty!")
+
+
+def test_a_transcript_is_searched_as_it_stands_over_the_whole_subject() -> None:
+    """Its lines cue every intent, and its capitalised words ("Do", "Really") are no names."""
+    assert is_transcript(DIALOGUE) and not is_transcript("What do I like?\nAnd why?")
+    planned = plan(DIALOGUE)
+    assert [(r.text, r.dirs, r.strategy, r.keys) for r in planned.routes] == [(DIALOGUE, [], "semantic", [])]
+    assert not is_ambiguous(DIALOGUE)
+    # Two lines are still one request: planned as before.
+    assert plan("I prefer tabs.\nWhat indentation do I like?").routes[0].dirs
+
+
+def test_the_recent_turns_of_a_dialogue_are_its_last_lines_without_speakers() -> None:
+    assert recent_turns(DIALOGUE, 2) == "你妈妈选得太好了\nI also think the little flowers above are very pretty!"
+    assert recent_turns(DIALOGUE, 1) == "I also think the little flowers above are very pretty!"
+    assert recent_turns("What do I like?\nAnd why?", 2) is None
+    assert recent_turns(DIALOGUE, 0) is None
+    # A colon inside a sentence is not a speaker: a speaker's name has no spaces.
+    assert recent_turns("a\nb\nNote the time: 5pm", 1) == "Note the time: 5pm"

@@ -11,10 +11,12 @@ from pipeline.score import (
     Lifecycle,
     collapse_records,
     confirmed_scopes,
+    dense_scale,
     flat_plan,
     fuse,
     fuse_found,
     lifecycle_scores,
+    noise_floor,
     normalised,
     rank,
     reweight,
@@ -213,3 +215,20 @@ def test_a_scoped_route_whose_dirs_miss_the_best_match_is_dropped_and_one_that_h
     mixed = confirmed_scopes([Found(1.0, keyword=[(best, 8.0)], dense=[(rule, 0.9)]), dense_scope], [False, True], 0,
                              min_share=0.3, dense_weight=0.5)
     assert [f.weight for f in mixed] == [1.0, 1.0]
+
+
+def test_a_query_s_noise_floor_is_its_best_cosine_with_unrelated_text() -> None:
+    """e5 scores unrelated text 0.74–0.86: against a floor of 0 every candidate would look nearly as
+    good as the best. What the query scores against text about nothing it asks is the floor."""
+    query = [1.0, 0.0, 0.0]
+    unrelated = [[0.8, 0.6, 0.0], [0.6, 0.0, 0.8]]
+    assert noise_floor(query, unrelated) == 0.8
+    assert noise_floor(query, []) == 0.0
+    a, b, c = memory("a"), memory("b"), memory("c")
+    route = Found(1.0, dense=[(a, 0.92), (b, 0.86), (c, 0.78)])
+    assert dense_scale([route], 0.8) == (0.8, 0.92)
+    assert dense_scale([Found(1.0, dense=[(a, 0.7)])], 0.8) == (0.7, 0.7)  # nothing beats the floor: no spread
+    spread = dict((m.id, round(s, 6)) for m, s in fuse_found([route], dense_weight=1.0, dense_floor=0.8))
+    assert spread == {"a": 1.0, "b": 0.5, "c": 0.0}
+    flat = dict((m.id, round(s, 6)) for m, s in fuse_found([route], dense_weight=1.0))
+    assert flat["c"] > 0.84

@@ -35,7 +35,7 @@ from pipeline.models import (
     Trace,
 )
 from pipeline.pack import pack as build_prompt
-from pipeline.plan import is_ambiguous
+from pipeline.plan import is_ambiguous, recent_turns
 from pipeline.plan import plan as make_plan
 from pipeline.prompting import Refused
 from pipeline.score import (
@@ -46,12 +46,14 @@ from pipeline.score import (
     flat_plan,
     fuse,
     fuse_found,
+    noise_floor,
     rank,
     reweight,
     unscoped,
 )
 from shared.client import check_subject
 from shared.codec import decode, encode
+from shared.embedder import summed
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import STAGES
 from shared.llm import LLMUnavailable
@@ -151,33 +153,46 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
     pool = max(ctx.settings.candidate_pool, req.k * 4)
-    # One encode call for every text a dense route needs (sparse routes need none); each is asked, not stored.
-    texts = list(dict.fromkeys([req.query, *(r.text for r in plan.routes if r.strategy == "semantic")]))
-    vectors = dict(zip(texts, ctx.embedder.encode_queries(texts), strict=True))
+    vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
+    floor = ctx.settings.dense_floor
+    if floor is None:
+        floor = noise_floor(vectors[req.query], ctx.unrelated)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return _fused(ctx.settings, [replace(whole, weight=1.0)]), True
-    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole)), False
+        return _fused(ctx.settings, [replace(whole, weight=1.0)], floor), True
+    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, floor), floor), False
 
 
-def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None) -> list[Found]:
+def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
+    """{text: its dense query vector}, from one encode call for every text a dense route needs (sparse
+    routes need none). A dialogue's vector is the sum of its whole text's and its last turns'
+    (`recent_turns`): a cosine with it ranks as the sum of the two cosines."""
+    texts = list(dict.fromkeys(texts))
+    recent = {t: r for t in texts if (r := recent_turns(t, ctx.settings.recent_turns))}
+    asked = list(dict.fromkeys([*texts, *recent.values()]))
+    encoded = dict(zip(asked, ctx.embedder.encode_queries(asked), strict=True))
+    return {t: summed([encoded[t], encoded[recent[t]]]) if t in recent else encoded[t] for t in texts}
+
+
+def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None,
+               floor: float) -> list[Found]:
     found = [f for _, f in ranked]
     if whole is None or settings.scope_min_share <= 0:
         return found
     return confirmed_scopes(found, [bool(route.dirs) and not route.keys for route, _ in ranked],
                             next(i for i, f in enumerate(found) if f is whole), min_share=settings.scope_min_share,
-                            dense_weight=settings.dense_weight, dense_floor=settings.dense_floor)
+                            dense_weight=settings.dense_weight, dense_floor=floor)
 
 
-def _fused(settings: Settings, found: list[Found]) -> list[Scored]:
+def _fused(settings: Settings, found: list[Found], floor: float) -> list[Scored]:
     if settings.fusion == "rrf":
         return fuse([(f.weight, f.keyword) for f in found], "rrf")
-    return fuse_found(found, dense_weight=settings.dense_weight, dense_floor=settings.dense_floor,
+    return fuse_found(found, dense_weight=settings.dense_weight, dense_floor=floor,
                       smoothing=settings.context_smoothing)
 
 

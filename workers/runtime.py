@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ import redis
 from pipeline.gate import redact
 from pipeline.models import Change, LLMTrace, Memory, Revision, Trace
 from pipeline.prompting import Refused
+from pipeline.score import UNRELATED
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.embedder import Embedder, build_embedder
@@ -57,6 +59,11 @@ class Context:
             if self._embedder is None:
                 self._embedder = build_embedder(self.settings)
             return self._embedder
+
+    @cached_property
+    def unrelated(self) -> list[list[float]]:
+        """`pipeline.score.UNRELATED` as stored passages: what a query's noise floor is measured against."""
+        return self.embedder.encode_passages(UNRELATED)
 
     @property
     def store(self) -> Store:

@@ -97,10 +97,12 @@ def dense_scale(found: Sequence[Found], floor: float) -> tuple[float, float]:
 # Sentences about nothing a memory search asks (office, weather, errands; Chinese and English): how
 # close a query comes to them is the model's "unrelated" for that query (`noise_floor`).
 UNRELATED = (
-    "The invoice was paid on Tuesday.", "今天的天气预报说下午会下雨。", "The meeting room on the third floor is booked.",
-    "这家餐厅的菜单每个季度更换一次。", "Set the thermostat to 21 degrees.", "火车晚点了二十分钟。",
-    "The library closes at eight in the evening.", "请把文件发到我的邮箱。", "The package weighs about two kilograms.",
-    "他们在讨论明年的预算。", "Remember to water the plants.", "这本书的第三章讲的是历史。",
+    "The invoice was paid on Tuesday.", "今天的天气预报说下午会下雨。",
+    "The meeting room on the third floor is booked.", "这家餐厅的菜单每个季度更换一次。",
+    "Set the thermostat to 21 degrees.", "火车晚点了二十分钟。",
+    "The library closes at eight in the evening.", "请把文件发到我的邮箱。",
+    "The package weighs about two kilograms.", "他们在讨论明年的预算。",
+    "Remember to water the plants.", "这本书的第三章讲的是历史。",
     "The software update will be released next month.", "停车场在大楼的后面。",
     "She bought a new pair of running shoes.", "我们需要更多的打印纸。",
 )

@@ -16,7 +16,7 @@ import redis
 
 from shared.client import MemoryClient
 from shared.connections import connect
-from shared.embedder import Embedder, SentenceTransformerEmbedder
+from shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
 from shared.keys import STAGES, Keys
 from shared.redis_server import RedisServer, find_binary, start_redis
 from shared.settings import Settings
@@ -37,6 +37,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
     return SentenceTransformerEmbedder()
+
+
+@pytest.fixture(scope="session")
+def paired(embedder: Embedder) -> Embedder:
+    """The default embedder (MEMFLOW_EMBEDDER=e5+st): e5 and MiniLM in one vector. Most tests run on
+    MiniLM alone (faster to encode); what ranks as users' searches rank runs on this."""
+    return Paired(E5Embedder(), embedder)
+
+
+@pytest.fixture
+def paired_system(settings: Settings, paired: Embedder) -> Iterator[System]:
+    running = start_system(settings, paired)
+    yield running
+    running.shutdown()
 
 
 @pytest.fixture

@@ -278,7 +278,7 @@ def test_a_small_eval_through_the_real_pipeline(settings, embedder, monkeypatch)
 PROBES = Path(__file__).parent.parent / "bench" / "probe-scenarios.jsonl"
 
 
-def test_the_probe_scenarios_hold(settings, embedder) -> None:
+def test_the_probe_scenarios_hold(settings, paired) -> None:
     """28 scenarios written to probe generalisation (new wording, domains, distractors; zh and en):
     a regression guard on the whole write and read path. 53 of 56 expectations pass on a quiet run;
     the correction scenarios are timing-sensitive on a busy machine (a session's end and a later
@@ -286,7 +286,7 @@ def test_the_probe_scenarios_hold(settings, embedder) -> None:
     # The suite's 300 ms reclaim (for its crash tests) re-delivers a resolve batch still being embedded on a
     # busy machine; same-key candidates then race through re-resolves (a known write-path gap, issue 7).
     quiet = settings.model_copy(update={"reclaim_idle_ms": 60_000})
-    report = evaluate(parse_lines(PROBES.read_text().splitlines()), quiet, embedder, file=str(PROBES))
+    report = evaluate(parse_lines(PROBES.read_text().splitlines()), quiet, paired, file=str(PROBES))
     failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
     assert report.not_runnable == 0
     assert len(failed) <= 5, failed
@@ -295,13 +295,13 @@ def test_the_probe_scenarios_hold(settings, embedder) -> None:
 LIFECYCLE = Path(__file__).parent.parent / "bench" / "lifecycle-scenarios.jsonl"
 
 
-def test_the_lifecycle_scenarios_hold(settings, embedder) -> None:
+def test_the_lifecycle_scenarios_hold(settings, paired) -> None:
     """16 scenarios on how memories evolve over time (zh and en): expired events, fading session context,
     temporary wishes, corrections months later, a grumpy remark against a well-used preference, a preference
     restated in three sessions a year on, an archived topic mentioned again, a contest settled by review,
     forgetting, a rule a year on. All 38 expectations pass; none is known to fail."""
     quiet = settings.model_copy(update={"reclaim_idle_ms": 60_000})  # as for the probes (issue 7)
-    report = evaluate(parse_lines(LIFECYCLE.read_text().splitlines()), quiet, embedder, file=str(LIFECYCLE))
+    report = evaluate(parse_lines(LIFECYCLE.read_text().splitlines()), quiet, paired, file=str(LIFECYCLE))
     failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
     assert report.not_runnable == 0 and report.counts["scenarios"] == 16
     assert failed == []

@@ -74,3 +74,28 @@ def test_a_question_about_a_topic_finds_its_current_value_in_other_words(system:
     result = system.client.search("boss", "Who do I report to?", k=3, now=later + timedelta(days=1))
     assert "Aisha" in result.hits[0].content, [h.content for h in result.hits]
     assert all("Tom Becker" not in h.content for h in result.hits)
+
+
+def test_chinese_is_found_by_meaning_and_a_dialogue_by_what_was_just_said(paired_system: System) -> None:
+    """The default paired vector reads Chinese (e5) where MiniLM saw [UNK]s; a conversation handed
+    over as the query is searched over the whole subject, with its last turns weighing most."""
+    system = paired_system
+    diary = ["Bart在生日派对上收到一束花，非常开心。", "Bart和同学们去动物园看了熊猫。",
+             "Bart的爸爸教他骑自行车，摔了好几次。", "Bart在学校的数学考试得了满分。",
+             "Bart went fishing with his grandfather at the lake.", "Bart在公园里弄丢了他最喜欢的红色风筝。"]
+    for i, text in enumerate(diary):
+        system.client.write("bart", text, ts=T0 + timedelta(days=i))
+    assert system.client.wait_idle(timeout_s=60)
+    now = T0 + timedelta(days=30)
+    # No word in common with the memory: only the meaning matches.
+    hits = system.client.search("bart", "他学会骑车了吗？", k=3, now=now).hits
+    assert "自行车" in hits[0].content, [h.content for h in hits]
+    dialogue = ("Bart: 上次去动物园看熊猫真好玩！\n"
+                "Assistant: 是啊，熊猫吃竹子的样子很可爱。\n"
+                "Bart: 今天天气真好，风也很大。\n"
+                "Assistant: 很适合出去玩，你想做什么？\n"
+                "Bart: 我想再放一次风筝，就像以前那个红色的。")
+    result = system.client.search("bart", dialogue, k=3, now=now)
+    assert result.plan is not None and result.plan.intent == "general_chat"
+    assert [r.dirs for r in result.plan.routes] == [[]]
+    assert "风筝" in result.hits[0].content, [(h.content, h.scores) for h in result.hits]

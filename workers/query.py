@@ -373,6 +373,7 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
     global CONTEXT
     CONTEXT = ctx
     ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
+    ctx.unrelated  # noqa: B018 - and measure what a query's noise floor is measured against
     # Searches first: RQ takes from the first non-empty queue, so a long job never delays a search
     # waiting behind it in the queue (only one already running).
     queues = [Queue(name, connection=ctx.client, serializer=JSONSerializer)

@@ -119,7 +119,9 @@ class Settings(BaseSettings):
     # relative to the best; unset: the query's own noise floor, pipeline.score.noise_floor, which fits any model),
     # "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo, MADial zh/en and the scenarios: bench/RESULTS.md.
     fusion: Literal["score", "rrf"] = "score"
-    dense_weight: float = Field(default=1.5, ge=0.0)
+    dense_weight: float = Field(default=0.5, ge=0.0)
+    # The same for a query of three lines or more (a conversation so far: workers.query.dense_weight_for).
+    dialogue_dense_weight: float = Field(default=1.5, ge=0.0)
     dense_floor: float | None = Field(default=None, ge=-1.0, lt=1.0)
     # A query of several lines (a dialogue so far) is also asked by its last this-many lines: what was
     # just said matters most. 0: the whole text only.

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
@@ -35,7 +35,7 @@ from pipeline.models import (
     Trace,
 )
 from pipeline.pack import pack as build_prompt
-from pipeline.plan import is_ambiguous, recent_turns
+from pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from pipeline.plan import plan as make_plan
 from pipeline.prompting import Refused
 from pipeline.score import (
@@ -158,14 +158,33 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     floor = ctx.settings.dense_floor
     if floor is None:
         floor = noise_floor(vectors[req.query], ctx.unrelated)
+    dense = Dense(dense_weight_for(ctx.settings, req.query), floor)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return _fused(ctx.settings, [replace(whole, weight=1.0)], floor), True
-    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, floor), floor), False
+        return _fused(ctx.settings, [replace(whole, weight=1.0)], dense), True
+    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense), False
+
+
+class Dense(NamedTuple):
+    """How much the dense side counts in this search, and the cosine that counts 0."""
+
+    weight: float
+    floor: float
+
+
+def dense_weight_for(settings: Settings, query: str) -> float:
+    """A conversation handed over as the query leans on meaning; a request on its words.
+
+    A request's words were chosen to ask (LoCoMo's questions share them with the evidence: BM25
+    alone is within a few points of the fusion); a dialogue's are mostly small talk around what
+    it is about, so keyword evidence is diluted and meaning carries the recall. Measured: MADial
+    (dialogues) is best at 1.5, LoCoMo (questions) lost 2 points of R@5 from 1.0 to 1.5 (bench/RESULTS.md).
+    """
+    return settings.dialogue_dense_weight if is_transcript(query) else settings.dense_weight
 
 
 def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
@@ -180,19 +199,19 @@ def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
 
 
 def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None,
-               floor: float) -> list[Found]:
+               dense: Dense) -> list[Found]:
     found = [f for _, f in ranked]
     if whole is None or settings.scope_min_share <= 0:
         return found
     return confirmed_scopes(found, [bool(route.dirs) and not route.keys for route, _ in ranked],
                             next(i for i, f in enumerate(found) if f is whole), min_share=settings.scope_min_share,
-                            dense_weight=settings.dense_weight, dense_floor=floor)
+                            dense_weight=dense.weight, dense_floor=dense.floor)
 
 
-def _fused(settings: Settings, found: list[Found], floor: float) -> list[Scored]:
+def _fused(settings: Settings, found: list[Found], dense: Dense) -> list[Scored]:
     if settings.fusion == "rrf":
         return fuse([(f.weight, f.keyword) for f in found], "rrf")
-    return fuse_found(found, dense_weight=settings.dense_weight, dense_floor=floor,
+    return fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
                       smoothing=settings.context_smoothing)
 
 

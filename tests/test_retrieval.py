@@ -99,3 +99,13 @@ def test_chinese_is_found_by_meaning_and_a_dialogue_by_what_was_just_said(paired
     assert result.plan is not None and result.plan.intent == "general_chat"
     assert [r.dirs for r in result.plan.routes] == [[]]
     assert "风筝" in result.hits[0].content, [(h.content, h.scores) for h in result.hits]
+
+
+def test_a_dialogue_leans_on_meaning_and_a_request_on_its_words() -> None:
+    from shared.settings import Settings
+    from workers.query import dense_weight_for
+
+    settings = Settings(dense_weight=0.4, dialogue_dense_weight=1.6)
+    assert dense_weight_for(settings, "Who do I report to?") == 0.4
+    assert dense_weight_for(settings, "I prefer tabs.\nWhat do I like?") == 0.4
+    assert dense_weight_for(settings, "A: hi\nB: hello\nA: I lost my kite") == 1.6

@@ -392,7 +392,10 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
     global CONTEXT
     CONTEXT = ctx
     ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
-    ctx.unrelated  # noqa: B018 - and measure what a query's noise floor is measured against
+    try:  # and measure what a query's noise floor is measured against, if the embedder answers now
+        ctx.unrelated  # noqa: B018
+    except MemflowError as exc:  # an endpoint that is down: the first search that can will measure it
+        log.warning("noise floor not measured at start: %s", exc)
     # Searches first: RQ takes from the first non-empty queue, so a long job never delays a search
     # waiting behind it in the queue (only one already running).
     queues = [Queue(name, connection=ctx.client, serializer=JSONSerializer)

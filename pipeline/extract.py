@@ -91,12 +91,19 @@ def _task_complete(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]
     return records, said
 
 
+# The turns indexed with a record: two before (a reply's question, and what the question was
+# about: "Did you go?" follows "I signed up for a pottery class") and one after (the answer to
+# a question). One more turn before: LoCoMo R@10 +1.5 (bench/RESULTS.md); one more after cost 2.
+CONTEXT_BEFORE = 2
+CONTEXT_AFTER = 1
+
+
 def _records(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
-    """One record per turn, each with the turns just before and after it as context."""
+    """One record per turn, each with the turns around it (`CONTEXT_BEFORE`, `CONTEXT_AFTER`) as context."""
     said = [t for t in turns if t.role is not Role.tool]
-    around = {t.event_id: (said[i - 1] if i else None, said[i + 1] if i + 1 < len(said) else None)
+    around = {t.event_id: (said[max(0, i - CONTEXT_BEFORE):i], said[i + 1:i + 1 + CONTEXT_AFTER])
               for i, t in enumerate(said)}
-    return [turn_record(task, t, around.get(t.event_id, (None, None))) for t in turns]
+    return [turn_record(task, t, *around.get(t.event_id, ((), ()))) for t in turns]
 
 
 def _explicit_write(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:

@@ -347,11 +347,12 @@ class Memory(Wire):
     evidence: str = ""
     tag_version: int = 1
     external_ref: str | None = None
-    # The turns just before and after an episode, in its session. A reply ("Yes, twice — in
-    # May and June") means nothing without the question it answers: keyword search matches
-    # content + context (LoCoMo R@5 +8 points), while search results and prompts show content.
+    # The turns around an episode in its session (two before, one after: pipeline/extract.py).
+    # A reply ("Yes, twice — in May and June") means nothing without the question it answers:
+    # keyword search matches content + context (LoCoMo R@5 +8 points), while search results and
+    # prompts show content.
     context: str = ""
-    # The events `context` was taken from: a search adds part of their keyword score to this one's.
+    # The turns just before and after it: a search adds part of their keyword score to this one's.
     context_event_ids: list[str] = Field(default_factory=list)
     # Every change made to this point since it was written, oldest first: a new value of the
     # memory is a new version (another point), and a change of state is logged here, so
@@ -459,11 +460,21 @@ class Route(Wire):
     keys: list[str] = Field(default_factory=list, max_length=5)
 
 
+class Period(Wire):
+    """A period a question asks about (`pipeline.timeref.asked_period`): [start, end)."""
+
+    start: datetime
+    end: datetime
+    label: str
+
+
 class QueryPlan(Wire):
     intent: str
     routes: list[Route] = Field(min_length=1)
     source: Literal["heuristic", "llm"] = "heuristic"
     fallback: bool = False
+    # What was said in this period ranks higher (pipeline.score.in_period).
+    period: Period | None = None
 
 
 class SearchRequest(Wire):

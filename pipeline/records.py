@@ -8,6 +8,7 @@ task that succeeded; preferences shown by behaviour rather than said.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from pipeline import cues
 from pipeline.drafts import (
@@ -43,18 +44,20 @@ _BEHAVIOURS = (
 )
 
 
-def turn_record(task: ExtractTask, turn: Turn, around: tuple[Turn | None, Turn | None] = (None, None)) -> Candidate:
-    """The verbatim record of a turn: an episode (with the turns `around` it as context), or
-    tool output kept apart from what was said."""
+def turn_record(task: ExtractTask, turn: Turn, before: Sequence[Turn] = (), after: Sequence[Turn] = ()) -> Candidate:
+    """The verbatim record of a turn: an episode (with the turns `before` and `after` it as
+    context), or tool output kept apart from what was said. Its context events are the turns
+    just before and after it: a search lifts it by their keyword scores (`pipeline.score.smoothed`)."""
     if turn.role is Role.tool:
         key = normalize_key(f"tool.{turn.event_id}")
         draft = Draft(MType.session_context, key, said(turn), turn.text, Source.tool, TOOL_CONFIDENCE)
         return stamp(task, turn, draft)
     source = Source.explicit if turn.role is Role.user else Source.derived
     draft = Draft(MType.episode, episode_key(turn.event_id), said(turn), turn.text, source, RECORD_CONFIDENCE)
-    near = [t for t in around if t is not None]
+    neighbours = [*before[-1:], *after[:1]]
     return stamp(task, turn, draft).model_copy(
-        update={"context": "\n".join(said(t) for t in near), "context_event_ids": [t.event_id for t in near]})
+        update={"context": "\n".join(said(t) for t in (*before, *after)),
+                "context_event_ids": [t.event_id for t in neighbours]})
 
 
 def said(turn: Turn) -> str:

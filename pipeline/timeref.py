@@ -109,14 +109,30 @@ def find_time(text: str, ts: datetime) -> TimeRef | None:
     """
     if _RECURRING.search(text):
         return None
-    for pattern, resolve in _RULES:
+    ref = _first(_RULES, text, ts)
+    return None if ref is None else _with_clock(ref, text)
+
+
+def asked_period(text: str, now: datetime) -> TimeRef | None:
+    """The period a question asks about, if it names one that has begun by `now`: "what did I do
+    last week", "in June", "on 1 February, 2023", "2023年8月". A period still to come names no
+    memory yet (what is planned for it was said before it), so it is not one."""
+    if _RECURRING.search(text):
+        return None
+    named = [ref for ref in (_first(_RULES, text, now), _first(_PERIOD_RULES, text, now)) if ref is not None]
+    ref = min(named, key=lambda r: r.end - r.start, default=None)  # the closer one: "去年三月" is March
+    return ref if ref is not None and ref.start <= now else None
+
+
+def _first(rules: tuple[tuple[re.Pattern[str], _Resolver], ...], text: str, ts: datetime) -> TimeRef | None:
+    for pattern, resolve in rules:
         m = pattern.search(text)
         try:
             ref = resolve(m, ts) if m else None
         except (OverflowError, ValueError):  # "5000 years ago", "in 99999 days": past the calendar, no date
             ref = None
         if ref is not None:
-            return _with_clock(ref, text)
+            return ref
     return None
 
 
@@ -251,6 +267,17 @@ def _en_month(word: str) -> int:
     return _EN_MONTHS.index(word[:3].lower()) + 1
 
 
+def _named_month(ts: datetime, month: int, year: int | None = None) -> TimeRef:
+    """A month by name; without its year, the last one begun by `ts` ("in June" asked in May is last June)."""
+    if year is None:
+        year = ts.year if month <= ts.month else ts.year - 1
+    return _month(ts, (year - ts.year) * 12 + month - ts.month)
+
+
+def _named_year(ts: datetime, year: int) -> TimeRef:
+    return _year(ts, year - ts.year)
+
+
 _Resolver = Callable[[re.Match[str], datetime], "TimeRef | None"]
 
 
@@ -330,4 +357,19 @@ _RULES: tuple[tuple[re.Pattern[str], _Resolver], ...] = (
     _rule(rf"去年{_YEAR_END}|\blast year\b", lambda m, ts: _year(ts, -1)),
     _rule(rf"{_ZH_NUM}\s*个?(天|周|星期|礼拜|月|年)前", lambda m, ts: _in_units(_zh_number(m[1]), m[2], ts, -1)),
     _rule(rf"\b{_EN_NUM} (day|week|month|year)s? ago\b", lambda m, ts: _in_units(_en_number(m[1]), m[2], ts, -1)),
+)
+
+# Months and years as a question names them, beyond the days and relative periods above: "in
+# June", "July 2023", "in 2022", "2023年8月", "去年三月". Only for questions (`asked_period`): in a
+# statement, "in June" is no reason to make it an event that expires.
+_YEAR_WORDS = {"今年": 0, "去年": -1, "前年": -2}
+_PERIOD_RULES: tuple[tuple[re.Pattern[str], _Resolver], ...] = (
+    _rule(rf"\b{_MON},? (\d{{4}})\b", lambda m, ts: _named_month(ts, _en_month(m[1]), int(m[2]))),
+    _rule(
+        rf"(?:(\d{{4}})年|(今年|去年|前年))?{_ZH_NUM}月(?![0-9一二三四五六七八九十]*[日号])",
+        lambda m, ts: _named_month(ts, _zh_number(m[3]),
+                                   int(m[1]) if m[1] else ts.year + _YEAR_WORDS[m[2]] if m[2] else None),
+    ),
+    _rule(r"(\d{4})年|\b(?:in|during|since|of|back in) (\d{4})\b", lambda m, ts: _named_year(ts, int(m[1] or m[2]))),
+    _rule(rf"\b(?:in|during|since|early|late|mid|back in) {_MON}\b", lambda m, ts: _named_month(ts, _en_month(m[1]))),
 )

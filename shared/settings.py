@@ -127,7 +127,10 @@ class Settings(BaseSettings):
     # just said matters most. 0: the whole text only.
     recent_turns: int = Field(default=2, ge=0)
     # An episode gains this share of the keyword scores of the turns around it (pipeline.score.smoothed).
-    context_smoothing: float = Field(default=0.3, ge=0.0)
+    context_smoothing: float = Field(default=0.2, ge=0.0)
+    # A question that names a period that has begun ("in June", "last week", "2023年8月") ranks what
+    # was said in it this much higher: relevance × (1 + boost) (pipeline.score.in_period). 0: off.
+    period_boost: float = Field(default=1.0, ge=0.0)
     # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
     # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).

@@ -289,6 +289,10 @@ def test_an_episode_is_indexed_with_the_turns_around_it_but_shows_only_its_own()
     assert reply.context_event_ids == ["D2:1", "D2:3"] and "Mel: Have you been to the pottery class?" in reply.context
     assert "hunter2" not in reply.context and "weather" not in reply.context  # gated and tool turns: never context
     assert episodes["D2:1"].context_event_ids == ["D2:2"]  # the first turn has no turn before it
+    # Two turns before are indexed (what the question was about); only the adjacent ones lift it.
+    later = episodes["D2:3"]
+    assert "pottery class" in later.context and "Yes, twice" in later.context and "Lovely" in later.context
+    assert later.context_event_ids == ["D2:2", "D2:4"]
 
 
 def test_a_named_speaker_owns_the_statement() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from pipeline.models import Dir, Memory, MType, QueryPlan, Route, Source, Tier
+from pipeline.models import Dir, Memory, MType, Period, QueryPlan, Route, Source, Tier
 from pipeline.score import (
     Found,
     Lifecycle,
@@ -15,6 +15,7 @@ from pipeline.score import (
     flat_plan,
     fuse,
     fuse_found,
+    in_period,
     lifecycle_scores,
     noise_floor,
     normalised,
@@ -232,3 +233,12 @@ def test_a_query_s_noise_floor_is_its_best_cosine_with_unrelated_text() -> None:
     assert spread == {"a": 1.0, "b": 0.5, "c": 0.0}
     flat = dict((m.id, round(s, 6)) for m, s in fuse_found([route], dense_weight=1.0))
     assert flat["c"] > 0.84
+
+
+def test_what_was_said_in_the_period_asked_about_ranks_higher_but_nothing_is_dropped() -> None:
+    before, inside, after = (memory(m, created_at=T0 + timedelta(days=d)) for m, d in (("b", -3), ("i", 0), ("a", 1)))
+    period = Period(start=T0 - timedelta(hours=1), end=T0 + timedelta(days=1), label="that day")
+    found = [(before, 1.0), (after, 0.9), (inside, 0.6)]
+    lifted = in_period(found, period, boost=1.0)
+    assert [(m.id, s) for m, s in lifted] == [("i", 1.2), ("b", 1.0), ("a", 0.9)]  # end is exclusive
+    assert in_period(found, period, boost=0.0) == found and in_period(found, None, boost=1.0) == found

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from pipeline.models import Candidate, Dir, MType, TriggerReason
+from pipeline.timeref import asked_period
 from tests.test_pipeline_extract import run, statements, turn
 
 TS = datetime(2026, 3, 4, 9, 0, tzinfo=UTC)  # a Wednesday
@@ -176,3 +177,26 @@ def test_routines_of_others_and_opinions_are_neither_events_nor_preferences(text
 )
 def test_an_events_key_is_what_happens_not_when(first: str, second: str) -> None:
     assert statement(first, TS).key == statement(second, TS).key
+
+
+@pytest.mark.parametrize(("question", "label"), [
+    ("When did Melanie go camping in June?", "2025-06"),  # a month without its year: the last one begun
+    ("What did I paint in January?", "2026-01"),
+    ("What did we paint in July 2025?", "2025-07"),
+    ("How often did I go to the beach in 2025?", "2025"),
+    ("What did Gina find on 1 December, 2025?", "2025-12-01"),
+    ("What did I do last week?", "2026-01-05..2026-01-11"),
+    ("2025年8月我做了什么？", "2025-08"),
+    ("去年三月我去了哪里？", "2025-03"),  # the closer of "去年" and "三月"
+    ("我上个月读了什么书？", "2025-12"),
+])
+def test_a_question_names_the_period_it_asks_about(question: str, label: str) -> None:
+    now = datetime(2026, 1, 14, 12, tzinfo=UTC)
+    ref = asked_period(question, now)
+    assert ref is not None and ref.label == label and ref.start <= now
+
+
+@pytest.mark.parametrize("question", ["What is on next week?", "下个月有什么安排？", "What do I do every June?",
+                                      "What is my favourite colour?", "What happened in 2031?"])
+def test_a_question_about_no_period_or_one_still_to_come_names_none(question: str) -> None:
+    assert asked_period(question, datetime(2026, 1, 14, 12, tzinfo=UTC)) is None

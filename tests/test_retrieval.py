@@ -109,3 +109,25 @@ def test_a_dialogue_leans_on_meaning_and_a_request_on_its_words() -> None:
     assert dense_weight_for(settings, "Who do I report to?") == 0.4
     assert dense_weight_for(settings, "I prefer tabs.\nWhat do I like?") == 0.4
     assert dense_weight_for(settings, "A: hi\nB: hello\nA: I lost my kite") == 1.6
+
+
+def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System) -> None:
+    """Two trips to the same lake, in March and in May: "in March" decides which one, by when it was said.
+    Without the period the newer one ranks first (fresher, same words)."""
+    march, may = datetime(2026, 3, 14, 10, tzinfo=UTC), datetime(2026, 5, 9, 10, tzinfo=UTC)
+    say(system, "trips", "t1", "We went kayaking on Lake Tahoe with my brother, it was cold.", at=march)
+    end(system, "trips", "s1", at=march + timedelta(minutes=5))
+    say(system, "trips", "t2", "We went kayaking on Lake Tahoe with my sister, the water was calm.", session="s2",
+        at=may)
+    end(system, "trips", "s2", at=may + timedelta(minutes=5))
+    assert system.client.wait_idle(timeout_s=60)
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+
+    asked = system.client.search("trips", "Who went kayaking with me in March?", k=2, now=now)
+    assert "brother" in asked.hits[0].content, [h.content for h in asked.hits]
+    assert asked.plan is not None and asked.plan.period is not None and asked.plan.period.label == "2026-03"
+    plain = system.client.search("trips", "Who went kayaking with me?", k=2, now=now)
+    assert "sister" in plain.hits[0].content and plain.plan is not None and plain.plan.period is None
+    # A period still to come names nothing said yet: no boost, the same order as without one.
+    ahead = system.client.search("trips", "Who goes kayaking with me next week?", k=2, now=now)
+    assert ahead.plan is not None and ahead.plan.period is None

@@ -27,6 +27,7 @@ from pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
     Memory,
+    Period,
     QueryPlan,
     Route,
     SearchRequest,
@@ -46,11 +47,13 @@ from pipeline.score import (
     flat_plan,
     fuse,
     fuse_found,
+    in_period,
     noise_floor,
     rank,
     reweight,
     unscoped,
 )
+from pipeline.timeref import asked_period
 from shared.client import check_subject
 from shared.codec import decode, encode
 from shared.embedder import summed
@@ -83,6 +86,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     ctx = _ctx()
     plan, plan_error = deep_plan(ctx, req, plan_for(ctx.settings, req))
+    plan = dated(ctx.settings, plan, req.query, now)
     try:
         scored, fallback = retrieve(ctx, req, plan)
         hits = ranked(ctx.settings, scored, now, req.k)
@@ -107,6 +111,17 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
                     exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight,
                     topic=settings.topic_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
+
+
+def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> QueryPlan:
+    """The plan with the period the query asks about, if it names one: a dialogue's from its last
+    turns (a date mentioned earlier in the conversation is what was talked about then)."""
+    if settings.period_boost <= 0:
+        return plan
+    ref = asked_period(recent_turns(query, settings.recent_turns) or query, now)
+    if ref is None:
+        return plan
+    return plan.model_copy(update={"period": Period(start=ref.start, end=ref.end, label=ref.label)})
 
 
 def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[QueryPlan, str | None]:
@@ -165,8 +180,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     if scoped and all(found.empty for found in scoped):
         if whole is None:
             whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return _fused(ctx.settings, [replace(whole, weight=1.0)], dense), True
-    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense), False
+        return _fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan), True
+    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan), False
 
 
 class Dense(NamedTuple):
@@ -208,11 +223,13 @@ def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Fou
                             dense_weight=dense.weight, dense_floor=dense.floor)
 
 
-def _fused(settings: Settings, found: list[Found], dense: Dense) -> list[Scored]:
+def _fused(settings: Settings, found: list[Found], dense: Dense, plan: QueryPlan) -> list[Scored]:
     if settings.fusion == "rrf":
-        return fuse([(f.weight, f.keyword) for f in found], "rrf")
-    return fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
-                      smoothing=settings.context_smoothing)
+        fused = fuse([(f.weight, f.keyword) for f in found], "rrf")
+    else:
+        fused = fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
+                           smoothing=settings.context_smoothing)
+    return in_period(fused, plan.period, settings.period_boost)
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
@@ -265,7 +282,8 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
     ctx = _ctx()
     when = datetime.fromisoformat(now) if now else datetime.now(UTC)
     req = SearchRequest(subject=subject, query=query, k=20, now=when)
-    scored, _ = retrieve(ctx, req, deep_plan(ctx, req, plan_for(ctx.settings, req))[0])
+    plan = dated(ctx.settings, deep_plan(ctx, req, plan_for(ctx.settings, req))[0], query, when)
+    scored, _ = retrieve(ctx, req, plan)
     hits = ranked(ctx.settings, scored, when, req.k)
     packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
     ops.count_use(ctx, subject, when, recalled=len(hits))

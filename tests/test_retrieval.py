@@ -131,3 +131,17 @@ def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System
     # A period still to come names nothing said yet: no boost, the same order as without one.
     ahead = system.client.search("trips", "Who goes kayaking with me next week?", k=2, now=now)
     assert ahead.plan is not None and ahead.plan.period is None
+
+
+def test_a_request_names_a_period_and_a_dialogue_does_not() -> None:
+    from pipeline.score import flat_plan
+    from shared.settings import Settings
+    from workers.query import dated
+
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    request = "What did I find last summer, in 2025?"
+    dialogue = "A: 你好\nB: 你好呀\nA: 其实我去年夏天发现了一个白色的乒乓球！"
+    period = dated(Settings(), flat_plan(request), request, now).period
+    assert period is not None and period.label == "2025"
+    assert dated(Settings(), flat_plan(dialogue), dialogue, now).period is None
+    assert dated(Settings(period_boost=0), flat_plan(request), request, now).period is None

@@ -114,11 +114,15 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
 
 
 def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> QueryPlan:
-    """The plan with the period the query asks about, if it names one: a dialogue's from its last
-    turns (a date mentioned earlier in the conversation is what was talked about then)."""
-    if settings.period_boost <= 0:
+    """The plan with the period a request asks about, if it names one.
+
+    Not for a dialogue handed over as the query: its time words are the story being told ("我去年
+    夏天发现了一个乒乓球"), not the scope of a question, and its "去年" is relative to a day the
+    search does not know. Measured: the one MADial dialogue whose last turns named a period
+    (2023) lost its memory (from 2022) to memories of 2023 boosted past it."""
+    if settings.period_boost <= 0 or is_transcript(query):
         return plan
-    ref = asked_period(recent_turns(query, settings.recent_turns) or query, now)
+    ref = asked_period(query, now)
     if ref is None:
         return plan
     return plan.model_copy(update={"period": Period(start=ref.start, end=ref.end, label=ref.label)})

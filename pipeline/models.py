@@ -544,6 +544,8 @@ class Trace(Wire):
     kind: Literal["search"] = "search"
     # Why an LLM plan was asked for and not used (timeout, invalid…): the heuristic plan answered.
     plan_error: str | None = None
+    # The period the query named, whose memories ranked higher (QueryPlan.period's label).
+    period: str | None = None
 
 
 class LLMTrace(Wire):

@@ -126,6 +126,8 @@ def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System
     asked = system.client.search("trips", "Who went kayaking with me in March?", k=2, now=now)
     assert "brother" in asked.hits[0].content, [h.content for h in asked.hits]
     assert asked.plan is not None and asked.plan.period is not None and asked.plan.period.label == "2026-03"
+    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    assert orjson.loads(fields[FIELD.encode()])["period"] == "2026-03"  # the trace says why it ranked so
     plain = system.client.search("trips", "Who went kayaking with me?", k=2, now=now)
     assert "sister" in plain.hits[0].content and plain.plan is not None and plain.plan.period is None
     # A period still to come names nothing said yet: no boost, the same order as without one.

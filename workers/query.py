@@ -268,7 +268,7 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
                   candidates=_candidates(scored, result),
                   chosen=[h.id for h in result.hits], fallback=result.fallback or bool(plan and plan.fallback),
                   status=result.status, error=result.error, latency_ms=result.latency_ms, now=now,
-                  plan_error=plan_error)
+                  plan_error=plan_error, period=plan.period.label if plan and plan.period else None)
     ctx.trace(trace)
 
 

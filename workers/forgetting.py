@@ -14,17 +14,42 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
 
-from pipeline.models import Candidate, Memory
+from pipeline.models import Candidate, Memory, Status
+from shared.errors import MemflowError
 from shared.keys import STAGES
 from shared.store import MemoryFilter
 from workers.runtime import Context
 
 PAGE = 1000
 _GLOB = re.compile(r"[*?\[\]\\]")
+
+
+def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: str | None,
+           now: datetime) -> dict[str, Any]:
+    """Soft-delete (status deleted, announced on `changes`), purge from the index, then scrub the words
+    from Redis (`scrub`). After it returns no search, pack or inspect can return these
+    memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
+    targets = _forget_targets(ctx, subject, memory_ids, contains)
+    keep_receipts(ctx, subject, targets)
+    for memory in targets:
+        ctx.set_fields(memory, {"status": Status.deleted.value}, action="forget", why="forget requested", at=now)
+    ctx.store.delete([m.id for m in targets])
+    scrubbed = scrub(ctx, subject, targets)
+    return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
+
+
+def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
+    if ids is None and not contains:
+        raise MemflowError("forget needs memory ids or a `contains` text")
+    found = ctx.store.get(MemoryFilter(subject, ids=ids))
+    if contains:
+        found = [m for m in found if contains.lower() in m.content.lower()]
+    return found
 
 
 def receipt(memory: Memory) -> dict[str, Any]:

@@ -98,6 +98,16 @@ def _apply(ctx: Context, steps: list[Step], action: str, at: datetime) -> None:
         ctx.set_fields(st.memory, st.fields, action=action, why=st.why, at=at)
 
 
+def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime) -> int:
+    """Count memories as adopted (used in an answer): access_count + 1, per subject."""
+    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
+    for memory in found:
+        ctx.store.set_fields(memory.id, {"access_count": memory.access_count + 1,
+                                         "last_accessed_at": when.isoformat()})
+    count_use(ctx, subject, when, adopted=len(found))
+    return len(found)
+
+
 # -- utilisation -----------------------------------------------------------------------
 
 

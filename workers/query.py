@@ -32,7 +32,6 @@ from pipeline.models import (
     Route,
     SearchRequest,
     SearchResult,
-    Status,
     Trace,
 )
 from pipeline.pack import pack as build_prompt
@@ -301,14 +300,7 @@ def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: 
 def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
     check_subject(subject)
-    ctx = _ctx()
-    when = datetime.fromisoformat(at) if at else datetime.now(UTC)
-    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
-    for memory in found:
-        ctx.store.set_fields(memory.id, {"access_count": memory.access_count + 1,
-                                         "last_accessed_at": when.isoformat()})
-    ops.count_use(ctx, subject, when, adopted=len(found))
-    return len(found)
+    return ops.feedback(_ctx(), subject, memory_ids, datetime.fromisoformat(at) if at else datetime.now(UTC))
 
 
 def forget(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> int:
@@ -316,33 +308,14 @@ def forget(subject: str, memory_ids: list[str] | None = None, contains: str | No
 
 
 def forget_report(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> dict[str, Any]:
-    """Soft-delete (status deleted, announced on `changes`), purge from the index, then scrub the words
-    from Redis (workers/forgetting.py). After it returns no search, pack or inspect can return these
-    memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
+    """Forget memories everywhere memflow kept their words (workers/forgetting.py)."""
     check_subject(subject)
-    ctx = _ctx()
-    targets = _forget_targets(ctx, subject, memory_ids, contains)
-    now = datetime.now(UTC)
-    forgetting.keep_receipts(ctx, subject, targets)
-    for memory in targets:
-        ctx.set_fields(memory, {"status": Status.deleted.value}, action="forget", why="forget requested", at=now)
-    ctx.store.delete([m.id for m in targets])
-    scrubbed = forgetting.scrub(ctx, subject, targets)
-    return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
+    return forgetting.forget(_ctx(), subject, memory_ids, contains, datetime.now(UTC))
 
 
 def verify_forgotten(subject: str, memory_ids: list[str]) -> dict[str, Any]:
     check_subject(subject)
     return forgetting.verify(_ctx(), subject, memory_ids)
-
-
-def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
-    if ids is None and not contains:
-        raise MemflowError("forget needs memory ids or a `contains` text")
-    found = ctx.store.get(MemoryFilter(subject, ids=ids))
-    if contains:
-        found = [m for m in found if contains.lower() in m.content.lower()]
-    return found
 
 
 def inspect(subject: str, now: str | None = None) -> dict[str, Any]:

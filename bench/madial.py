@@ -34,7 +34,8 @@ import orjson
 
 from bench.locomo import Progress, dense_ranker, own_namespace, wait_until_idle
 from bench.recall import Item, evidence_recall, percentile_ms
-from pipeline.models import Hit
+from pipeline.models import Hit, MType, Status
+from pipeline.models import Memory as Stored
 from pipeline.statements import CJK
 from shared.embedder import Embedder
 from shared.settings import Settings
@@ -206,6 +207,10 @@ class Searched:
     latencies_s: list[float] = field(default_factory=list)
     failed: int = 0
     stored: dict[str, int] = field(default_factory=dict)  # memories by status after the writes
+    # Memories written that no active (or contested) memory holds: a distinct statement lost to another.
+    uncovered: list[str] = field(default_factory=list)
+    # Points that writing every memory a second time (same event ids: a replay) changed.
+    replay_changed: int = -1
 
 
 def subject_of(lang: str, user: str) -> str:
@@ -226,6 +231,27 @@ def stored(system: Embedded, split: Split) -> dict[str, int]:
     found = [m for user in sorted({m.user for m in split.memories})
              for m in system.ctx.store.get(MemoryFilter(subject_of(split.lang, user)))]
     return dict(Counter(m.status.value for m in found).most_common())
+
+
+def points(system: Embedded, split: Split) -> dict[str, Stored]:
+    return {m.id: m for user in sorted({m.user for m in split.memories})
+            for m in system.ctx.store.get(MemoryFilter(subject_of(split.lang, user)))}
+
+
+def uncovered(split: Split, stored_points: Mapping[str, Stored]) -> list[str]:
+    """The MADial ids of memories that no live memory was made from (episodes aside)."""
+    live = [m for m in stored_points.values() if m.status in (Status.active, Status.contested)]
+    held = {e for m in live if m.mtype is not MType.episode for e in m.source_event_ids}
+    return [m.id for m in split.memories if event_id_of(split.lang, m.id) not in held]
+
+
+def replayed(system: Embedded, split: Split, progress: Progress) -> int:
+    """How many points writing every memory again (the same event ids) changes: 0 when replays are idempotent."""
+    before = points(system, split)
+    write_all(system, split)
+    wait_until_idle(system, progress)
+    after = points(system, split)
+    return sum(before.get(i) != after.get(i) for i in set(before) | set(after))
 
 
 def madial_ids(hits: Sequence[Hit], by_event: Mapping[str, str]) -> Ranked:
@@ -258,6 +284,8 @@ def run_memflow(split: Split, base: Settings, embedder: Embedder | None, light_i
             wait_until_idle(system, progress)
             searched = search_all(system, split, progress)
             searched.stored = stored(system, split)
+            searched.uncovered = uncovered(split, points(system, split))
+            searched.replay_changed = replayed(system, split, progress)
             return searched, system.ctx.embedder
 
 
@@ -346,6 +374,8 @@ def measure(splits: Sequence[Split], settings: Settings, *, embedder: Embedder |
                 for name, build in rankers.items()}
     latencies = [t for s in searched.values() for t in s.latencies_s]
     out = {"systems": systems,
+           "writes": {lang: {"uncovered": s.uncovered, "replay_changed": s.replay_changed}
+                      for lang, s in searched.items()},
            "search_ms": {"p50": percentile_ms(latencies, 0.5), "p95": percentile_ms(latencies, 0.95)}}
     return Run(out, splits, searched, time.perf_counter() - started)
 
@@ -370,7 +400,9 @@ def render(run: Run) -> str:
 
 def _split_line(split: Split, searched: Searched) -> str:
     return (f"{split.lang}: {len(split.memories)} memories written, {len(split.dialogues)} dialogues; "
-            f"memflow stored {searched.stored}, {searched.failed} failed searches")
+            f"memflow stored {searched.stored}, {searched.failed} failed searches; "
+            f"{len(searched.uncovered)} memories held by no live memory, {searched.replay_changed} points "
+            f"changed by writing them all again")
 
 
 # -- the command ------------------------------------------------------------------

@@ -50,6 +50,8 @@ class Draft:
     confidence: float
     expires_at: datetime | None = None
     pinned: bool = False
+    # Its key names one single-valued thing (pipeline.extract.statement_slot).
+    slot: bool = True
 
 
 def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | None = None) -> Candidate:
@@ -76,6 +78,7 @@ def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | No
         ts=turn.ts,
         expires_at=draft.expires_at,
         pinned=draft.pinned,
+        slot=draft.slot,
         tag_version=TAG_VERSION,
         external_ref=task.external_ref,
     )

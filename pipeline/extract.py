@@ -22,11 +22,12 @@ from datetime import datetime
 from pipeline import cues
 from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
 from pipeline.gate import gate
+from pipeline.ids import is_keyed
 from pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from pipeline.records import behaviour, skill, task_record, turn_record
 from pipeline.statements import CJK, clean, split_sentences, strip_correction, strip_remember
 from pipeline.timeref import find_time, strip_time, temp_expiry
-from pipeline.topics import habit_key, key_for, project_of, salient_words, topic_of
+from pipeline.topics import habit_key, key_basis, key_for, project_of, salient_words, topic_of
 from pipeline.triggers import Cues, read_cues
 
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
@@ -151,6 +152,7 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
     draft = Draft(
         mtype=mtype,
         key=statement_key(mtype, body),
+        slot=statement_slot(mtype, body),
         content=body,
         evidence=sentence.strip(),
         source=Source.explicit_correction if corrected else Source.explicit,
@@ -158,6 +160,14 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
         pinned=cue.forever and (mtype is MType.rule or cue.remember),
     )
     return timed(draft, ts)
+
+
+def statement_slot(mtype: MType, body: str) -> bool:
+    """Whether the key of this statement names one single-valued thing (a topic or an attribute), so that
+    a newer value on it may replace this one; a routine, an event or a words key names no such thing."""
+    if not is_keyed(mtype) or (mtype is MType.preference and _bare_habit(body)):
+        return False
+    return key_basis(mtype, body) != "words"
 
 
 def statement_key(mtype: MType, body: str) -> str:

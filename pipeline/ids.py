@@ -90,6 +90,7 @@ def new_memory(
         expires_at=c.expires_at,
         valid_from=c.ts,
         extractor=c.extractor,
+        slot=c.slot,
         version=version,
         supersedes=supersedes,
         conflicts_with=list(conflicts_with),

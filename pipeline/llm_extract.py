@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.cues import TOPICS
 from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
-from pipeline.extract import gated, statement_key, timed
+from pipeline.extract import gated, statement_key, statement_slot, timed
 from pipeline.gate import gate
 from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
@@ -241,8 +241,11 @@ def _draft(item: Item, turn: Turn) -> Draft:
     else:
         source = Source.explicit_correction if cue.correction else Source.explicit
         confidence = clamp(item.confidence, *EXPLICIT_BAND)
-    return Draft(mtype=item.type, key=_key(item, content), content=content, evidence=item.evidence.strip(),
-                 source=source, confidence=round(confidence, 4))
+    key = _key(item, content)
+    # A topic the model named is one thing; the rules' key is what the rules say it is.
+    slot = key != statement_key(item.type, item.content) or statement_slot(item.type, item.content)
+    return Draft(mtype=item.type, key=key, content=content, evidence=item.evidence.strip(),
+                 source=source, confidence=round(confidence, 4), slot=slot)
 
 
 def _binding(item: Item) -> bool:

@@ -289,6 +289,9 @@ class Candidate(Wire):
     context_event_ids: list[str] = Field(default_factory=list)
     # How many times upsert sent this candidate back because it was built on a stale version.
     retries: int = 0
+    # Its key names one single-valued thing (a topic, an attribute), so that a newer value on the key
+    # replaces it; False for a key made of a statement's first words, shared by chance.
+    slot: bool = True
     # Who read it from the text: the rules, or an LLM (pipeline/llm_extract.py).
     extractor: Extractor = "rules"
 
@@ -359,6 +362,11 @@ class Memory(Wire):
     # `memflow history` can say what each version was and why it changed.
     revisions: list[Revision] = Field(default_factory=list)
     extractor: Extractor = "rules"
+    # Its key names one single-valued thing (Candidate.slot). Points written before it was recorded: True.
+    slot: bool = True
+    # The operation that last changed this point ("<mutation id>:<op index>"): a retry of a mutation
+    # cut short recognises what it already wrote (docs/write-path.md#the-applier).
+    last_op: str | None = None
 
     _aware = field_validator("created_at", "updated_at", "last_accessed_at", "strength_at", "expires_at",
                              "valid_from", "valid_to")(aware)
@@ -392,9 +400,31 @@ class PatchOp(Wire):
     add_source_event_ids: list[str] = Field(default_factory=list)
     add_session_ids: list[str] = Field(default_factory=list)
     why: str
+    # Bookkeeping (strength refreshes): checked against the revision like any patch, but it neither
+    # moves the revision nor enters the history or the `changes` feed.
+    quiet: bool = False
+
+
+class CountOp(Wire):
+    """Count uses of a point: added to the count it holds when applied, so none is lost to a race."""
+
+    op: Literal["count"] = "count"
+    id: str
+    uses: int = Field(default=1, ge=1)
+    at: datetime
+
+    _aware = field_validator("at")(aware)
+
+
+class DeleteOp(Wire):
+    """Purge a point from the index (after its soft delete has been announced)."""
+
+    op: Literal["delete"] = "delete"
+    id: str
 
 
 WriteOp = Annotated[PutOp | PatchOp, Field(discriminator="op")]
+MutationOp = Annotated[PutOp | PatchOp | CountOp | DeleteOp, Field(discriminator="op")]
 
 
 class Action(str, Enum):
@@ -428,6 +458,28 @@ class WriteBatch(Wire):
         if vector is not None and not all(map(math.isfinite, vector)):
             raise ValueError("vector must hold finite numbers only")
         return vector
+
+
+class Mutation(Wire):
+    """Every change to stored memories, as one applier applies it (docs/write-path.md#the-applier).
+
+    `id` is derived from what the mutation does, so a retry or a replay of the same change carries
+    the same id and its ops are recognised as done. `on_stale` says what a revision that moved on
+    means: "send_back" (a write batch: nothing is written, the candidate is decided again), "skip"
+    (jobs and ops: that op is left for the next run) or "rebase" (forget: the wish wins over any
+    concurrent change).
+    """
+
+    id: str
+    subject: Subject
+    action: str
+    why: str
+    at: datetime
+    ops: list[MutationOp]
+    on_stale: Literal["send_back", "skip", "rebase"] = "skip"
+    source_event_ids: list[str] = Field(default_factory=list)
+
+    _aware = field_validator("at")(aware)
 
 
 class Change(Wire):

@@ -12,6 +12,7 @@ not applied yields the same batch again (deterministic ids).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from pipeline.models import (
     WriteOp,
 )
 from pipeline.statements import coverage, negations, normal, overlap
-from pipeline.topics import normalize_key, salient_words
+from pipeline.topics import MAX_KEY_CHARS, normalize_key, salient_words
 
 # Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
 PROTECTED_USES = 5
@@ -86,11 +87,15 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     without one, or when it answers None, the rules decide as they always have.
     """
     mine = [n for n in neighbours if n.memory.subject == candidate.subject]
-    # A restatement: the same key and content, or (with a judge) a complement it filed under a key of its own.
-    forms = [candidate] if judge is None else [candidate, _aside(candidate)]
+    # Its forms: under its key, under a key of its own (kept apart), or as a complement beside its key.
+    forms = [candidate, own_key(candidate), *([] if judge is None else [_aside(candidate)])]
+    if any(_recorded(f, n.memory) for n in mine for f in forms):
+        return _batch(candidate, Action.duplicate, "already recorded from these events: a replay", [])
     same = next((n.memory for n in mine if any(_restates(f, n.memory) for f in forms)), None)
     if same is not None:
         return _duplicate(candidate, same, "same key and same content")
+    if _collides(candidate, mine):
+        candidate = own_key(candidate)
     version = 1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0)
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
@@ -152,6 +157,42 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
     patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
                for r in records if retires_record(r, sources, own)]
     return batch.model_copy(update={"ops": [*batch.ops, *patches]}) if patches else batch
+
+
+def own_key(c: Candidate) -> Candidate:
+    """The candidate under a key of its own: its key and a digest of its wording. Another statement
+    that shares a words key is kept beside the one holding it, never in its place."""
+    return c.model_copy(update={"key": _suffixed(c.key, c.content)})
+
+
+def forms_keys(c: Candidate) -> list[str]:
+    """Every key a candidate may have been stored under (resolve looks each up)."""
+    return list(dict.fromkeys([c.key, own_key(c).key, _aside(c).key]))
+
+
+def _suffixed(key: str, content: str) -> str:
+    digest = hashlib.sha256(normal(content).encode()).hexdigest()[:8]
+    return f"{key[:MAX_KEY_CHARS - len(digest) - 1]}.{digest}"
+
+
+def _recorded(c: Candidate, m: Memory) -> bool:
+    """`m` is this statement, written from these very events (in any status since): a replay, a DLQ
+    re-drive or a publisher's retry of what was written before. It changes nothing."""
+    return (m.key == c.key and normal(m.content) == normal(c.content)
+            and set(c.source_event_ids) <= set(m.source_event_ids))
+
+
+def _collides(c: Candidate, mine: Sequence[Neighbour]) -> bool:
+    """Other statements hold the candidate's key, and nothing says they are values of one thing: the
+    key was made of words they share by chance (`Candidate.slot`). No supersession then, nor contest."""
+    same_key = [n.memory for n in mine if _rivals(c, n.memory) and normal(n.memory.content) != normal(c.content)]
+    return bool(same_key) and not any(_same_slot(c, m) for m in same_key)
+
+
+def _same_slot(c: Candidate, m: Memory) -> bool:
+    """Evidence that two statements on one key are values of one single-valued thing: both keys name a
+    topic or an attribute, or the user says it is a correction."""
+    return c.source is Source.explicit_correction or (c.slot and m.slot)
 
 
 def _restates(c: Candidate, m: Memory) -> bool:
@@ -236,9 +277,9 @@ def _by_verdict(c: Candidate, old: Memory, rivals: list[Memory], version: int, v
 
 def _aside(c: Candidate) -> Candidate:
     """The candidate under a key of its own, beside the key it shares with another aspect: one key
-    never holds two active memories."""
+    never holds two active memories. The digest of its wording keeps two complements apart."""
     words = ".".join(salient_words(c.content)[:3]) or "more"
-    return c.model_copy(update={"key": normalize_key(f"{c.key}.{words}")})
+    return c.model_copy(update={"key": _suffixed(normalize_key(f"{c.key}.{words}"), c.content)})
 
 
 def _judged(c: Candidate, mine: Sequence[Neighbour], version: int, judge: Judge | None) -> WriteBatch | None:

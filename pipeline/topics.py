@@ -10,6 +10,7 @@ otherwise from the memory type plus the statement's salient words, deterministic
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pipeline.cues import TOPICS, Topic
 from pipeline.models import MType
@@ -61,6 +62,9 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 # "X 是 Y" / "X is Y": a fact's key comes from X, so that a new Y updates it.
 _COPULA = re.compile(r"(?<![不还就但可])是|\b(?:is|are|was|were)\b", re.I)
 _REASON = re.compile(r"因为|由于|\bbecause\b|\bsince\b", re.I)
+# A reason clause explains; it states no value of a topic: "Bart因为搬家到一个新城市感到孤独" is about
+# loneliness, not where Bart lives, and a later city must not replace it.
+_REASON_CLAUSE = re.compile(r"(?:因为|由于)[^，,。；;！!？?]*|\b(?:because|since)\b[^,.;!?]*", re.I)
 # "我的车不是特斯拉，是比亚迪汉": the attribute is what stands before the denied old value.
 _DENIED = re.compile(r"(?<![还就但可])不是")
 
@@ -100,11 +104,26 @@ def key_for(mtype: MType, text: str) -> str:
     their salient words (callers strip time phrases from events first).
     """
     scope = _REASON.split(text, maxsplit=1)[0] if mtype is MType.decision else text
-    key = _topic_key(mtype, scope) if mtype in _TOPICAL else None
+    key = _topic_key(mtype, _main_clause(scope)) if mtype in _TOPICAL else None
     if key is None:
         words = salient_words(_subject_part(mtype, scope))
         key = normalize_key(f"{_PREFIX.get(mtype, mtype.value)}.{'.'.join(words) or _compact(scope)}")
     return key + TEMPORARY if mtype is MType.temp_preference else key
+
+
+def key_basis(mtype: MType, text: str) -> Literal["topic", "attribute", "words"]:
+    """What `key_for` names a statement by: a single-valued topic of the table, the attribute of an
+    "X is <short value>" statement, or (failing both) its first salient words. Only the first two
+    name one thing that a newer value replaces; two statements that share their first words are
+    two statements (docs/write-path.md#same-key-is-not-same-topic)."""
+    scope = _REASON.split(text, maxsplit=1)[0] if mtype is MType.decision else text
+    if mtype in _TOPICAL and _topic_key(mtype, _main_clause(scope)) is not None:
+        return "topic"
+    return "attribute" if _subject_part(mtype, scope) != scope else "words"
+
+
+def _main_clause(text: str) -> str:
+    return _REASON_CLAUSE.sub(" ", text)
 
 
 def habit_key(text: str) -> str:

@@ -60,6 +60,14 @@ class Keys:
         # The events forgotten memories were read from: nothing is written from them again.
         return f"{self.prefix}forgotten-events:{subject}"
 
+    def announced(self, mutation_id: str) -> str:
+        # Which ops of one mutation the `changes` feed has heard of: a retry announces each once (shared/applier.py).
+        return f"{self.prefix}announced:{mutation_id}"
+
+    def write_lock(self, subject: str) -> str:
+        # Held while one subject's points are read, checked and written: revision checks hold across processes.
+        return f"{self.prefix}write-lock:{subject}"
+
     def plan_cache(self, subject: str, query_key: str) -> str:
         return f"{self.prefix}plan:{subject}:{query_key}"
 

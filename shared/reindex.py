@@ -33,6 +33,7 @@ from typing import Literal, Protocol
 import orjson
 
 from pipeline.models import Memory
+from shared.applier import copy_fields, copy_points, drop_points
 from shared.errors import MemflowError
 from shared.sparse import indexed_text
 from shared.store import Catalog, Identity, Index, Progress, Store, index_name
@@ -171,11 +172,11 @@ class _Run:
             reworded, changed = _stale(memories, held)
             self._write(reworded)
             for memory in changed:
-                self.dest.set_fields(memory.id, _patch(memory))
+                copy_fields(self.dest, memory.id, _patch(memory))
             self.report.refreshed += len(reworded) + len(changed)
             seen += len(memories)
             self.on_step(Step(phase, seen, max(total, seen)))
-        self.dest.delete(list(held))  # left in `held`: gone from the old index since they were copied
+        drop_points(self.dest, list(held))  # left in `held`: gone from the old index since they were copied
         self.report.removed += len(held)
 
     def _write(self, memories: list[Memory]) -> None:
@@ -184,7 +185,7 @@ class _Run:
         vectors = self.encoder.encode_passages([m.content for m in memories])
         if any(len(v) != self.target.dim for v in vectors):
             raise MemflowError(f"the embedder {self.encoder.model_id} made a vector that is not {self.target.dim}-dim")
-        self.dest.put(memories, vectors)
+        copy_points(self.dest, memories, vectors)
 
 
 def _stale(memories: list[Memory], held: dict[str, bytes]) -> tuple[list[Memory], list[Memory]]:

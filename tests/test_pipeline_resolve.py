@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.extract import extract
+from pipeline.extract import extract, statement_slot
 from pipeline.ids import episode_id, event_memory_id, is_keyed, memory_id, new_memory
 from pipeline.models import (
     Action,
@@ -435,3 +435,58 @@ def test_one_statement_per_key_is_decided_per_batch_the_earliest_first() -> None
     batch = [c("fact.a", 5), c("fact.a", 1), c("fact.b", 3), c("episode.x", 1, MType.episode),
              c("episode.x", 2, MType.episode), c("fact.a", 2, subject="v")]
     assert first_per_key(batch) == [False, True, True, True, True, True]
+
+
+# -- same key, same topic? (docs/write-path.md#same-key-is-not-same-topic) -------------------------
+
+
+ZOO = "fact.bart.went.zoo.saw.his.favorite"
+
+
+def test_statements_sharing_a_words_key_are_kept_apart() -> None:
+    old = mem("Bart went to the zoo and saw his favorite pandas", ZOO).model_copy(update={"slot": False})
+    new = cand("Bart went to the zoo and saw his favorite lions", ZOO).model_copy(update={"slot": False})
+    batch = decide(new, [near(old)])
+    assert batch.action is Action.add and [type(op) for op in batch.ops] == [PutOp]
+    put = batch.ops[0]
+    assert isinstance(put, PutOp) and put.memory.key.startswith(ZOO + ".") and put.memory.id != old.id
+    # ...and written again (a replay), it is found under that key and changes nothing.
+    again = decide(new, [near(old), near(put.memory, 1.0)])
+    assert again.action is Action.duplicate and again.ops == []
+
+
+def test_a_correction_on_a_words_key_still_replaces() -> None:
+    old = mem("Bart went to the zoo and saw his favorite pandas", ZOO).model_copy(update={"slot": False})
+    fix = cand("Bart went to the zoo and saw his favorite lions", ZOO,
+               source=Source.explicit_correction).model_copy(update={"slot": False})
+    assert decide(fix, [near(old)]).action is Action.supersede
+
+
+def test_a_replayed_statement_changes_nothing_whatever_became_of_it() -> None:
+    first = cand("我住在北京", events=("e1",), ts=T0)
+    stored = new_memory(first).model_copy(update={"status": Status.superseded, "rev": 2})
+    newer = new_memory(cand("我住在上海", events=("e2",)), version=2)
+    batch = decide(first, [near(stored, 1.0), near(newer)])
+    assert batch.action is Action.duplicate and batch.ops == []
+
+
+def test_two_complements_of_one_key_get_keys_of_their_own() -> None:
+    old = mem("I work on the payments team")
+    # The same first words: before, both were filed as version 1 of one aside key, and the second never landed.
+    a = decide(cand("I work on fraud models for cards"), [near(old)], judge=lambda m: "complementary")
+    b = decide(cand("I work on fraud models for loans"), [near(old)], judge=lambda m: "complementary")
+    keys = [op.memory.key for batch in (a, b) for op in batch.ops if isinstance(op, PutOp)]
+    assert len(keys) == 2 and len(set(keys)) == 2
+
+
+@pytest.mark.parametrize(("mtype", "text", "slot"), [
+    (MType.fact, "我住在北京", True),
+    (MType.fact, "I moved to Lisbon because of work", True),
+    (MType.fact, "My blood type is AB negative", True),
+    (MType.fact, "Bart因为搬家到一个新城市感到孤独，但他交到了新朋友", False),
+    (MType.fact, "Bart went to the zoo and saw his favorite elephants, feeling very happy", False),
+    (MType.preference, "I prefer short answers", True),
+    (MType.episode, "我住在北京", False),
+])
+def test_a_key_names_one_thing_only_when_it_is_a_topic_or_an_attribute(mtype: MType, text: str, slot: bool) -> None:
+    assert statement_slot(mtype, text) is slot

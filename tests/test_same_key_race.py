@@ -20,7 +20,7 @@ import redis
 from redis.client import Pipeline
 
 from pipeline.models import Candidate, Change, ChatEvent, ExtractTask, Kind, MType, Role, Status, Wire, WriteBatch
-from shared.codec import encode
+from shared.codec import decode, encode
 from shared.connections import connect
 from shared.embedder import Embedder
 from shared.keys import FIELD, STAGES, Keys
@@ -67,7 +67,6 @@ def test_same_key_candidates_decided_in_one_batch_settle_on_the_correction(setti
         todo = of(Candidate, (e for task in tasks for e in extract.handle(ctx, task)))
         [key] = {c.key for c in todo if c.mtype is MType.fact and "Aisha" in c.content}
         assert sum(c.key == key for c in todo) == 3  # Tom's fact, the realtime correction, its re-reading
-        changes: list[Change] = []
         sent_back = 0
         deferred = 0
         while todo:  # every candidate of a round in one resolve batch, as resolve's linger gathers them
@@ -77,10 +76,10 @@ def test_same_key_candidates_decided_in_one_batch_settle_on_the_correction(setti
             for batch in batches:
                 written = upsert.handle(ctx, batch)
                 todo += of(Candidate, written)  # sent back: decided on a state that has moved on
-                changes += of(Change, written)
             sent_back += len(todo)
         sent_back -= deferred
         versions = ctx.store.get(MemoryFilter("boss", keys=[key]))
+        changes = [decode(f[FIELD.encode()], Change) for _, f in ctx.client.xrange(ctx.keys.changes, "-", "+")]
     finally:
         ctx.close()
 

@@ -19,13 +19,17 @@ from typing import Any
 
 import orjson
 
-from pipeline.models import Candidate, Memory, Status
+from pipeline.models import Candidate, DeleteOp, Memory, MutationOp, PatchOp, Status
+from pipeline.writes import mutation
 from shared.errors import MemflowError
 from shared.keys import STAGES
 from shared.store import MemoryFilter
 from workers.runtime import Context
 
 PAGE = 1000
+# The action of a deletion's announcement on `changes`: it names the memory, never its words, and is
+# the one entry naming a forgotten memory that scrub keeps (a consumer mirroring the feed must learn of it).
+FORGET = "forget"
 _GLOB = re.compile(r"[*?\[\]\\]")
 
 
@@ -36,9 +40,11 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
     memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
     targets = _forget_targets(ctx, subject, memory_ids, contains)
     keep_receipts(ctx, subject, targets)
-    for memory in targets:
-        ctx.set_fields(memory, {"status": Status.deleted.value}, action="forget", why="forget requested", at=now)
-    ctx.store.delete([m.id for m in targets])
+    deleted = {"status": Status.deleted.value}
+    ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
+                               for m in targets), *(DeleteOp(id=m.id) for m in targets)]
+    if ops:  # the wish wins over any change made since the targets were read ("rebase")
+        ctx.applier.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
     scrubbed = scrub(ctx, subject, targets)
     return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
 
@@ -127,17 +133,26 @@ def _text(value: Any) -> str:
 
 
 def _naming(ctx: Context, stream: str, marks: list[bytes]) -> Iterator[str]:
-    """The ids of the entries of `stream` whose payload names one of `marks` (paged XRANGE)."""
+    """The ids of the entries of `stream` whose payload names one of `marks` (paged XRANGE), but for
+    the announcements of deletions on `changes`."""
     start = "-"
+    feed = stream == ctx.keys.changes
     while True:
         page: Any = ctx.client.xrange(stream, min=start, max="+", count=PAGE)
         for entry_id, fields in page:
             blob = b" ".join(v for v in fields.values() if isinstance(v, bytes))
-            if any(mark in blob for mark in marks):
+            if any(mark in blob for mark in marks) and not (feed and _announces_deletion(blob)):
                 yield entry_id.decode()
         if len(page) < PAGE:
             return
         start = "(" + page[-1][0].decode()
+
+
+def _announces_deletion(blob: bytes) -> bool:
+    try:
+        return bool(orjson.loads(blob).get("action") == FORGET)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def _scrub_stream(ctx: Context, stream: str, marks: list[bytes], pending: set[str]) -> int:

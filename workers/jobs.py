@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
-from pipeline.models import Candidate, Change, Memory, Tier
+from pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
 from pipeline.tagging import TAG_VERSION, retag
+from pipeline.writes import mutation, patches
 from shared.codec import encode
 from shared.errors import MemflowError
 from shared.keys import FIELD
@@ -103,25 +104,21 @@ def _report(report: dict[str, Any], subject: str, plan: Plan) -> None:
 
 
 def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime) -> list[str]:
-    """Carry a plan out; the ids of memories left alone because they changed while it was made."""
-    skipped = []
-    ids = [st.memory.id for st in plan.steps]
-    current = {m.id: m for m in ctx.store.get(MemoryFilter(subject, ids=ids))} if ids else {}
-    for st in plan.steps:
-        # Written by the pipeline meanwhile: the next run plans it again from what it is now.
-        if st.memory.id not in current or current[st.memory.id].rev != st.memory.rev:
-            skipped.append(st.memory.id)
-            continue
-        ctx.set_fields(st.memory, st.fields, action=name, why=f"{name}: {st.why}", at=now)
-    if plan.new:
-        ctx.store.put(plan.new, ctx.embedder.encode_passages([m.content for m in plan.new]))
-        for m in plan.new:
-            ctx.announce(Change(memory_id=m.id, subject=subject, action=name, why=f"{name}: {m.content[:80]}",
-                                after={"status": m.status.value, "key": m.key, "content": m.content}, at=now,
-                                source_event_ids=m.source_event_ids))
+    """Carry a plan out; the ids of memories left alone because they changed while it was made (the
+    next run plans them again from what they are then)."""
+    ops: list[MutationOp] = [*patches(plan.steps, f"{name}: "), *(PutOp(memory=m) for m in plan.new)]
+    skipped = ctx.applier.apply(mutation(subject, name, f"{name} job", now, ops), _vectors(ctx, plan.new)).stale \
+        if ops else []
     for c in plan.candidates:
         ctx.client.xadd(ctx.keys.stream("resolve"), {FIELD: encode(c)})
     return skipped
+
+
+def _vectors(ctx: Context, memories: list[Memory]) -> dict[str, list[float]]:
+    if not memories:
+        return {}
+    return dict(zip([m.id for m in memories], ctx.embedder.encode_passages([m.content for m in memories]),
+                    strict=True))
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:

@@ -12,9 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pipeline.ids import is_keyed
-from pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
-from pipeline.models import Change, Memory, Status
+from pipeline.lifecycle import Step as Step
+from pipeline.lifecycle import plan_accept, plan_reject, plan_rollback
+from pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from pipeline.score import strength
+from pipeline.writes import mutation, patches
 from shared.errors import MemflowError
 from shared.store import MemoryFilter
 from workers.runtime import Context
@@ -58,13 +60,10 @@ def rollback(ctx: Context, memory_id: str, to_version: int, subject: str | None,
     except ValueError as exc:
         raise MemflowError(str(exc)) from exc
     restored = plan.restored
-    if restored is not None:
-        ctx.store.put([restored], ctx.embedder.encode_passages([restored.content]))
-        ctx.announce(Change(memory_id=restored.id, subject=restored.subject, action="rollback",
-                            why=f"rolled back to version {to_version}", at=at,
-                            after={"status": restored.status.value, "version": restored.version,
-                                   "content": restored.content}))
-    _apply(ctx, plan.steps, "rollback", at)
+    puts = [] if restored is None else [PutOp(memory=restored)]
+    vectors = {} if restored is None else {restored.id: ctx.embedder.encode_passages([restored.content])[0]}
+    ops: list[MutationOp] = [*puts, *patches(plan.steps)]
+    ctx.applier.apply(mutation(memory.subject, "rollback", f"rolled back to version {to_version}", at, ops), vectors)
     return {"subject": memory.subject, "key": memory.key, "to_version": to_version,
             "restored": None if restored is None else {"id": restored.id, "version": restored.version,
                                                         "content": restored.content},
@@ -88,22 +87,25 @@ def review_decide(ctx: Context, memory_id: str, accept: bool, subject: str | Non
         steps = plan_accept(memory, same_key, at) if accept else plan_reject(memory, same_key)
     except ValueError as exc:
         raise MemflowError(str(exc)) from exc
-    _apply(ctx, steps, "review", at)
+    apply_steps(ctx, steps, "review", at)
     return {"id": memory.id, "accepted": accept,
             "changed": [{"id": st.memory.id, "after": {k: str(v) for k, v in st.fields.items()}} for st in steps]}
 
 
-def _apply(ctx: Context, steps: list[Step], action: str, at: datetime) -> None:
-    for st in steps:
-        ctx.set_fields(st.memory, st.fields, action=action, why=st.why, at=at)
+def apply_steps(ctx: Context, steps: list[Step], action: str, at: datetime) -> list[str]:
+    """Apply a planner's steps (all of one subject); the ids of memories that had moved on meanwhile."""
+    if not steps:
+        return []
+    subject = steps[0].memory.subject
+    return ctx.applier.apply(mutation(subject, action, action, at, patches(steps))).stale
 
 
 def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime) -> int:
-    """Count memories as adopted (used in an answer): access_count + 1, per subject."""
+    """Count memories of `subject` as adopted (used in an answer): access_count + 1 each."""
     found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
-    for memory in found:
-        ctx.store.set_fields(memory.id, {"access_count": memory.access_count + 1,
-                                         "last_accessed_at": when.isoformat()})
+    if found:
+        uses: list[MutationOp] = [CountOp(id=m.id, at=when) for m in found]
+        ctx.applier.apply(mutation(subject, "feedback", "adopted in an answer", when, uses))
     count_use(ctx, subject, when, adopted=len(found))
     return len(found)
 

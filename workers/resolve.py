@@ -15,7 +15,7 @@ from pipeline import llm_judge
 from pipeline.ids import episode_id, is_keyed
 from pipeline.llm_judge import Verdict
 from pipeline.models import Candidate, Memory, Status
-from pipeline.resolve import Neighbour, decide, first_per_key, record_sources
+from pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
 from shared.embedder import Embedder
 from shared.errors import EmbedderRejected
 from shared.llm import LLMUnavailable
@@ -131,9 +131,9 @@ def find_neighbours(store: Store, candidate: Candidate, vector: list[float], thr
     # Every version of the key, history included: decide() numbers the next version from them and
     # must see every live one. A top-k query missed both once a key had more than k versions (two
     # active memories on one key, an old version's id reused: the kill storm's 600 updates per key).
-    same_key = store.query(MemoryFilter(candidate.subject, keys=[candidate.key]),
-                           mode="dense", dense=vector, limit=NEIGHBOURS)
-    every = store.get(MemoryFilter(candidate.subject, keys=[candidate.key])) if len(same_key) >= NEIGHBOURS else []
+    keys = forms_keys(candidate)  # its key, and the keys of its own it may have been kept under
+    same_key = store.query(MemoryFilter(candidate.subject, keys=keys), mode="dense", dense=vector, limit=NEIGHBOURS)
+    every = store.get(MemoryFilter(candidate.subject, keys=keys)) if len(same_key) >= NEIGHBOURS else []
     near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY),
                        mode="dense", dense=vector, limit=NEIGHBOURS)
     found = {s.memory.id: Neighbour(s.memory, s.score) for s in same_key}

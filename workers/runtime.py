@@ -19,9 +19,10 @@ from typing import Any
 import redis
 
 from pipeline.gate import redact
-from pipeline.models import Change, LLMTrace, Memory, Revision, Trace
+from pipeline.models import LLMTrace, Memory, Trace
 from pipeline.prompting import Refused
 from pipeline.score import UNRELATED
+from shared.applier import Applier
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.embedder import Embedder, build_embedder
@@ -34,8 +35,6 @@ from shared.streams import ConsumerConfig, StreamConsumer
 log = logging.getLogger(__name__)
 
 STORE_STAGES = ("resolve", "upsert")
-# Bookkeeping a job refreshes often: not worth a line in a memory's history.
-QUIET_FIELDS = frozenset({"strength", "strength_at", "access_count", "last_accessed_at"})
 LIGHT_STAGES = ("trigger", "extract")
 
 
@@ -90,27 +89,10 @@ class Context:
                               block_ms=s.block_ms, count=s.read_count, retry_base_s=s.retry_base_s,
                               retry_max_s=s.retry_max_s, decode_context={"max_text_bytes": s.max_text_bytes})
 
-    def set_fields(self, memory: Memory, fields: dict[str, Any], *, action: str, why: str, at: datetime) -> None:
-        """Change a stored memory outside the write path (forget, jobs, review) and say so on `changes`.
-
-        The point's revision moves on, so a write batch built on the old state is sent back to
-        resolve; a change of state (not a strength refresh) is logged in the point's revisions
-        and announced.
-        """
-        before = fields_of(memory, fields)
-        record = dict(fields) | {"rev": memory.rev + 1}
-        quiet = not set(fields) - QUIET_FIELDS
-        if not quiet:
-            revision = Revision(rev=memory.rev + 1, at=at, why=why, before=before)
-            record["revisions"] = [*memory.revisions, revision]
-        self.store.set_fields(memory.id, record)
-        if not quiet:  # a strength refresh is bookkeeping: the capped audit feed keeps room for changes
-            self.announce(Change(memory_id=memory.id, subject=memory.subject, action=action, why=why,
-                                 before=before, after=fields, at=at))
-
-    def announce(self, change: Change) -> None:
-        self.client.xadd(self.keys.changes, {FIELD: encode(change)}, maxlen=self.settings.changes_maxlen,
-                         approximate=True)
+    @property
+    def applier(self) -> Applier:
+        """The one writer of the store (shared/applier.py): every change to a memory goes through it."""
+        return Applier(self.store, self.client, self.keys, self.settings.changes_maxlen)
 
     def trace(self, entry: Trace | LLMTrace) -> None:
         """An entry of the capped `traces` feed: a search, or an LLM call."""

@@ -1,0 +1,236 @@
+"""The write path's joints, on a real redis-server and a real Edge shard: distinct statements stay
+distinct, replays change nothing, a half-applied batch is completed, revisions never collide, uses are
+never lost, and a deletion stays announced (docs/write-path.md#the-applier)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.ids import new_memory
+from pipeline.models import (
+    Action,
+    Candidate,
+    Change,
+    ChatEvent,
+    Dir,
+    Kind,
+    Memory,
+    MType,
+    PatchOp,
+    PutOp,
+    Role,
+    Source,
+    Status,
+    WriteBatch,
+)
+from shared.codec import decode
+from shared.embedder import Embedder
+from shared.errors import StoreUnavailable
+from shared.keys import FIELD
+from shared.settings import Settings
+from shared.store import MemoryFilter, Store
+from tests.conftest import System, wait_for
+from workers import ops, upsert
+from workers.runtime import Context
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def snapshot(system: System, subject: str) -> dict[str, tuple[Any, ...]]:
+    return {m.id: (m.key, m.status.value, m.version, m.rev, m.content, tuple(m.source_event_ids))
+            for m in system.ctx.store.get(MemoryFilter(subject))}
+
+
+def changes(ctx: Context) -> list[Change]:
+    return [decode(fields[FIELD.encode()], Change) for _, fields in ctx.client.xrange(ctx.keys.changes, "-", "+")]
+
+
+def settle(system: System) -> None:
+    assert system.client.wait_idle(60), "the pipeline did not drain"
+
+
+# -- distinct statements stay distinct --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first,second", [
+    ("Lisa went to the aquarium and saw her favorite dolphins, feeling very happy.",
+     "Lisa went to the aquarium and saw her favorite sharks, feeling a little scared."),
+    ("Lisa因为搬家到一个新城市感到孤独，但她交到了新朋友。", "Lisa现在住在杭州。"),
+])
+def test_statements_that_share_a_rule_key_are_both_kept(system: System, first: str, second: str) -> None:
+    for i, text in enumerate((first, second)):
+        system.client.write("lisa", text, ts=T0 + timedelta(days=i), event_id=f"w{i}")
+    settle(system)
+    active = {m.content for m in system.ctx.store.get(MemoryFilter("lisa", statuses=[Status.active]))}
+    assert {first.rstrip(".。"), second.rstrip(".。")} <= active
+
+
+def test_a_new_value_of_a_slot_still_replaces_the_old_one(system: System) -> None:
+    system.client.write("lisa", "I live in Berlin.", ts=T0, event_id="w1")
+    settle(system)
+    system.client.write("lisa", "I moved to Lisbon.", ts=T0 + timedelta(days=3), event_id="w2")
+    settle(system)
+    city = system.ctx.store.get(MemoryFilter("lisa", keys=["location.city"]))
+    assert {(m.content, m.status) for m in city} == {("I live in Berlin", Status.superseded),
+                                                     ("I moved to Lisbon", Status.active)}
+
+
+# -- replays change nothing -------------------------------------------------------------------------
+
+
+def conversation(subject: str) -> list[ChatEvent]:
+    said = [
+        ("s1", "My manager is Tom Becker."), ("s1", "I prefer short answers."),
+        ("s1", "We went to the aquarium and saw the dolphins, it was great."),
+        ("s2", "Correction: my manager is now Aisha Khan."), ("s2", "Actually I like detailed answers."),
+        ("s2", "We went to the aquarium and saw the sharks, it was scary."),
+    ]
+    events = []
+    for i, (session, text) in enumerate(said):
+        events.append(ChatEvent(event_id=f"{subject}-m{i}", subject=subject, session_id=session, kind=Kind.message,
+                                role=Role.user, text=text, ts=T0 + timedelta(days=i)))
+        if i in (2, 5):
+            events.append(ChatEvent(event_id=f"{subject}-end{i}", subject=subject, session_id=session,
+                                    kind=Kind.session_end, ts=T0 + timedelta(days=i, minutes=5)))
+    return events
+
+
+def test_publishing_the_same_events_again_changes_nothing(system: System) -> None:
+    events = conversation("replay")
+    for e in events:
+        system.client.publish(e)
+    system.client.write("replay", "Bart went to the zoo and saw his favorite pandas, feeling very happy.",
+                        ts=T0, event_id="z1")
+    system.client.write("replay", "Bart went to the zoo and saw his favorite lions, feeling very happy.",
+                        ts=T0 + timedelta(days=1), event_id="z2")
+    settle(system)
+    first, announced = snapshot(system, "replay"), len(changes(system.ctx))
+    assert first
+    for _ in range(3):
+        for e in events:
+            system.client.publish(e)
+        system.client.write("replay", "Bart went to the zoo and saw his favorite pandas, feeling very happy.",
+                            ts=T0, event_id="z1")
+        system.client.write("replay", "Bart went to the zoo and saw his favorite lions, feeling very happy.",
+                            ts=T0 + timedelta(days=1), event_id="z2")
+        settle(system)
+        assert snapshot(system, "replay") == first
+    assert len(changes(system.ctx)) == announced
+
+
+# -- one applier: half-applied batches, revisions, uses, deletions ----------------------------------
+
+
+class FailingStore:
+    """The real store, failing once on the n-th `set_fields` (a store outage between two writes)."""
+
+    def __init__(self, inner: Store, fail_at: int) -> None:
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise StoreUnavailable("injected: the store went away between two writes")
+        self.inner.set_fields(memory_id, fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def store_ctx(settings: Settings, embedder: Embedder) -> Iterator[Context]:
+    ctx = Context.from_settings(settings)
+    ctx._embedder = embedder
+    yield ctx
+    ctx.close()
+
+
+def keyed(content: str, key: str, version: int, events: Sequence[str], at: datetime) -> Memory:
+    c = Candidate(subject="u1", session_id="s", mtype=MType.fact, dir=Dir.entities, key=key, content=content,
+                  confidence=0.9, source=Source.explicit, source_event_ids=list(events), ts=at)
+    return new_memory(c, version=version)
+
+
+def test_a_batch_cut_short_by_the_store_is_completed_by_its_retry(store_ctx: Context,
+                                                                  embedder: Embedder) -> None:
+    ctx = store_ctx
+    old = [keyed("我住在北京", "location.city", 1, ["e1"], T0), keyed("我住在天津", "location.city.x", 1, ["e2"], T0)]
+    ctx.store.put(old, embedder.encode_passages([m.content for m in old]))
+    newer = keyed("我搬到上海了", "location.city", 2, ["e3"], T0 + timedelta(days=1))
+    cand = Candidate(subject="u1", mtype=MType.fact, dir=Dir.entities, key="location.city", content=newer.content,
+                     confidence=0.9, source=Source.explicit_correction, source_event_ids=["e3"], ts=newer.created_at)
+    retire = {"status": Status.superseded.value, "superseded_by": newer.id}
+    batch = WriteBatch(subject="u1", action=Action.supersede, why="explicit correction", candidate=cand,
+                       ops=[PutOp(memory=newer), *(PatchOp(id=m.id, expected_rev=1, set=retire, why="corrected")
+                                                   for m in old)],
+                       vector=embedder.encode_passages([newer.content])[0], vector_model=embedder.model_id)
+    ctx._store = FailingStore(ctx.store, fail_at=2)
+    with pytest.raises(StoreUnavailable):
+        upsert.handle(ctx, batch)
+    emits = upsert.handle(ctx, batch)  # the redelivery
+    assert not [e for e in emits if e.stream == ctx.keys.stream("resolve")], "sent back instead of completed"
+    stored = {m.id: m for m in ctx.store.get(MemoryFilter("u1"))}
+    assert stored[newer.id].status is Status.active
+    assert all(stored[m.id].status is Status.superseded and stored[m.id].rev == 2 for m in old)
+    said = [c.memory_id for c in changes(ctx)] + [e.message.memory_id for e in emits if isinstance(e.message, Change)]
+    assert sorted(said) == sorted([newer.id, *(m.id for m in old)]), "each change announced exactly once"
+    assert upsert.handle(ctx, batch) == [] and len(changes(ctx)) == 3  # a third delivery: nothing at all
+
+
+def test_concurrent_changes_never_share_a_revision(store_ctx: Context, embedder: Embedder) -> None:
+    """Jobs, ops and upsert change one point from many threads: every change gets its own revision,
+    logged once; none is written over another built on the same revision."""
+    ctx = store_ctx
+    memory = keyed("我住在北京", "location.city", 1, ["e1"], T0)
+    ctx.store.put([memory], embedder.encode_passages([memory.content]))
+    rounds, workers = 15, 4
+
+    def worker(n: int) -> None:
+        for i in range(rounds):
+            while True:  # a planner reads, plans and applies; a stale plan is planned again
+                current = ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0]
+                if ops.apply_steps(ctx, [ops.Step(current, {"confidence": round(0.5 + (n * rounds + i) / 1000, 4)},
+                                                  f"thread {n} round {i}")], "review", T0) == []:
+                    break
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0]
+    assert final.rev == 1 + rounds * workers
+    assert [r.rev for r in final.revisions] == list(range(2, final.rev + 1))
+
+
+def test_uses_counted_from_many_threads_are_all_kept(store_ctx: Context, embedder: Embedder) -> None:
+    ctx = store_ctx
+    memory = keyed("我住在北京", "location.city", 1, ["e1"], T0)
+    ctx.store.put([memory], embedder.encode_passages([memory.content]))
+    threads = [threading.Thread(target=lambda: [ops.feedback(ctx, "u1", [memory.id], T0) for _ in range(20)])
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0].access_count == 80
+
+
+def test_a_forgotten_memory_stays_announced_as_deleted(system: System) -> None:
+    system.client.write("f1", "My locker code is 4471 at the gym.", ts=T0, event_id="f1-e1")
+    settle(system)
+    target = wait_for(lambda: system.ctx.store.get(MemoryFilter("f1", statuses=[Status.active])), what="stored")
+    ids = [m.id for m in target]  # type: ignore[attr-defined]
+    report = system.client.forget_report("f1", ids)
+    assert report["count"] == len(ids)
+    deleted = [c for c in changes(system.ctx) if c.action == "forget"]
+    assert sorted(c.memory_id for c in deleted) == sorted(ids)
+    raw = b"".join(orjson.dumps(c.model_dump(mode="json")) for c in deleted)
+    assert b"4471" not in raw and b"locker" not in raw, "an announcement of a deletion holds no words"
+    assert system.client.verify_forgotten("f1", ids)["verified"]

@@ -98,6 +98,18 @@ def test_a_part_that_returns_while_the_process_runs_counts_as_dead() -> None:
     assert not any(thread.is_alive() for thread in runner.threads)
 
 
+def test_in_the_background_a_part_that_keeps_dying_stops_everything_and_raises_at_the_end() -> None:
+    """The embedded mode: the caller's thread is the caller's, so the failure is raised when its block ends."""
+    runner = Runner([Part("broken", lambda stop: 1 / 0), Part("steady", lambda stop: stop.wait())], policy=QUICK)
+    runner.start()
+    runner.supervise_in_background()
+    wait_for(runner.stop.is_set, what="the runner to give up")
+    runner.shutdown(join_s=5)
+    assert not any(thread.is_alive() for thread in runner.threads)
+    with pytest.raises(PartDied, match="broken died 3 times"):
+        runner.raise_if_failed()
+
+
 def test_a_part_that_stays_up_long_enough_starts_its_restart_count_afresh() -> None:
     clock = [0.0]
     policy = RestartPolicy(max_restarts=1, stable_s=10.0, base_s=0.0, max_s=0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,17 +32,46 @@ class ServerTooOld(MemflowError):
     pass
 
 
-def connect(url: str) -> redis.Redis:
-    """A client for blocking stream reads and RQ result waits, to a server checked to be new enough.
+# A server answers a BLOCK that ran out within milliseconds: past the longest blocking read by this
+# much, a socket that has heard nothing is talking to a server that stopped answering (a half-open
+# connection, a paused or wedged server), and the read raises instead of holding the stage forever.
+READ_MARGIN_S = 10.0
+# The query worker's dequeue: RQ blocks worker_ttl - 15 s (workers/query.build_worker sets 16: 1 s), and
+# raises the socket timeout of the pool it is given to that + 10 s when it is lower. The stage
+# connection starts at least there, so that RQ never changes a pool the stream stages share.
+RQ_DEQUEUE_S = 1.0
+# A peer that is gone (its host down, a NAT that forgot us) is noticed after 30 + 3 x 10 s of silence,
+# instead of the kernel's default two hours. A server that is up but silent is the socket timeout's.
+KEEPALIVE_S = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+# Before a command on a connection idle this long, a PING checks it is still there.
+HEALTH_CHECK_S = 30
 
-    redis-py's default socket timeout (5 s, with retries) turns a legitimately long
-    XREADGROUP BLOCK or `latest_result(timeout=...)` into a TimeoutError about a minute
-    later; blocking calls carry their own timeouts, so the socket gets none.
+
+def connect(url: str, *, socket_timeout_s: float | None = None) -> redis.Redis:
+    """A client to a server checked to be new enough, with TCP keepalive and a health check.
+
+    `socket_timeout_s` must be longer than any blocking command the client sends (a stage's
+    XREADGROUP BLOCK, RQ's BLMOVE): `stage_socket_timeout_s` for a stage's connection. With it,
+    a read that hears nothing raises redis.TimeoutError (not retried). None: no socket timeout,
+    for a client whose blocking waits are as long as its callers ask (the MemoryClient waits up
+    to ten minutes for a job's result); keepalive still notices a peer that is gone.
     """
-    client = redis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5, health_check_interval=30)
+    client = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
+                                  socket_keepalive=True, socket_keepalive_options=_keepalive_options(),
+                                  health_check_interval=HEALTH_CHECK_S)
     if url not in _checked:
         _check_version(client, url)
     return client
+
+
+def stage_socket_timeout_s(block_ms: int) -> float:
+    """The socket timeout of a connection the stages and the query worker share (see READ_MARGIN_S)."""
+    return max(block_ms / 1000, RQ_DEQUEUE_S) + READ_MARGIN_S
+
+
+def _keepalive_options() -> dict[int, int]:
+    # The options exist on Linux; elsewhere (macOS names TCP_KEEPIDLE differently) the kernel's defaults.
+    return {getattr(socket, name): value for name, value in KEEPALIVE_S.items() if hasattr(socket, name)}
 
 
 # URLs whose server passed the version check in this process (one INFO per URL, not per client).

@@ -11,9 +11,14 @@ A stage supplies `(stage name, input model, handler)`. The loop:
   error) to `dlq:<stage>` at once, and one that keeps failing there after
   `max_deliveries` deliveries — again in one MULTI with the XACK;
 - retries in place, with backoff, an entry that failed because a dependency is down
-  (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget;
+  (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget, and keeps
+  its claim on the entries it holds meanwhile (XCLAIM JUSTID resets their idle time without
+  counting a delivery), so that no other consumer reclaims them;
 - leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
   backing off while a whole batch fails;
+- outlives anything a batch raises: a Redis outage is waited out, and any other error
+  escaping a step (a bug outside the handler) is logged with its traceback and backed off,
+  never the silent end of the stage's thread;
 - stops between batches when asked: a batch in hand is finished or left pending,
   never half-applied.
 """
@@ -35,6 +40,7 @@ from pydantic import BaseModel
 from shared.codec import decode, encode
 from shared.errors import DecodeError, Permanent, Retryable
 from shared.keys import FIELD, Keys
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,14 @@ class ConsumerConfig:
     linger_ms: int = 0
     decode_context: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConsumerConfig:
+        """The consumer loop's settings (MEMFLOW_MAX_DELIVERIES, _RECLAIM_IDLE_MS, _BLOCK_MS, ...)."""
+        s = settings
+        return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
+                   count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
+                   decode_context={"max_text_bytes": s.max_text_bytes})
+
 
 class StreamConsumer(Generic[M]):
     def __init__(self, client: redis.Redis, keys: Keys, stage: str, model: type[M],
@@ -109,6 +123,7 @@ class StreamConsumer(Generic[M]):
         self._failures = 0
         self._next_reclaim = 0.0
         self._stop = threading.Event()
+        self._refresh_claim_script = client.register_script(_REFRESH_CLAIM)
 
     def ensure_group(self) -> None:
         try:
@@ -118,24 +133,31 @@ class StreamConsumer(Generic[M]):
                 raise
 
     def run(self, stop: threading.Event) -> None:
-        """Consume until `stop` is set. Redis outages are waited out, not raised."""
+        """Consume until `stop` is set. Nothing a step raises ends the loop: Redis outages are waited
+        out, anything else is logged with its traceback and backed off (its entries stay pending)."""
         self._stop = stop
         self.ensure_group()
         log.info("consumer %s reading %s as group %s", self.name, self.stream, self.group)
         while not stop.is_set():
-            try:
-                failed = self.step()
-            except redis.ConnectionError as exc:
-                log.warning("consumer %s: redis unavailable (%s)", self.name, exc)
-                failed = True
-            except redis.RedisError:
-                # A refused command (OOM, a replica turned read-only, a lost group) is an
-                # outage of the loop, not of one message: say so loudly and keep trying.
-                log.exception("consumer %s: redis error", self.name)
-                failed = True
+            failed = self._step_surviving()
             self._failures = self._failures + 1 if failed else 0
             if failed:
                 stop.wait(backoff_s(self._failures, self.config.retry_base_s, self.config.retry_max_s))
+
+    def _step_surviving(self) -> bool:
+        try:
+            return self.step()
+        except redis.ConnectionError as exc:
+            log.warning("consumer %s: redis unavailable (%s)", self.name, exc)
+        except redis.RedisError:
+            # A refused command (OOM, a replica turned read-only, a lost group) or a server that stopped
+            # answering (TimeoutError) is an outage of the loop, not of one message: say so loudly.
+            log.exception("consumer %s: redis error", self.name)
+        # A bug outside the handler (the handler's own errors are outcomes) must not end the stage
+        # silently: logged, backed off, and the entries it held are reclaimed and retried.
+        except Exception:  # noqa: BLE001
+            log.exception("consumer %s: a step failed", self.name)
+        return True
 
     def step(self) -> bool:
         """Reclaim, read, process one batch. True when every entry of a non-empty batch failed."""
@@ -256,9 +278,33 @@ class StreamConsumer(Generic[M]):
             if retry:
                 rounds += 1
                 log.warning("stage %s: %d entries wait out an outage (round %d)", self.stage, len(retry), rounds)
-                self._stop.wait(backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
+                retry = self._wait_holding(retry, backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
             todo = retry
         return done, failed
+
+    def _wait_holding(self, held: list[tuple[Entry, M]], wait_s: float) -> list[tuple[Entry, M]]:
+        """Wait `wait_s` (or until stopped) keeping the claim on the entries held; the ones still ours.
+
+        An entry idle for reclaim_idle_ms is another consumer's to reclaim: that one would handle
+        it too and spend a delivery of its budget. So the claim is refreshed at least every third
+        of that, and once more just before the retry.
+        """
+        every_s = self.config.reclaim_idle_ms / 3000
+        deadline = time.monotonic() + wait_s
+        while True:
+            held = self._refresh_claim(held)
+            left_s = deadline - time.monotonic()
+            if not held or left_s <= 0 or self._stop.wait(min(left_s, every_s)):
+                return held
+
+    def _refresh_claim(self, held: list[tuple[Entry, M]]) -> list[tuple[Entry, M]]:
+        args = [self.group, self.name, *(entry.id for entry, _ in held)]
+        ours = {_text(eid) for eid in self._refresh_claim_script(keys=[self.stream], args=args)}
+        for entry, _ in held:
+            if entry.id not in ours:  # reclaimed while we were stalled: handled by its new owner alone
+                log.warning("stage %s entry %s was reclaimed by another consumer; leaving it to it",
+                            self.stage, entry.id)
+        return [pair for pair in held if pair[0].id in ours]
 
     def _outcomes(self, items: list[M]) -> Sequence[Outcome]:
         """The handler's outcome per item; an exception from the batch as a whole is every item's
@@ -307,6 +353,22 @@ class StreamConsumer(Generic[M]):
     def _errors_key(self) -> str:
         # The last error of each pending entry, so the DLQ can say why it finally gave up.
         return f"{self.keys.prefix}errors:{self.stage}"
+
+
+# Reset the idle time of the entries this consumer still owns (JUSTID: no delivery counted) and
+# return their ids; an entry another consumer has claimed meanwhile is left to it. One script, so
+# that no claim lands between the ownership check and the refresh.
+_REFRESH_CLAIM = """
+local kept = {}
+for i = 3, #ARGV do
+  local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  if entry and entry[2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    kept[#kept + 1] = ARGV[i]
+  end
+end
+return kept
+"""
 
 
 def _text(value: bytes | str) -> str:

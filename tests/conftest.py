@@ -89,7 +89,8 @@ def start_system(settings: Settings, embedder: Embedder, stages: tuple[str, ...]
                  query: bool = True, store: Any = None) -> System:
     # Imported here so that the stream tests run without the whole worker stack.
     from workers.query import build_worker
-    from workers.runtime import Context, start_consumers
+    from workers.runtime import Context
+    from workers.system import start_consumers
 
     ctx = Context.from_settings(settings)
     ctx._embedder = embedder

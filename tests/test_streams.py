@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -191,4 +192,67 @@ def test_an_outage_is_waited_out_without_spending_the_delivery_budget(client, ke
     send(client, keys, 9)
     wait_for(lambda: calls[9] == 7 and backlog(client, keys, ["extract"])["extract"] == (0, 0),
              what="the message to pass once the store is back")
+    assert client.xlen(keys.dlq("extract")) == 0
+
+
+def test_a_bug_escaping_a_step_is_logged_and_the_stage_lives_on(client, keys, running, caplog) -> None:
+    """Risk 5: anything but a Redis error escaping `step()` used to end the stage's thread silently."""
+    handled: list[int] = []
+    buggy = threading.Event()
+    buggy.set()
+
+    def handle(items: Sequence[Note]) -> list[Outcome]:
+        if buggy.is_set():  # one outcome too few: `zip(strict=True)` raises ValueError outside the handler
+            buggy.clear()
+            return []
+        handled.extend(m.n for m in items)
+        return [[] for _ in items]
+
+    consumer = StreamConsumer(client, keys, "extract", Note, handle, config())
+    run(consumer, running)
+    send(client, keys, 3)
+    # The entry the bug left pending is reclaimed after reclaim_idle_ms, by the same thread, alive.
+    wait_for(lambda: handled == [3] and backlog(client, keys, ["extract"])["extract"] == (0, 0),
+             what="the entry handled after the bug")
+    [(_, thread)] = running
+    assert thread.is_alive()
+    died = [r for r in caplog.records if r.exc_info and "consumer" in r.getMessage()]
+    assert died and died[0].exc_info[0] is ValueError  # logged with its traceback, not swallowed
+
+
+def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, keys, running) -> None:
+    """Risk 6: an entry retried in place through an outage must not be reclaimed by another
+    consumer of the group after reclaim_idle_ms, nor spend its delivery budget."""
+    from shared.errors import StoreUnavailable
+
+    outage = threading.Event()
+    outage.set()
+    first_failure: list[float] = []
+    done: list[int] = []
+    seen_by_second: list[int] = []
+
+    def holder(m: Note) -> list[Emit]:
+        if outage.is_set():
+            first_failure[:1] = first_failure[:1] or [time.monotonic()]
+            raise StoreUnavailable("qdrant restarting")
+        done.append(m.n)
+        return []
+
+    # Waits between retries longer than reclaim_idle_ms: the claim must be refreshed during a wait too.
+    first = StreamConsumer(client, keys, "extract", Note, per_item(holder),
+                           config(reclaim_idle_ms=100, retry_base_s=0.05, retry_max_s=0.4), name="holder")
+    run(first, running)
+    send(client, keys, 8)
+    wait_for(lambda: first_failure, what="the first consumer to hold the entry")
+    second = StreamConsumer(client, keys, "extract", Note,
+                            per_item(lambda m: seen_by_second.append(m.n) or []), config(reclaim_idle_ms=100),
+                            name="other")
+    run(second, running)
+    wait_for(lambda: time.monotonic() - first_failure[0] > 1.0, what="an outage of ten reclaim periods")
+    pending = client.xpending_range(keys.input_of("extract"), "extract", "-", "+", 10)
+    assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"holder", 1)], seen_by_second
+    outage.clear()
+    wait_for(lambda: done == [8] and backlog(client, keys, ["extract"])["extract"] == (0, 0),
+             what="the entry to pass once the store is back")
+    assert seen_by_second == []
     assert client.xlen(keys.dlq("extract")) == 0

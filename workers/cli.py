@@ -31,7 +31,7 @@ from shared.reindex import DEFAULT_BATCH, Report, Step, reindex
 from shared.settings import Settings, get_settings
 from shared.status import PipelineStatus, read_status
 from shared.store import Catalog, catalog_for
-from workers.process import QUERY, own_redis, run_stages, spawn_stage, stop_children, temporary_data_dir
+from workers.process import QUERY, own_redis, run_stages, temporary_data_dir
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -84,17 +84,16 @@ def up() -> None:
     one owner); the scheduler runs in a thread of it."""
     with own_redis(_settings()) as settings:
         jobs = _build_scheduler(settings, BackgroundScheduler)
-        children = [spawn_stage(settings, stage) for stage in ("trigger", "extract")]
         typer.echo(f"memflow up: redis {settings.redis_url}, prefix {settings.stream_prefix}, "
                    f"store {settings.qdrant_url or settings.data_dir}")
         _print_schedule(settings, jobs)
         try:
             jobs.start()
-            run_stages(settings, ["resolve", "upsert", QUERY])
+            # trigger and extract in child processes of their own, supervised like the threads.
+            run_stages(settings, ["resolve", "upsert", QUERY], children=[("trigger",), ("extract",)])
         finally:
             if jobs.running:
                 jobs.shutdown()
-            stop_children(children)
 
 
 @app.command("scheduler")

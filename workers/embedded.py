@@ -5,21 +5,22 @@ configured, every stage consuming, the query worker answering, and a client. By
 default trigger and extract run as child processes (the shape `memflow up` runs:
 they do not compete with the model for this process's interpreter lock); with
 `light_in_process=True` they are threads here too (quicker to start, for short runs).
+Every part, thread or child process, runs under the system runner (workers/system.py), which
+restarts one that dies.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from shared.client import MemoryClient
 from shared.embedder import Embedder
 from shared.settings import Settings
-from workers.process import own_redis, spawn_stage, stop_children
-from workers.query import build_worker
-from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context, start_consumers
+from workers.process import ChildProcess, own_redis
+from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context
+from workers.system import QUERY, Runner, stage_parts
 
 
 @dataclass
@@ -27,31 +28,30 @@ class Embedded:
     ctx: Context
     client: MemoryClient
     settings: Settings
-    # Stage name → pid of the child process running it (empty when all run in-process).
-    child_pids: dict[str, int] = field(default_factory=dict)
+    children: list[ChildProcess] = field(default_factory=list)
+
+    @property
+    def child_pids(self) -> dict[str, int]:
+        """Stage name → pid of the child process running it now (empty when all run in-process)."""
+        return {"+".join(c.stages): c.pid for c in self.children if c.pid is not None}
 
 
 @contextlib.contextmanager
 def embedded(settings: Settings, *, light_in_process: bool = False,
              embedder: Embedder | None = None) -> Iterator[Embedded]:
+    """The running system; PartDied at the end of the block if a part kept dying meanwhile (the
+    runner then stopped every part, workers/system.py)."""
     with own_redis(settings) as running:
-        ctx = Context.from_settings(running)
-        if embedder is not None:
-            ctx._embedder = embedder
+        ctx = Context.from_settings(running, embedder=embedder)
         ctx.store  # noqa: B018 - open it (and check its model) before any stage consumes
-        stop = threading.Event()
-        children = [] if light_in_process else [spawn_stage(running, stage) for stage in LIGHT_STAGES]
+        children = [] if light_in_process else [ChildProcess(running, (stage,)) for stage in LIGHT_STAGES]
         stages = (*LIGHT_STAGES, *STORE_STAGES) if light_in_process else STORE_STAGES
-        threads = start_consumers(ctx, stages, stop)
-        worker = threading.Thread(target=build_worker(ctx, stop).work, kwargs={"logging_level": "WARNING"},
-                                  name="memflow-query", daemon=True)
-        worker.start()
+        runner = Runner([*stage_parts(ctx, (*stages, QUERY)), *(child.part() for child in children)])
+        runner.start()
+        runner.supervise_in_background()
         try:
-            pids = {stage: child.pid for stage, child in zip(LIGHT_STAGES, children, strict=False)}
-            yield Embedded(ctx, MemoryClient(running), running, pids)
+            yield Embedded(ctx, MemoryClient(running), running, children)
         finally:
-            stop.set()
-            stop_children(children)
-            for thread in [*threads, worker]:
-                thread.join(timeout=30)
+            runner.shutdown()
             ctx.close()
+        runner.raise_if_failed()

@@ -1,8 +1,9 @@
 """Running stages as processes: one process, several stages, one stop.
 
-`run_stages` is what `memflow worker ...` and `memflow up` run: each stream stage is a
-consumer thread; "query" is the RQ query worker in the main thread (RQ's signal
-handling wants it there). SIGTERM/SIGINT finish the batches in hand and return.
+`run_stages` is what `memflow worker ...` and `memflow up` run: the stages named, each a part
+of the system runner (workers/system.py: a stream stage is a consumer thread, "query" the RQ
+query worker in a thread), and for `up` the light stages as child processes, supervised the same
+way. SIGTERM/SIGINT finish the batches in hand and return; a part that keeps dying exits non-zero.
 """
 
 from __future__ import annotations
@@ -15,40 +16,57 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared.connections import announce, running
 from shared.errors import MemflowError
 from shared.redis_server import start_redis
 from shared.settings import Settings, to_env
-from workers.query import build_worker
-from workers.runtime import STORE_STAGES, Context, start_consumers, stop_on_signals
+from workers.runtime import STORE_STAGES, Context
+from workers.system import QUERY, Part, run
+
+__all__ = ["QUERY", "ChildProcess", "own_redis", "run_stages", "spawn_stage", "stop_children", "temporary_data_dir"]
 
 log = logging.getLogger(__name__)
-QUERY = "query"
 
 
-def run_stages(settings: Settings, stages: Sequence[str]) -> None:
+def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[Sequence[str]] = ()) -> None:
+    """Run `stages` here, and each of `children` (a list of stages) as a child process, until stopped."""
     ctx = Context.from_settings(settings)
     if set(stages) & {*STORE_STAGES, QUERY}:
         # Opened (and its model checked) before any stage consumes: a ModelMismatch stops the process
         # with its one line, instead of failing every message it would have read.
         ctx.store  # noqa: B018
-    stop = threading.Event()
-    stop_on_signals(stop)
-    threads = start_consumers(ctx, [s for s in stages if s != QUERY], stop)
     try:
-        if QUERY in stages:
-            build_worker(ctx, stop).work(logging_level=settings.log_level)
-        else:
-            while not stop.wait(1.0):
-                if not all(t.is_alive() for t in threads):
-                    raise SystemExit("a stage thread died; see the log")
+        run(ctx, stages, also=[ChildProcess(settings, tuple(c)).part() for c in children],
+            query_log_level=settings.log_level)
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
         ctx.close()
+
+
+@dataclass
+class ChildProcess:
+    """A `memflow worker <stages...>` child as a part of the runner: its exit while we run is a death
+    (the runner starts another); our stop terminates it."""
+
+    settings: Settings
+    stages: tuple[str, ...]
+    pid: int | None = None
+
+    def part(self) -> Part:
+        return Part("+".join(self.stages), self.run)
+
+    def run(self, stop: threading.Event) -> None:
+        child = spawn_stage(self.settings, *self.stages)
+        self.pid = child.pid
+        try:
+            while not stop.wait(0.2):
+                if child.poll() is not None:
+                    log.error("child %s (pid %d) exited with %s", self.part().name, child.pid, child.returncode)
+                    return
+        finally:
+            stop_children([child])
 
 
 @contextlib.contextmanager

@@ -8,9 +8,8 @@ store and the embedder once and hands the same ones to every stage in the proces
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -24,13 +23,13 @@ from pipeline.prompting import Refused
 from pipeline.score import UNRELATED
 from shared.applier import Applier
 from shared.codec import encode
-from shared.connections import connect, require_url
+from shared.connections import connect, require_url, stage_socket_timeout_s
 from shared.embedder import Embedder, build_embedder
 from shared.keys import FIELD, Keys
 from shared.llm import LLM, Answer, LLMUnavailable, elapsed_ms
 from shared.settings import Settings
 from shared.store import Identity, Store, open_store
-from shared.streams import ConsumerConfig, StreamConsumer
+from shared.streams import ConsumerConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,10 @@ class Context:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Context:
-        return cls(settings, connect(require_url(settings)), Keys(settings.stream_prefix))
+    def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:
+        """The one way a process builds its context; `embedder`: one already loaded (tests, benchmarks)."""
+        client = connect(require_url(settings), socket_timeout_s=stage_socket_timeout_s(settings.block_ms))
+        return cls(settings, client, Keys(settings.stream_prefix), _embedder=embedder)
 
     @property
     def embedder(self) -> Embedder:
@@ -84,10 +85,7 @@ class Context:
             return self._llm
 
     def consumer_config(self) -> ConsumerConfig:
-        s = self.settings
-        return ConsumerConfig(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms,
-                              block_ms=s.block_ms, count=s.read_count, retry_base_s=s.retry_base_s,
-                              retry_max_s=s.retry_max_s, decode_context={"max_text_bytes": s.max_text_bytes})
+        return ConsumerConfig.from_settings(self.settings)
 
     @property
     def applier(self) -> Applier:
@@ -125,36 +123,3 @@ class Context:
 def fields_of(memory: Memory, names: Iterable[str]) -> dict[str, Any]:
     """The memory's current values of these fields, as plain JSON values."""
     return {name: getattr(getattr(memory, name), "value", getattr(memory, name)) for name in names}
-
-
-def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
-    from workers import extract, resolve, trigger, upsert
-
-    builders: dict[str, Callable[[Context], StreamConsumer[Any]]] = {
-        "trigger": trigger.build, "extract": extract.build, "resolve": resolve.build, "upsert": upsert.build}
-    if stage not in builders:
-        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(builders)}")
-    return builders[stage](ctx)
-
-
-def start_consumers(ctx: Context, stages: Sequence[str], stop: threading.Event) -> list[threading.Thread]:
-    """One thread per stage, each its own consumer in its stage's group."""
-    threads = []
-    for stage in stages:
-        consumer = build_consumer(ctx, stage)
-        consumer.ensure_group()
-        thread = threading.Thread(target=consumer.run, args=(stop,), name=f"memflow-{stage}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    return threads
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT ask every loop to finish its batch and return."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        log.info("signal %s: stopping after the current batch", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,225 @@
+"""The system runner: every part of a memflow process started, watched and stopped in one place.
+
+`memflow worker`, `memflow up` (workers/process.run_stages) and the embedded mode
+(workers/embedded.py) all run their parts here: a stream stage's consumer loop, the RQ query
+worker, a child process running other stages (workers/process.ChildProcess). Each part runs in a
+thread of its own; the runner notices when one ends while the process is still running.
+
+When a part dies. A stage's consumer loop outlives anything one batch raises (it logs and backs
+off, shared/streams.py), and RQ's worker waits out a Redis outage in its dequeue; a part that ends
+anyway met something its loop could not handle: an exception outside the loop, RQ quitting on a
+Redis timeout or an error in its own bookkeeping, a child process killed. The runner logs it (with
+its traceback) and restarts it in place, after a backoff that doubles with each death (0.5 s up to
+30 s): most such deaths are an outage that passes, and a restart in place keeps the model and the
+store loaded, where a new process reloads them for tens of seconds. A part that dies
+`max_restarts` times in a row, each time within `stable_s` of its start, is not meeting an outage
+but a defect: the runner stops every part and gives up. `memflow worker` and `memflow up` then
+exit non-zero, so that the process supervisor (systemd, Kubernetes, compose `restart:`) restarts
+the process and shows the crash loop; the embedded mode raises when its block ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import MemflowError
+from shared.streams import StreamConsumer
+from workers.query import build_worker
+from workers.runtime import Context
+
+log = logging.getLogger(__name__)
+
+QUERY = "query"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 5
+    # A part that ran this long before it died met something that passed: its count starts again.
+    stable_s: float = 60.0
+    base_s: float = 0.5
+    max_s: float = 30.0
+
+    def delay_s(self, deaths: int) -> float:
+        return float(min(self.max_s, self.base_s * 2 ** min(deaths - 1, 30)))
+
+
+class PartDied(MemflowError):
+    """A part kept dying: the runner stopped every part."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """What the runner keeps running: `run(stop)` returns once `stop` is set. Returning while it is
+    not set, or raising, is a death."""
+
+    name: str
+    run: Callable[[threading.Event], object]
+
+
+@dataclass
+class _Slot:
+    part: Part
+    thread: threading.Thread | None = None
+    started_at: float = 0.0
+    deaths: int = 0  # in a row, each within stable_s of its start
+    restart_at: float | None = None
+
+
+class Runner:
+    def __init__(self, parts: Sequence[Part], *, policy: RestartPolicy = RestartPolicy(),
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stop = stop or threading.Event()
+        self.policy, self._clock = policy, clock
+        self._slots = [_Slot(part) for part in parts]
+        self.failure: str | None = None
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [slot.thread for slot in self._slots if slot.thread is not None]
+
+    def start(self) -> None:
+        for slot in self._slots:
+            self._launch(slot)
+
+    def supervise(self, poll_s: float = 0.2) -> None:
+        """Watch the parts until `stop` is set; PartDied (every part told to stop) when one keeps dying."""
+        while not self.stop.wait(poll_s):
+            self.check()
+
+    def supervise_in_background(self) -> None:
+        """Watch from a thread of its own (the embedded mode: the caller's thread is the caller's)."""
+        self._watcher = threading.Thread(target=self._supervise_quietly, name="memflow-supervisor", daemon=True)
+        self._watcher.start()
+
+    def check(self) -> None:
+        """One round: restart the parts whose backoff is over, note the ones that died since."""
+        now = self._clock()
+        for slot in self._slots:
+            if slot.restart_at is not None:
+                if now >= slot.restart_at and not self.stop.is_set():
+                    self._launch(slot)
+            elif slot.thread is not None and not slot.thread.is_alive() and not self.stop.is_set():
+                self._note_death(slot, now)
+
+    def shutdown(self, join_s: float = 30.0) -> None:
+        """Ask every part to stop and wait for them (each finishes or leaves pending the batch in hand)."""
+        self.stop.set()
+        deadline = time.monotonic() + join_s
+        for thread in [*self.threads, *([self._watcher] if self._watcher else [])]:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise PartDied(self.failure)
+
+    def _note_death(self, slot: _Slot, now: float) -> None:
+        stable = now - slot.started_at >= self.policy.stable_s
+        slot.deaths = 1 if stable else slot.deaths + 1
+        if slot.deaths > self.policy.max_restarts:
+            self.failure = (f"{slot.part.name} died {slot.deaths} times in a row, each within "
+                            f"{self.policy.stable_s:g} s of its start; see the log")
+            log.critical("giving up: %s", self.failure)
+            self.stop.set()
+            raise PartDied(self.failure)
+        delay = self.policy.delay_s(slot.deaths)
+        log.error("%s died; restarting it in %.2f s (restart %d of %d in a row)", slot.part.name, delay,
+                  slot.deaths, self.policy.max_restarts)
+        slot.restart_at = now + delay
+
+    def _launch(self, slot: _Slot) -> None:
+        slot.restart_at, slot.started_at = None, self._clock()
+        slot.thread = threading.Thread(target=self._run_part, args=(slot.part,), name=f"memflow-{slot.part.name}",
+                                       daemon=True)
+        slot.thread.start()
+
+    def _run_part(self, part: Part) -> None:
+        try:
+            part.run(self.stop)
+        # Whatever ends a part is logged here, with its traceback; the supervisor restarts it.
+        except Exception:  # noqa: BLE001
+            log.exception("%s died", part.name)
+            return
+        if not self.stop.is_set():
+            log.error("%s returned while the process runs", part.name)
+
+    def _supervise_quietly(self) -> None:
+        try:
+            self.supervise()
+        except PartDied:
+            pass  # recorded in self.failure and logged; raised by raise_if_failed when the system ends
+
+
+# -- assembling the parts ----------------------------------------------------------------
+
+
+def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
+    from workers import extract, resolve, trigger, upsert
+
+    builders: dict[str, Callable[[Context], StreamConsumer[Any]]] = {
+        "trigger": trigger.build, "extract": extract.build, "resolve": resolve.build, "upsert": upsert.build}
+    if stage not in builders:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(builders)}")
+    return builders[stage](ctx)
+
+
+def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "WARNING") -> list[Part]:
+    """A part per stage: a consumer loop, or ("query") the RQ query worker. Every consumer group exists
+    when this returns, so that nothing published from here on is missed."""
+    parts = []
+    for stage in stages:
+        if stage == QUERY:
+            parts.append(Part(QUERY, _query_worker(ctx, query_log_level)))
+        else:
+            consumer = build_consumer(ctx, stage)
+            consumer.ensure_group()
+            parts.append(Part(stage, consumer.run))
+    return parts
+
+
+def _query_worker(ctx: Context, log_level: str) -> Callable[[threading.Event], object]:
+    # A worker per start: RQ's worker registers its birth and death under its name, once.
+    return lambda stop: build_worker(ctx, stop).work(logging_level=log_level)
+
+
+def run(ctx: Context, stages: Sequence[str], *, also: Sequence[Part] = (),
+        policy: RestartPolicy = RestartPolicy(), query_log_level: str = "WARNING") -> None:
+    """Run `stages` (and `also`) in the foreground until SIGTERM/SIGINT; exit non-zero when a part
+    keeps dying. What `memflow worker` and `memflow up` run."""
+    runner = Runner([*stage_parts(ctx, stages, query_log_level=query_log_level), *also], policy=policy)
+    stop_on_signals(runner.stop)
+    runner.start()
+    try:
+        runner.supervise()
+    except PartDied as exc:
+        raise SystemExit(f"memflow: {exc}") from exc
+    finally:
+        runner.shutdown()
+
+
+def start_consumers(ctx: Context, stages: Sequence[str], stop: threading.Event) -> list[threading.Thread]:
+    """One thread per stage, unsupervised: a stage's loop on its own, for tests that drive the stages."""
+    threads = []
+    for part in stage_parts(ctx, stages):
+        thread = threading.Thread(target=part.run, args=(stop,), name=f"memflow-{part.name}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT ask every part to finish its batch (the query worker: its job) and return."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("signal %s: stopping after the current batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

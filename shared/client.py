@@ -1,7 +1,8 @@
 """The agent-facing SDK.
 
 `publish` validates and appends to the `events` stream (one XADD: well under a
-millisecond on a local Redis); the rest are calls to the query worker over RQ.
+millisecond on a local Redis); the rest are calls to the query worker over RQ, each an RPC of the table in `shared.rpc`
+(a request model validated here and again in the worker, a reply model validated here).
 A search that could not be answered comes back with `status="failed"` and the error,
 never as an empty list an agent would read as "nothing remembered".
 """
@@ -9,37 +10,41 @@ never as an empty list an agent would read as "nothing remembered".
 from __future__ import annotations
 
 import math
-import re
 import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rq import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from pipeline.models import (
-    SUBJECT_PATTERN,
-    ChatEvent,
-    Dir,
-    Kind,
-    MType,
-    PackedPrompt,
-    Role,
-    SearchRequest,
-    SearchResult,
-)
+from pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from shared.codec import encode
 from shared.connections import connect, require_url
 from shared.errors import InvalidInput, RpcError
 from shared.keys import FIELD, STAGES, Keys
+from shared.rpc import (
+    FEEDBACK,
+    FORGET,
+    HISTORY,
+    INSPECT,
+    PACK,
+    REVIEW_DECIDE,
+    REVIEW_LIST,
+    ROLLBACK,
+    RUN_JOB,
+    SEARCH,
+    VERIFY_FORGOTTEN,
+    WORKERS_MODULE,
+    Rep,
+    Req,
+    Rpc,
+)
 from shared.settings import Settings, get_settings
 from shared.streams import backlog
-
-WORKERS_MODULE = "workers.query"
 
 
 class MemoryClient:
@@ -92,86 +97,85 @@ class MemoryClient:
 
     def search(self, subject: str, query: str, k: int | None = None, *, now: datetime | None = None,
                dirs: Sequence[Dir | str] | None = None, mtypes: Sequence[MType | str] | None = None) -> SearchResult:
+        request = _request(SEARCH, subject=subject, query=query, k=k or self.settings.search_k, now=now, dirs=dirs,
+                           mtypes=mtypes)
         try:
-            req = SearchRequest.model_validate({"subject": subject, "query": query, "k": k or self.settings.search_k,
-                                                "now": now, "dirs": dirs, "mtypes": mtypes})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InvalidInput(".".join(str(p) for p in first["loc"]), first["msg"]) from exc
-        try:
-            raw = self._call("search", req.model_dump(mode="json"), timeout_s=self.settings.search_timeout_s)
+            return self._ask(SEARCH, request, timeout_s=self.settings.search_timeout_s)
         except RpcError as exc:
             return SearchResult(subject=subject, query=query, status="failed", error=str(exc))
-        return SearchResult.model_validate(raw)
 
     def pack(self, subject: str, query: str, budget_tokens: int = 800, system_prompt: str = "", *,
              now: datetime | None = None) -> PackedPrompt:
-        check_subject(subject)
-        raw = self._call("pack", subject, query, budget_tokens, system_prompt, _iso(now))
-        return PackedPrompt.model_validate(raw)
+        return self.call(PACK, subject=subject, query=query, budget_tokens=budget_tokens,
+                         system_prompt=system_prompt, now=now)
 
     def forget(self, subject: str, memory_ids: Sequence[str] | None = None, *, contains: str | None = None) -> int:
-        check_subject(subject)
-        return int(self._call("forget", subject, list(memory_ids) if memory_ids is not None else None, contains))
+        return self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains).count
 
     def forget_report(self, subject: str, memory_ids: Sequence[str] | None = None, *,
                       contains: str | None = None) -> dict[str, Any]:
         """Forget, and say which memories and how many Redis entries holding their words were removed."""
-        check_subject(subject)
-        ids = list(memory_ids) if memory_ids is not None else None
-        result: dict[str, Any] = self._call("forget_report", subject, ids, contains)
-        return result
+        return _plain(self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains))
 
     def verify_forgotten(self, subject: str, memory_ids: Sequence[str]) -> dict[str, Any]:
         """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them."""
-        check_subject(subject)
-        result: dict[str, Any] = self._call("verify_forgotten", subject, list(memory_ids))
-        return result
+        return _plain(self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids))
 
     def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None) -> int:
-        check_subject(subject)
-        return int(self._call("feedback", subject, list(memory_ids), _iso(at)))
+        return self.call(FEEDBACK, subject=subject, memory_ids=memory_ids, at=at).count
 
     def inspect(self, subject: str, *, now: datetime | None = None) -> dict[str, Any]:
-        check_subject(subject)
-        result: dict[str, Any] = self._call("inspect", subject, _iso(now))
-        return result
+        return _plain(self.call(INSPECT, subject=subject, now=now))
 
     # -- maintenance ---------------------------------------------------------------
 
     def run_job(self, name: str, *, subject: str | None = None, now: datetime | None = None,
                 dry_run: bool = False, tier: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
         """Run a maintenance job (decay, consolidate, review, retag) in a query worker; its report."""
-        report: dict[str, Any] = self._call("run_job", name, subject, _iso(now), dry_run, tier, timeout_s=timeout_s,
-                                            queue=self._jobs)
-        return report
+        return _plain(self.call(RUN_JOB, subject=subject, name=name, now=now, dry_run=dry_run, tier=tier,
+                                timeout_s=timeout_s))
 
     def history(self, memory_id: str, *, subject: str | None = None) -> dict[str, Any]:
         """Every version of a memory (of its key) and each change of each, oldest first."""
-        result: dict[str, Any] = self._call("history", memory_id, subject)
-        return result
+        return _plain(self.call(HISTORY, memory_id=memory_id, subject=subject))
 
     def rollback(self, memory_id: str, to_version: int, *, subject: str | None = None,
                  at: datetime | None = None) -> dict[str, Any]:
         """Restore an old version of a keyed memory as a new version (itself recorded as a change)."""
-        result: dict[str, Any] = self._call("rollback", memory_id, to_version, subject, _iso(at))
-        return result
+        return _plain(self.call(ROLLBACK, memory_id=memory_id, to_version=to_version, subject=subject, at=at))
 
     def review_list(self, subject: str | None = None) -> list[dict[str, Any]]:
         """Memories waiting for a decision: pending_review and contested."""
-        result: list[dict[str, Any]] = self._call("review_list", subject)
-        return result
+        return [_plain(m) for m in self.call(REVIEW_LIST, subject=subject).waiting]
 
     def review(self, memory_id: str, *, accept: bool, subject: str | None = None,
                at: datetime | None = None) -> dict[str, Any]:
         """Accept (active; the rivals it contested are superseded) or reject (never searched again)."""
-        result: dict[str, Any] = self._call("review_decide", memory_id, accept, subject, _iso(at))
-        return result
+        return _plain(self.call(REVIEW_DECIDE, memory_id=memory_id, accept=accept, subject=subject, at=at))
 
-    def _call(self, name: str, *args: Any, timeout_s: float | None = None, queue: Queue | None = None) -> Any:
+    # -- the calls -------------------------------------------------------------------
+
+    def call(self, rpc: Rpc[Any, Rep], *, timeout_s: float | None = None, **fields: Any) -> Rep:
+        """One call of the table (`shared.rpc`), typed: InvalidInput (naming the field) when `fields` are
+        not its request; RpcError when no worker answered, the call failed there or its reply is not one."""
+        return self._ask(rpc, _request(rpc, **fields), timeout_s=timeout_s)
+
+    def _ask(self, rpc: Rpc[Req, Rep], request: Req, *, timeout_s: float | None = None) -> Rep:
+        queue = self._jobs if rpc.queue == "jobs" else self._queue
+        raw = self._call(rpc.name, timeout_s=timeout_s, queue=queue, fields=request.model_dump(mode="json"))
+        try:
+            return rpc.reply.model_validate(raw)
+        except ValidationError as exc:
+            raise RpcError(f"{rpc.name}: the query worker's reply is not a {rpc.reply.__name__}: {exc}") from exc
+
+    def _call(self, name: str, *args: Any, timeout_s: float | None = None, queue: Queue | None = None,
+              fields: dict[str, Any] | None = None) -> Any:
+        """Enqueue `workers.query.<name>` and wait for its JSON reply. A request travels as the job's keyword
+        arguments (`fields`, by name); the worker validates them whoever enqueued them."""
         timeout = timeout_s or self.settings.rpc_timeout_s
-        job = (queue or self._queue).enqueue(f"{WORKERS_MODULE}.{name}", *args, ttl=math.ceil(timeout),
-                                  result_ttl=60, failure_ttl=3600, job_timeout=math.ceil(timeout))
+        job = (queue or self._queue).enqueue(f"{WORKERS_MODULE}.{name}", args=args, kwargs=fields or {},
+                                             ttl=math.ceil(timeout), result_ttl=60, failure_ttl=3600,
+                                             job_timeout=math.ceil(timeout))
         result = job.latest_result(timeout=math.ceil(timeout))
         if result is None:
             raise RpcError(f"{name}: no answer from a query worker within {timeout} s (is one running?)")
@@ -180,12 +184,16 @@ class MemoryClient:
         return result.return_value
 
 
-def check_subject(subject: str) -> None:
-    """Every call names one subject, and only a well-formed one: a wildcard or a separator never
-    reaches a key or a filter."""
-    if not isinstance(subject, str) or not re.fullmatch(SUBJECT_PATTERN, subject):
-        raise InvalidInput("subject", f"{subject!r} is not a subject id (1–128 of A-Z a-z 0-9 . _ : / -)")
+def _request(rpc: Rpc[Req, Any], **fields: Any) -> Req:
+    """The request, or InvalidInput naming its first bad field (a subject that is no subject id never
+    leaves the client)."""
+    try:
+        return rpc.request.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(".".join(str(p) for p in first["loc"]) or rpc.name, first["msg"]) from exc
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+def _plain(reply: BaseModel) -> dict[str, Any]:
+    """A reply as the plain JSON the dict-returning methods have always given."""
+    return reply.model_dump(mode="json")

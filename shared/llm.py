@@ -8,7 +8,9 @@ fails, so that callers only see an answer or an `LLMUnavailable` with a countabl
 - a token budget per subject per day (UTC, wall clock: it guards spend, not event time)
   is checked before a call and charged after it, from the usage the server reports;
 - every call, token and fallback is counted per subject and globally, per day, in Redis
-  (`usage()` sums them for `memflow inspect` and the benchmark).
+  (`usage()` sums them for `memflow inspect` and the benchmark);
+- `ask` is the one way a stage asks: the call, the reading of the reply (a pure reader from
+  `pipeline/`), the fallback when either fails, the counters and the trace of the call.
 The API key is a SecretStr: it goes to the client and nowhere else (no log line, no trace).
 """
 
@@ -17,15 +19,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import openai
 import redis
 
-from pipeline.prompting import Message
+from pipeline.gate import redact
+from pipeline.models import LLMTrace
+from pipeline.prompting import Message, Refused
 from shared.errors import MemflowError
 from shared.keys import Keys
 from shared.settings import Settings
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 # Counters are kept this long (inspect sums the last 30 days).
 USAGE_KEEP_S = 40 * 24 * 3600
 USAGE_DAYS = 30
+T = TypeVar("T")
 
 
 class LLMUnavailable(MemflowError):
@@ -52,13 +57,39 @@ class Answer:
     latency_ms: float
 
 
+@dataclass(frozen=True)
+class Reading(Generic[T]):
+    """What a reader made of a reply, or what stands in for it on a fallback.
+
+    `items`: what it holds (candidates, verdicts, routes; on a fallback, the stand-ins); `counts`:
+    counters to add (items dropped, verdicts unreadable); `note`: said in the trace. `refused`: the
+    reply was read (its counts count) and still cannot be used: the fallback stands in. A reply
+    that cannot be read at all raises `Refused` from the reader instead."""
+
+    value: T
+    items: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    note: str | None = None
+    refused: Refused | None = None
+
+
+@dataclass(frozen=True)
+class Asked(Generic[T]):
+    """The value a stage goes on with; `fallback` names why the fallback stood in (None: the model's)."""
+
+    value: T
+    fallback: str | None = None
+
+
 class LLM:
-    def __init__(self, settings: Settings, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis, keys: Keys, *,
+                 trace: Callable[[LLMTrace], None]) -> None:
         assert settings.llm_base_url, "LLM() needs MEMFLOW_LLM_BASE_URL"
         self.settings = settings
         self.model = settings.llm_model
         self._redis = client
         self._keys = keys
+        self._trace = trace
         key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none"  # Ollama/vLLM want any
         self._client = openai.OpenAI(base_url=settings.llm_base_url, api_key=key, timeout=settings.llm_timeout_s,
                                      max_retries=settings.llm_max_retries)
@@ -82,6 +113,33 @@ class LLM:
         if not answer.text.strip():
             raise LLMUnavailable("empty", "the server answered with no text")
         return answer
+
+    def ask(self, subject: str, purpose: str, prompt: list[Message], *, read: Callable[[str], Reading[T]],
+            fallback: Callable[[], Reading[T]], session_id: str | None = None,
+            timeout: float | None = None) -> Asked[T]:
+        """Ask the model and read its reply; when there is no answer (`LLMUnavailable`) or it is refused,
+        the fallback stands in, counted per subject and globally by reason. Either way the call is traced."""
+        started, answer = time.perf_counter(), None
+        try:
+            answer = self.complete(subject, purpose, prompt, timeout=timeout)
+            reading = self._read(subject, answer, read)
+        except (LLMUnavailable, Refused) as exc:
+            stand_in = fallback()
+            self.count(subject, {"fallbacks": 1, f"fallback:{exc.reason}": 1})
+            self._trace(_traced(purpose, subject, session_id, started, answer, failed=exc,
+                                stand_ins=stand_in.items))
+            return Asked(stand_in.value, exc.reason)
+        self._trace(_traced(purpose, subject, session_id, started, answer, items=reading.items,
+                            note=reading.note))
+        return Asked(reading.value)
+
+    def _read(self, subject: str, answer: Answer, read: Callable[[str], Reading[T]]) -> Reading[T]:
+        reading = read(answer.text)
+        if any(reading.counts.values()):
+            self.count(subject, reading.counts)
+        if reading.refused is not None:
+            raise reading.refused
+        return reading
 
     def _call(self, prompt: list[Message], timeout: float | None) -> Any:
         extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.settings.llm_json_mode else {}
@@ -115,6 +173,18 @@ class LLM:
         self._client.close()
 
 
+def _traced(purpose: str, subject: str, session_id: str | None, started: float, answer: Answer | None, *,
+            failed: LLMUnavailable | Refused | None = None, items: int = 0, stand_ins: int = 0,
+            note: str | None = None) -> LLMTrace:
+    """The trace of one call; a fallback says why (`failed`, redacted) and how much stood in."""
+    return LLMTrace(purpose=purpose, subject=subject, session_id=session_id,
+                    outcome="ok" if failed is None else "fallback", reason=failed.reason if failed else note,
+                    detail=redact(str(failed))[:200] if failed else None, items=items, stand_ins=stand_ins,
+                    prompt_tokens=answer.prompt_tokens if answer else 0,
+                    completion_tokens=answer.completion_tokens if answer else 0, latency_ms=elapsed_ms(started),
+                    at=datetime.now(UTC))
+
+
 def count_usage(client: redis.Redis, keys: Keys, subject: str, amounts: dict[str, int],
                 at: datetime | None = None) -> None:
     day = (at or datetime.now(UTC)).date().isoformat()
@@ -134,8 +204,8 @@ def usage(client: redis.Redis, keys: Keys, subject: str | None, now: datetime | 
     raw = client.hgetall(keys.llm_usage(subject))
     window = set(_days(now or datetime.now(UTC), days))
     totals: dict[str, int] = {}
-    for field, value in raw.items():
-        day, _, name = (field.decode() if isinstance(field, bytes) else field).partition(":")
+    for entry, value in raw.items():
+        day, _, name = (entry.decode() if isinstance(entry, bytes) else entry).partition(":")
         if day in window:
             totals[name] = totals.get(name, 0) + int(value)
     return summarise(totals, days)

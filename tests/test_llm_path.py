@@ -302,6 +302,40 @@ def test_a_slow_planner_falls_back_to_the_heuristic_plan(llm_system: tuple[Syste
     assert llm_report(system)["subject"]["fallbacks_by_reason"] == {"timeout": 1}
 
 
+# An LLM plan with a bm25 route, a scoped route and a whole-subject route: each is one a setting can switch off.
+_WIDE_PLAN = [{"text": "Atlas project database", "dirs": ["entities"], "strategy": "bm25", "weight": 1.0},
+              {"text": "the project we picked", "dirs": ["events"], "strategy": "semantic", "weight": 0.8},
+              {"text": "Atlas project", "dirs": [], "strategy": "semantic", "weight": 1.0}]
+
+
+def _wide_planner(body: dict[str, Any]) -> Reply:
+    if purpose(body) == "memflow query planning":
+        return Reply(content=json.dumps({"intent": "entity_recall", "routes": _WIDE_PLAN}))
+    return Reply(content='{"items": []}')
+
+
+@pytest.mark.parametrize("llm_system", [(_wide_planner, {}), (_wide_planner, {"dir_scoping": False}),
+                                        (_wide_planner, {"whole_subject_weight": 0.0}),
+                                        (_wide_planner, {"bm25_route_weight": 0.7})], indirect=True)
+def test_an_llm_plan_obeys_the_route_settings(llm_system: tuple[System, ScriptedLLM]) -> None:
+    """Risk 8 (issue 15): the route weights and dir scoping in settings apply to an LLM plan as to the heuristic
+    one: a route they switch off never comes back because a model proposed it; a bm25 route weighs what they say."""
+    system, server = llm_system
+    s = system.ctx.settings
+    for _ in range(2):  # asked, then read from the plan cache
+        plan = system.client.search("ana", "What did we pick for that project?", now=T0).plan
+        assert plan is not None and plan.source == "llm"
+        assert all(r.weight > 0 for r in plan.routes)
+        if s.bm25_route_weight == 0:
+            assert not [r for r in plan.routes if r.strategy == "bm25"], "bm25 routes are switched off"
+        if not s.dir_scoping:
+            assert not [r for r in plan.routes if r.dirs], "dir scoping is switched off"
+        if s.whole_subject_weight == 0:
+            assert not [r for r in plan.routes if not r.dirs and not r.keys], "whole-subject routes are off"
+        assert all(r.weight == s.bm25_route_weight for r in plan.routes if r.strategy == "bm25")
+    assert sum(purpose(b) == "memflow query planning" for b in server.requests) == 1
+
+
 def test_with_no_llm_configured_nothing_is_asked_or_counted(system: System) -> None:
     say(system, "e1", "I prefer short answers with bullet points.")
     assert system.client.wait_idle(timeout_s=60)

@@ -6,7 +6,6 @@ import logging
 import signal
 import sys
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -19,15 +18,18 @@ import typer
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
+from pydantic import BaseModel
 
 from scheduler.app import build_scheduler, next_fire_times
 from shared import dlq as dead
+from shared import rpc
 from shared.client import MemoryClient
 from shared.connections import connect, require_url, running
 from shared.embedder import Embedder, build_embedder
 from shared.errors import InvalidInput, MemflowError
 from shared.keys import FIELD, STAGES, Keys
 from shared.reindex import DEFAULT_BATCH, Report, Step, reindex
+from shared.rpc import Rep
 from shared.settings import Settings, get_settings
 from shared.status import PipelineStatus, read_status
 from shared.store import Catalog, catalog_for
@@ -56,6 +58,8 @@ def _settings(level: str | None = None) -> Settings:
 
 
 def _print_json(value: Any) -> None:
+    if isinstance(value, BaseModel):  # a typed reply: as it travels
+        value = value.model_dump(mode="json")
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -174,20 +178,23 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
            = False, as_json: JsonFlag = False) -> None:
     """Forget memories (by id, or by what they say) everywhere memflow kept their words."""
     client = MemoryClient(_settings())
-    report = client.forget_report(subject, ids or None, contains=contains) if ids or contains else {"ids": []}
-    if verify:
-        report["verify"] = client.verify_forgotten(subject, report["ids"] or ids or [])
+    report = None
+    if ids or contains:
+        report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
+    proof = None
+    if verify:  # what this call forgot, else the ids given (an earlier forget)
+        proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=(report and report.ids) or ids or [])
     if as_json:
-        _print_json(report)
+        shown = report.model_dump(mode="json") if report else {"ids": []}
+        _print_json(shown | ({"verify": proof.model_dump(mode="json")} if proof else {}))
     else:
-        if "count" in report:
-            typer.echo(f"forgot {report['count']} memor{'y' if report['count'] == 1 else 'ies'}; "
-                       f"words scrubbed from Redis: {report['scrubbed'] or 'none left'}")
-        if verify:
-            proof = report["verify"]
-            typer.echo(f"verified: {proof['verified']} — points in the store: {len(proof['in_store'])}, "
-                       f"Redis entries naming them: {proof['residue'] or 0}, without a receipt: {proof['unknown']}")
-    if verify and not report["verify"]["verified"]:
+        if report:
+            typer.echo(f"forgot {report.count} memor{'y' if report.count == 1 else 'ies'}; "
+                       f"words scrubbed from Redis: {report.scrubbed or 'none left'}")
+        if proof:
+            typer.echo(f"verified: {proof.verified} — points in the store: {len(proof.in_store)}, "
+                       f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}")
+    if proof and not proof.verified:
         raise typer.Exit(1)
 
 
@@ -195,37 +202,37 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
 def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
             as_json: JsonFlag = False) -> None:
     """A subject's memories with state, tier, strength, uses and last change; utilisation; backlog."""
-    report = MemoryClient(_settings()).inspect(subject, now=_when(now))
+    report = MemoryClient(_settings()).call(rpc.INSPECT, subject=subject, now=_when(now))
     if as_json:
         _print_json(report)
         return
-    _print_memories(report["memories"])
-    use = report["utilisation"]
-    share = "n/a" if use["share"] is None else f"{use['share']:.0%}"
-    typer.echo(f"utilisation ({use['days']} days): {use['adopted']} adopted of {use['recalled']} recalled = {share}")
-    typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report["backlog"].items()))
-    if report.get("llm"):
-        _print_llm("llm, this subject", report["llm"]["subject"])
-        _print_llm("llm, everyone", report["llm"]["everyone"])
+    _print_memories(report.memories)
+    use = report.utilisation
+    share = "n/a" if use.share is None else f"{use.share:.0%}"
+    typer.echo(f"utilisation ({use.days} days): {use.adopted} adopted of {use.recalled} recalled = {share}")
+    typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report.backlog.items()))
+    if report.llm:
+        _print_llm("llm, this subject", report.llm.subject)
+        _print_llm("llm, everyone", report.llm.everyone)
 
 
-def _print_llm(title: str, u: dict[str, Any]) -> None:
-    per, each = u["per_event"] or {}, u["per_candidate"] or {}
-    reasons = ", ".join(f"{r} {n}" for r, n in u["fallbacks_by_reason"].items()) or "none"
-    typer.echo(f"{title} ({u['days']} days): {u['calls']} calls, {u['prompt_tokens']} tokens in, "
-               f"{u['completion_tokens']} out; {u['events']} events ({per.get('prompt_tokens', 0)} in + "
-               f"{per.get('completion_tokens', 0)} out per event); {u['candidates']} candidates from the LLM "
-               f"({each.get('prompt_tokens', 0)} in + {each.get('completion_tokens', 0)} out per candidate); "
-               f"fallbacks to the rules: {u['fallbacks']} ({reasons})")
+def _print_llm(title: str, u: rpc.LLMUsage) -> None:
+    reasons = ", ".join(f"{r} {n}" for r, n in u.fallbacks_by_reason.items()) or "none"
+    per, each = u.per_event, u.per_candidate
+    typer.echo(f"{title} ({u.days} days): {u.calls} calls, {u.prompt_tokens} tokens in, "
+               f"{u.completion_tokens} out; {u.events} events ({per.prompt_tokens if per else 0} in + "
+               f"{per.completion_tokens if per else 0} out per event); {u.candidates} candidates from the LLM "
+               f"({each.prompt_tokens if each else 0} in + {each.completion_tokens if each else 0} out per "
+               f"candidate); fallbacks to the rules: {u.fallbacks} ({reasons})")
 
 
-def _print_memories(memories: list[dict[str, Any]]) -> None:
+def _print_memories(memories: list[rpc.MemoryState]) -> None:
     for m in memories:
-        last = m.get("last_change") or {}
-        typer.echo(f"{m['id'][:8]} {m['status']:<9} {m['tier']:<10} {m['dir']}/{m['mtype']} key={m['key']} "
-                   f"v{m['version']} conf={m['confidence']:.2f} strength={m.get('strength_now', m['strength']):.2f} "
-                   f"uses={m['access_count']}{' llm' if m.get('extractor') == 'llm' else ''}  {m['content']}"
-                   + (f"\n         last change {last['at']}: {last['why']}" if last else ""))
+        last = m.last_change
+        typer.echo(f"{m.id[:8]} {m.status.value:<9} {m.tier.value:<10} {m.dir.value}/{m.mtype.value} key={m.key} "
+                   f"v{m.version} conf={m.confidence:.2f} strength={m.strength_now:.2f} "
+                   f"uses={m.access_count}{' llm' if m.extractor == 'llm' else ''}  {m.content}"
+                   f"\n         last change {last.at.isoformat()}: {last.why}")
     typer.echo(f"{len(memories)} memories")
 
 
@@ -240,18 +247,18 @@ def _when(value: str | None) -> datetime | None:
 def history(memory_id: str, subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
             as_json: JsonFlag = False) -> None:
     """Every version of a memory and why each changed, oldest first."""
-    report = _rpc(lambda c: c.history(memory_id, subject=subject))
+    report = _rpc(rpc.HISTORY, memory_id=memory_id, subject=subject)
     if as_json:
         _print_json(report)
         return
-    typer.echo(f"{report['subject']} key={report['key']}")
-    for v in report["versions"]:
-        mark = "*" if v["id"] == report["asked"] else " "
-        typer.echo(f"{mark} v{v['version']} {v['id'][:8]} {v['status']:<14} {v['tier']:<10} "
-                   f"{v['created_at']}  {v['content']}")
-        for r in v["revisions"]:
-            before = ", ".join(f"{k}={val}" for k, val in r["before"].items())
-            typer.echo(f"      rev {r['rev']} {r['at']}: {r['why']} (was {before})")
+    typer.echo(f"{report.subject} key={report.key}")
+    for v in report.versions:
+        mark = "*" if v.id == report.asked else " "
+        typer.echo(f"{mark} v{v.version} {v.id[:8]} {v.status.value:<14} {v.tier.value:<10} "
+                   f"{_iso(v.created_at)}  {v.content}")
+        for r in v.revisions:
+            before = ", ".join(f"{k}={val}" for k, val in r.before.items())
+            typer.echo(f"      rev {r.rev} {_iso(r.at)}: {r.why} (was {before})")
 
 
 @app.command()
@@ -259,49 +266,54 @@ def rollback(memory_id: str, to: Annotated[int, typer.Option("--to", help="The v
              subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
              as_json: JsonFlag = False) -> None:
     """Restore an old version as a new version on top; the change is recorded like any other."""
-    report = _rpc(lambda c: c.rollback(memory_id, to, subject=subject))
+    report = _rpc(rpc.ROLLBACK, memory_id=memory_id, to_version=to, subject=subject)
     if as_json:
         _print_json(report)
         return
-    restored = report["restored"]
+    restored = report.restored
     if restored is None:
         typer.echo(f"version {to} is already current: nothing changed")
         return
-    typer.echo(f"restored version {to} as v{restored['version']} {restored['id'][:8]}: {restored['content']} "
-               f"(superseded {len(report['superseded'])})")
+    typer.echo(f"restored version {to} as v{restored.version} {restored.id[:8]}: {restored.content} "
+               f"(superseded {len(report.superseded)})")
 
 
 @review_app.command("list")
 def review_list(subject: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False) -> None:
     """Memories waiting for a decision: pending_review (rules, contradictions of pinned memories) and contested."""
-    found = _rpc(lambda c: c.review_list(subject))
+    found = _rpc(rpc.REVIEW_LIST, subject=subject).waiting
     if as_json:
-        _print_json(found)
+        _print_json([m.model_dump(mode="json") for m in found])
         return
     for m in found:
-        typer.echo(f"{m['id']} {m['subject']} {m['status']:<14} key={m['key']}  {m['content']}")
+        typer.echo(f"{m.id} {m.subject} {m.status.value:<14} key={m.key}  {m.content}")
     typer.echo(f"{len(found)} waiting")
 
 
 @review_app.command("accept")
 def review_accept(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
     """Make it active; the memories it contested on its key are superseded by it."""
-    report = _rpc(lambda c: c.review(memory_id, accept=True, subject=subject))
-    typer.echo(f"accepted {memory_id}: {len(report['changed'])} memories changed")
+    report = _rpc(rpc.REVIEW_DECIDE, memory_id=memory_id, accept=True, subject=subject)
+    typer.echo(f"accepted {memory_id}: {len(report.changed)} memories changed")
 
 
 @review_app.command("reject")
 def review_reject(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
     """Never search it again (kept as history); a memory it contested stands alone again."""
-    report = _rpc(lambda c: c.review(memory_id, accept=False, subject=subject))
-    typer.echo(f"rejected {memory_id}: {len(report['changed'])} memories changed")
+    report = _rpc(rpc.REVIEW_DECIDE, memory_id=memory_id, accept=False, subject=subject)
+    typer.echo(f"rejected {memory_id}: {len(report.changed)} memories changed")
 
 
-def _rpc(call: Callable[[MemoryClient], Any]) -> Any:
+def _rpc(call: rpc.Rpc[Any, Rep], **fields: Any) -> Rep:
+    """The typed reply of one call; what memflow refuses is told as a bad parameter."""
     try:
-        return call(MemoryClient(_settings()))
+        return MemoryClient(_settings()).call(call, **fields)
     except MemflowError as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
 
 
 @jobs_app.command("run")
@@ -312,24 +324,28 @@ def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review
              dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
              as_json: JsonFlag = False) -> None:
     """Run one job by hand and print what it changed (or, with --dry-run, would change)."""
-    report = _rpc(lambda c: c.run_job(job, subject=subject, now=_when(now), dry_run=dry_run, tier=tier))
+    report = _rpc(rpc.RUN_JOB, name=job, subject=subject, now=_when(now), dry_run=dry_run, tier=tier,
+                  timeout_s=600.0)
     if as_json:
         _print_json(report)
         return
-    verb = "would" if report["dry_run"] else "did"
-    for c in report["changed"]:
-        moved = ", ".join(f"{k} {c['before'][k]} → {v}" for k, v in c["after"].items())
-        typer.echo(f"{c['id'][:8]} {c['subject']}: {moved}  {c['content']}  ({c['why']})")
-    for m in report["written"]:
-        typer.echo(f"{m['id'][:8]} {m['subject']}: new  {m['content']}")
-    for m in report["sent"]:
-        typer.echo(f"-------- {m['subject']}: to resolve {m['mtype']} {m['key']}  {m['content']}")
-    for m in report["undecided"]:
-        typer.echo(f"{m['id'][:8]} {m['subject']}: still contested  {m['content']}")
-    typer.echo(f"{report['job']}: {verb} change {len(report['changed'])}, write {len(report['written'])}, "
-               f"send {len(report['sent'])} of {report['examined']} memories in {report['subjects']} subject(s) "
-               f"as of {report['now']}; {len(report['undecided'])} undecided, {len(report['skipped'])} skipped "
-               "(changed meanwhile)")
+    _print_job(report)
+
+
+def _print_job(report: rpc.JobReport) -> None:
+    for c in report.changed:
+        moved = ", ".join(f"{k} {c.before[k]} → {v}" for k, v in c.after.items())
+        typer.echo(f"{c.id[:8]} {c.subject}: {moved}  {c.content}  ({c.why})")
+    for w in report.written:
+        typer.echo(f"{w.id[:8]} {w.subject}: new  {w.content}")
+    for s in report.sent:
+        typer.echo(f"-------- {s.subject}: to resolve {s.mtype.value} {s.key}  {s.content}")
+    for u in report.undecided:
+        typer.echo(f"{u.id[:8]} {u.subject}: still contested  {u.content}")
+    typer.echo(f"{report.job}: {'would' if report.dry_run else 'did'} change {len(report.changed)}, write "
+               f"{len(report.written)}, send {len(report.sent)} of {report.examined} memories in {report.subjects} "
+               f"subject(s) as of {report.now.isoformat()}; {len(report.undecided)} undecided, "
+               f"{len(report.skipped)} skipped (changed meanwhile)")
 
 
 # -- the store's model ----------------------------------------------------------------
@@ -660,7 +676,7 @@ def _demo_conversation(client: MemoryClient) -> None:
     if not client.wait_idle(timeout_s=120):
         raise SystemExit("the pipeline did not go idle within 120 s")
     typer.echo("== memories written")
-    _print_memories(client.inspect(subject)["memories"])
+    _print_memories(client.call(rpc.INSPECT, subject=subject).memories)
     for query in DEMO_QUERIES:
         result = client.search(subject, query, k=3)
         typer.echo(f"== search {query!r}: {result.status}, {result.latency_ms:.1f} ms")

@@ -9,7 +9,6 @@ are the rules' in every case.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -18,7 +17,7 @@ from pipeline.extract import assemble, read
 from pipeline.llm_extract import Batch
 from pipeline.models import Candidate, ExtractTask
 from pipeline.prompting import Refused
-from shared.llm import LLM, LLMUnavailable
+from shared.llm import LLM, Asked, Reading
 from shared.streams import Emit, StreamConsumer, per_item
 from workers.runtime import Context
 
@@ -42,29 +41,28 @@ def llm_statements(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candid
     if not batches:
         return rules
     with ThreadPoolExecutor(max_workers=min(len(batches), ctx.settings.llm_max_concurrency)) as pool:
-        results = list(pool.map(partial(_read_batch, ctx, llm, task, rules), batches))
+        results = list(pool.map(partial(_read_batch, llm, task, rules), batches))
     said = llm_extract.uncovered(task, rules)
-    for candidates, _ in results:
-        said += candidates
-    from_llm = sum(len(c) for c, ok in results if ok)
+    for asked in results:
+        said += asked.value
+    from_llm = sum(len(asked.value) for asked in results if asked.fallback is None)
     llm.count(task.subject, {"candidates": from_llm})
     return said
 
 
-def _read_batch(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate],
-                batch: Batch) -> tuple[list[Candidate], bool]:
-    """One batch's candidates, and whether they are the LLM's (False: the rules stood in)."""
-    purpose, started, answer = f"extract:{batch.kind}", time.perf_counter(), None
-    try:
-        answer = llm.complete(task.subject, purpose, llm_extract.prompt(batch))
-        found, dropped = llm_extract.read_reply(task, batch, answer.text)
-        llm.count(task.subject, {"dropped_items": dropped})
-        if llm_extract.missed(task, batch, found, rules):
-            raise Refused("silent", "the model kept nothing of a turn with an explicit signal")
-    except (LLMUnavailable, Refused) as exc:
-        stand_ins = llm_extract.fill_in(batch, rules)
-        ctx.note_llm(purpose, task.subject, started, error=exc, answer=answer, stand_ins=len(stand_ins),
-                     session_id=task.session_id)
-        return stand_ins, False
-    ctx.note_llm(purpose, task.subject, started, answer=answer, items=len(found), session_id=task.session_id)
-    return found, True
+def _read_batch(llm: LLM, task: ExtractTask, rules: list[Candidate], batch: Batch) -> Asked[list[Candidate]]:
+    """One batch's candidates: the LLM's, or (`fallback` set) the rules' statements of its kind and turns."""
+
+    def read(reply: str) -> Reading[list[Candidate]]:
+        found, dropped = llm_extract.read_reply(task, batch, reply)
+        silent = llm_extract.missed(task, batch, found, rules)
+        return Reading(found, items=len(found), counts={"dropped_items": dropped},
+                       refused=Refused("silent", "the model kept nothing of a turn with an explicit signal")
+                       if silent else None)
+
+    def stand_in() -> Reading[list[Candidate]]:
+        found = llm_extract.fill_in(batch, rules)
+        return Reading(found, items=len(found))
+
+    return llm.ask(task.subject, f"extract:{batch.kind}", llm_extract.prompt(batch), read=read, fallback=stand_in,
+                   session_id=task.session_id)

@@ -1,9 +1,10 @@
-"""The query worker: search, pack, forget, inspect and feedback as RQ jobs.
+"""The query worker: search, pack, forget, inspect, feedback and the maintenance calls, as RQ jobs.
 
 It runs as an RQ `SimpleWorker` (no fork per job: forking a process that holds torch
-deadlocks, and the model and the store are loaded once). Job functions find the
-process's context in `CONTEXT`, set by `serve()` before the worker starts; arguments
-and results are plain JSON (RQ's JSONSerializer), validated by the same models.
+deadlocks, and the model and the store are loaded once). Every call is an RPC of the table in
+`shared.rpc`: one entry point (`serve`) validates the job's request and hands it, with this
+worker's context, to the call's handler; the reply goes back as JSON (RQ's JSONSerializer),
+validated by its model.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple
 
 from rq import Queue, SimpleWorker
+from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
@@ -27,6 +30,7 @@ from pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
     Memory,
+    PackedPrompt,
     Period,
     QueryPlan,
     Route,
@@ -37,7 +41,6 @@ from pipeline.models import (
 from pipeline.pack import pack as build_prompt
 from pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from pipeline.plan import plan as make_plan
-from pipeline.prompting import Refused
 from pipeline.score import (
     Found,
     Lifecycle,
@@ -53,13 +56,49 @@ from pipeline.score import (
     unscoped,
 )
 from pipeline.timeref import asked_period
-from shared.client import check_subject
 from shared.codec import decode, encode
 from shared.embedder import summed
 from shared.errors import MemflowError, StoreUnavailable
 from shared.keys import STAGES
-from shared.llm import LLMUnavailable
+from shared.llm import Reading
 from shared.llm import usage as llm_usage
+from shared.rpc import (
+    FEEDBACK,
+    FORGET,
+    HISTORY,
+    INSPECT,
+    PACK,
+    REVIEW_DECIDE,
+    REVIEW_LIST,
+    ROLLBACK,
+    RUN_JOB,
+    SEARCH,
+    VERIFY_FORGOTTEN,
+    WORKERS_MODULE,
+    Adopted,
+    FeedbackRequest,
+    ForgetProof,
+    ForgetReport,
+    ForgetRequest,
+    History,
+    HistoryRequest,
+    InspectReport,
+    InspectRequest,
+    JobReport,
+    PackRequest,
+    Rep,
+    Req,
+    ReviewDecideRequest,
+    ReviewDecision,
+    ReviewList,
+    ReviewListRequest,
+    RollbackReport,
+    RollbackRequest,
+    Rpc,
+    RunJobRequest,
+    VerifyRequest,
+    request_of,
+)
 from shared.settings import Settings
 from shared.store import MemoryFilter, SearchMode
 from shared.streams import backlog
@@ -67,23 +106,14 @@ from workers import forgetting, jobs, ops
 from workers.runtime import Context
 
 log = logging.getLogger(__name__)
-CONTEXT: Context | None = None
-
-
-def _ctx() -> Context:
-    if CONTEXT is None:
-        raise MemflowError("the query worker has no context: start it with `memflow query-worker` or `up`")
-    return CONTEXT
 
 
 # -- search ------------------------------------------------------------------
 
 
-def search(request: dict[str, Any]) -> dict[str, Any]:
-    req = SearchRequest.model_validate(request)
+def search(ctx: Context, req: SearchRequest) -> SearchResult:
     now = req.now or datetime.now(UTC)
     started = time.perf_counter()
-    ctx = _ctx()
     plan, plan_error = deep_plan(ctx, req, plan_for(ctx.settings, req))
     plan = dated(ctx.settings, plan, req.query, now)
     try:
@@ -97,7 +127,7 @@ def search(request: dict[str, Any]) -> dict[str, Any]:
     result.latency_ms = (time.perf_counter() - started) * 1000
     record_trace(ctx, req, result, scored, now, plan_error)
     ops.count_use(ctx, req.subject, now, recalled=len(result.hits))
-    return result.model_dump(mode="json")
+    return result
 
 
 def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
@@ -106,9 +136,14 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
         return QueryPlan(intent="caller_scoped", routes=[Route(text=req.query, dirs=req.dirs)])
     if not settings.intent_planning:
         return flat_plan(req.query)
-    plan = reweight(make_plan(req.query), whole_subject=settings.whole_subject_weight,
-                    exact_match=settings.exact_match_weight, bm25=settings.bm25_route_weight,
-                    topic=settings.topic_route_weight)
+    return routed(settings, make_plan(req.query))
+
+
+def routed(settings: Settings, plan: QueryPlan) -> QueryPlan:
+    """A planner's plan (the rules' or a model's) as the settings run it: their route weights (a route
+    weighted 0 is dropped) and, with dir scoping off, no route scoped to dirs."""
+    plan = reweight(plan, whole_subject=settings.whole_subject_weight, exact_match=settings.exact_match_weight,
+                    bm25=settings.bm25_route_weight, topic=settings.topic_route_weight)
     return plan if settings.dir_scoping else unscoped(plan)
 
 
@@ -129,7 +164,10 @@ def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> Que
 
 def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[QueryPlan, str | None]:
     """The LLM's plan for an ambiguous query (cached per subject and normalised query), else the heuristic
-    one; on any error the heuristic plan with `fallback` set, and why."""
+    one; on any error the heuristic plan with `fallback` set, and why.
+
+    The cache keeps the model's plan as it answered: the settings' route weights and scoping apply
+    each time it is used (`routed`), so a route they switch off never comes back through a model."""
     llm = ctx.llm
     wanted = ctx.settings.llm_plan and ctx.settings.intent_planning and req.dirs is None
     if llm is None or not wanted or not is_ambiguous(req.query):
@@ -137,17 +175,19 @@ def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[Q
     key = ctx.keys.plan_cache(req.subject, hashlib.sha256(llm_plan.cache_key(req.query).encode()).hexdigest()[:32])
     cached = ctx.client.get(key)
     if cached is not None:
-        return decode(cached, QueryPlan), None
-    started = time.perf_counter()
-    try:
-        answer = llm.complete(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm_plan_timeout_s)
-        plan = llm_plan.read_reply(answer.text, heuristic)
-    except (LLMUnavailable, Refused) as exc:
-        ctx.note_llm("plan", req.subject, started, error=exc)
-        return heuristic.model_copy(update={"fallback": True}), exc.reason
-    ctx.client.set(key, encode(plan), ex=ctx.settings.llm_plan_cache_ttl_s)
-    ctx.note_llm("plan", req.subject, started, answer=answer, items=len(plan.routes))
-    return plan, None
+        return routed(ctx.settings, decode(cached, QueryPlan)), None
+    asked = llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm_plan_timeout_s,
+                    read=lambda text: _plan_read(text, heuristic),
+                    fallback=lambda: Reading(heuristic.model_copy(update={"fallback": True})))
+    if asked.fallback is not None:
+        return asked.value, asked.fallback
+    ctx.client.set(key, encode(asked.value), ex=ctx.settings.llm_plan_cache_ttl_s)
+    return routed(ctx.settings, asked.value), None
+
+
+def _plan_read(reply: str, heuristic: QueryPlan) -> Reading[QueryPlan]:
+    plan = llm_plan.read_reply(reply, heuristic)
+    return Reading(plan, items=len(plan.routes))
 
 
 def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int) -> list[Hit]:
@@ -279,90 +319,126 @@ def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> lis
     return [{"id": m.id, "score": round(score, 6), **factors.get(m.id, {})} for m, score in shown]
 
 
-def pack(subject: str, query: str, budget_tokens: int, system_prompt: str, now: str | None) -> dict[str, Any]:
+def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
     """A prompt for `query`; packing counts as adoption of every memory it used."""
-    check_subject(subject)
-    ctx = _ctx()
-    when = datetime.fromisoformat(now) if now else datetime.now(UTC)
-    req = SearchRequest(subject=subject, query=query, k=20, now=when)
-    plan = dated(ctx.settings, deep_plan(ctx, req, plan_for(ctx.settings, req))[0], query, when)
-    scored, _ = retrieve(ctx, req, plan)
-    hits = ranked(ctx.settings, scored, when, req.k)
-    packed = build_prompt(hits, system_prompt, budget_tokens, ctx.embedder.count_tokens)
-    ops.count_use(ctx, subject, when, recalled=len(hits))
-    feedback(subject, packed.used_ids, when.isoformat())
-    return packed.model_dump(mode="json")
+    when = req.now or datetime.now(UTC)
+    search_req = SearchRequest(subject=req.subject, query=req.query, k=20, now=when)
+    plan = dated(ctx.settings, deep_plan(ctx, search_req, plan_for(ctx.settings, search_req))[0], req.query, when)
+    scored, _ = retrieve(ctx, search_req, plan)
+    hits = ranked(ctx.settings, scored, when, search_req.k)
+    packed = build_prompt(hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
+    ops.count_use(ctx, req.subject, when, recalled=len(hits))
+    ops.feedback(ctx, req.subject, packed.used_ids, when)
+    return packed
 
 
 # -- adoption, forgetting, inspection -------------------------------------------
 
 
-def feedback(subject: str, memory_ids: list[str], at: str | None = None) -> int:
+def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
-    check_subject(subject)
-    return ops.feedback(_ctx(), subject, memory_ids, datetime.fromisoformat(at) if at else datetime.now(UTC))
+    return Adopted(count=ops.feedback(ctx, req.subject, req.memory_ids, req.at or datetime.now(UTC)))
 
 
-def forget(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> int:
-    return int(forget_report(subject, memory_ids, contains)["count"])
-
-
-def forget_report(subject: str, memory_ids: list[str] | None = None, contains: str | None = None) -> dict[str, Any]:
+def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:
     """Forget memories everywhere memflow kept their words (workers/forgetting.py)."""
-    check_subject(subject)
-    return forgetting.forget(_ctx(), subject, memory_ids, contains, datetime.now(UTC))
+    report = forgetting.forget(ctx, req.subject, req.memory_ids, req.contains, datetime.now(UTC))
+    return ForgetReport.model_validate(report)
 
 
-def verify_forgotten(subject: str, memory_ids: list[str]) -> dict[str, Any]:
-    check_subject(subject)
-    return forgetting.verify(_ctx(), subject, memory_ids)
+def verify_forgotten(ctx: Context, req: VerifyRequest) -> ForgetProof:
+    return ForgetProof.model_validate(forgetting.verify(ctx, req.subject, req.memory_ids))
 
 
-def inspect(subject: str, now: str | None = None) -> dict[str, Any]:
+def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
     """Each memory with its state, tier, strength now, uses and last change; utilisation; backlog."""
-    check_subject(subject)
-    ctx = _ctx()
-    when = jobs.now_or_clock(now)
-    memories = ctx.store.get(MemoryFilter(subject))
+    when = req.now or datetime.now(UTC)
+    memories = ctx.store.get(MemoryFilter(req.subject))
     memories.sort(key=lambda m: (m.created_at, m.id))
     taus = ctx.settings.decay_tau_hours
-    return {"subject": subject, "now": when.isoformat(),
-            "memories": [ops.memory_state(m, when, taus) for m in memories],
-            "utilisation": ops.utilisation(ctx, subject, when),
-            "llm": None if ctx.llm is None else {"subject": llm_usage(ctx.client, ctx.keys, subject, when),
-                                                 "everyone": llm_usage(ctx.client, ctx.keys, None, when)},
-            "backlog": {stage: list(v) for stage, v in backlog(ctx.client, ctx.keys, STAGES).items()}}
+    llm = None if ctx.llm is None else {"subject": llm_usage(ctx.client, ctx.keys, req.subject, when),
+                                        "everyone": llm_usage(ctx.client, ctx.keys, None, when)}
+    return InspectReport.model_validate({
+        "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
+        "utilisation": ops.utilisation(ctx, req.subject, when), "llm": llm,
+        "backlog": backlog(ctx.client, ctx.keys, STAGES)})
 
 
 # -- maintenance: jobs, history, rollback, review (workers/jobs.py, workers/ops.py) -----
 
 
-def run_job(name: str, subject: str | None, now: str | None, dry_run: bool, tier: str | None = None) -> dict[str, Any]:
+def run_job(ctx: Context, req: RunJobRequest) -> JobReport:
     """A maintenance job, run here because this process holds the store."""
-    return jobs.run(_ctx(), name, subject, jobs.now_or_clock(now), dry_run, tier)
+    report = jobs.run(ctx, req.name, req.subject, req.now or datetime.now(UTC), req.dry_run,
+                      req.tier.value if req.tier else None)
+    return JobReport.model_validate(report)
 
 
-def history(memory_id: str, subject: str | None) -> dict[str, Any]:
-    return ops.history(_ctx(), memory_id, subject)
+def history(ctx: Context, req: HistoryRequest) -> History:
+    return History.model_validate(ops.history(ctx, req.memory_id, req.subject))
 
 
-def rollback(memory_id: str, to_version: int, subject: str | None, at: str | None) -> dict[str, Any]:
-    return ops.rollback(_ctx(), memory_id, to_version, subject, jobs.now_or_clock(at))
+def rollback(ctx: Context, req: RollbackRequest) -> RollbackReport:
+    report = ops.rollback(ctx, req.memory_id, req.to_version, req.subject, req.at or datetime.now(UTC))
+    return RollbackReport.model_validate(report)
 
 
-def review_list(subject: str | None) -> list[dict[str, Any]]:
-    return ops.review_list(_ctx(), subject)
+def review_list(ctx: Context, req: ReviewListRequest) -> ReviewList:
+    return ReviewList.model_validate({"waiting": ops.review_list(ctx, req.subject)})
 
 
-def review_decide(memory_id: str, accept: bool, subject: str | None, at: str | None) -> dict[str, Any]:
-    return ops.review_decide(_ctx(), memory_id, accept, subject, jobs.now_or_clock(at))
+def review_decide(ctx: Context, req: ReviewDecideRequest) -> ReviewDecision:
+    report = ops.review_decide(ctx, req.memory_id, req.accept, req.subject, req.at or datetime.now(UTC))
+    return ReviewDecision.model_validate(report)
 
 
 # -- the worker ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Handler(Generic[Req, Rep]):
+    """What the worker runs for one RPC of the table (typed: the handler takes that RPC's request and
+    answers its reply)."""
+
+    rpc: Rpc[Req, Rep]
+    run: Callable[[Context, Req], Rep]
+
+
+HANDLERS: dict[str, Handler[Any, Any]] = {h.rpc.name: h for h in (
+    Handler(SEARCH, search), Handler(PACK, pack), Handler(FORGET, forget),
+    Handler(VERIFY_FORGOTTEN, verify_forgotten), Handler(FEEDBACK, feedback), Handler(INSPECT, inspect),
+    Handler(RUN_JOB, run_job), Handler(HISTORY, history), Handler(ROLLBACK, rollback),
+    Handler(REVIEW_LIST, review_list), Handler(REVIEW_DECIDE, review_decide))}
+
+
+def serve(ctx: Context, job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Run one RPC job: its request validated (whoever enqueued it), its handler, its reply as JSON.
+    An error (a refused request, a handler's MemflowError) fails the job: the client raises RpcError."""
+    name = job_name.removeprefix(f"{WORKERS_MODULE}.")
+    handler = HANDLERS.get(name) if job_name != name else None
+    if handler is None:
+        raise MemflowError(f"{job_name!r} is no RPC of the query worker: one of {', '.join(HANDLERS)}")
+    return handler.run(ctx, request_of(handler.rpc, args, kwargs)).model_dump(mode="json")
+
+
+class RpcJob(Job):
+    """A job of the query worker: its function name names an RPC of the table (`serve`), run with the
+    worker's context, as arq and saq hand a job its `ctx`. Nothing is imported by name and no module
+    global holds the context; each worker binds its own (`bound_to`)."""
+
+    ctx: ClassVar[Context]
+
+    @classmethod
+    def bound_to(cls, ctx: Context) -> type[RpcJob]:
+        return type("RpcJob", (cls,), {"ctx": ctx})
+
+    def _execute(self) -> Any:
+        return serve(self.ctx, self.func_name or "", self.args, self.kwargs)
+
+
 class QueryWorker(SimpleWorker):
-    """A SimpleWorker that can also run in a thread and be stopped with an Event."""
+    """A SimpleWorker that runs RPC jobs with its context, and can run in a thread and be stopped with
+    an Event."""
 
     # The default death penalty arms SIGALRM, which only the main thread may do; a timer
     # thread enforces job timeouts wherever the worker runs.
@@ -384,8 +460,6 @@ class QueryWorker(SimpleWorker):
 
 
 def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWorker:
-    global CONTEXT
-    CONTEXT = ctx
     ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
     try:  # and measure what a query's noise floor is measured against, if the embedder answers now
         ctx.unrelated  # noqa: B018
@@ -398,4 +472,4 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
     # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
     # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
     return QueryWorker(queues, connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop,
-                       log_job_description=False)
+                       log_job_description=False, job_class=RpcJob.bound_to(ctx))

@@ -7,7 +7,6 @@ duplicate, add, supersede, contest or review. It writes nothing itself.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -18,7 +17,7 @@ from pipeline.models import Candidate, Memory, Status
 from pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
 from shared.embedder import Embedder
 from shared.errors import EmbedderRejected
-from shared.llm import LLMUnavailable
+from shared.llm import Reading
 from shared.store import MemoryFilter, Store
 from shared.streams import Emit, Outcome, StreamConsumer
 from workers import forgetting
@@ -113,18 +112,14 @@ def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, 
     An unreadable answer is a contradiction (`pipeline.llm_judge`)."""
     llm = ctx.llm
     assert llm is not None
-    started, subject = time.perf_counter(), candidate.subject
-    try:
-        answer = llm.complete(subject, "judge", llm_judge.prompt(candidate, known))
-    except LLMUnavailable as exc:
-        ctx.note_llm("judge", subject, started, error=exc, session_id=candidate.session_id)
-        return {}
-    verdicts, unreadable = llm_judge.read_reply(answer.text, known)
-    if unreadable:
-        llm.count(subject, {"unreadable_verdicts": unreadable})
-    ctx.note_llm("judge", subject, started, answer=answer, items=len(verdicts), session_id=candidate.session_id,
-                 note=f"{unreadable} unreadable, read as contradiction" if unreadable else None)
-    return verdicts
+
+    def read(reply: str) -> Reading[dict[str, Verdict]]:
+        verdicts, unreadable = llm_judge.read_reply(reply, known)
+        return Reading(verdicts, items=len(verdicts), counts={"unreadable_verdicts": unreadable},
+                       note=f"{unreadable} unreadable, read as contradiction" if unreadable else None)
+
+    return llm.ask(candidate.subject, "judge", llm_judge.prompt(candidate, known), read=read,
+                   fallback=lambda: Reading[dict[str, Verdict]]({}), session_id=candidate.session_id).value
 
 
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:

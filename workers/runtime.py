@@ -11,22 +11,19 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
 import redis
 
-from pipeline.gate import redact
 from pipeline.models import LLMTrace, Memory, Trace
-from pipeline.prompting import Refused
 from pipeline.score import UNRELATED
 from shared.applier import Applier
 from shared.codec import encode
 from shared.connections import connect, require_url, stage_socket_timeout_s
 from shared.embedder import Embedder, build_embedder
 from shared.keys import FIELD, Keys
-from shared.llm import LLM, Answer, LLMUnavailable, elapsed_ms
+from shared.llm import LLM
 from shared.settings import Settings
 from shared.store import Identity, Store, open_store
 from shared.streams import ConsumerConfig
@@ -81,7 +78,7 @@ class Context:
             return None
         with self._lock:
             if self._llm is None:
-                self._llm = LLM(self.settings, self.client, self.keys)
+                self._llm = LLM(self.settings, self.client, self.keys, trace=self.trace)
             return self._llm
 
     def consumer_config(self) -> ConsumerConfig:
@@ -93,23 +90,9 @@ class Context:
         return Applier(self.store, self.client, self.keys, self.settings.changes_maxlen)
 
     def trace(self, entry: Trace | LLMTrace) -> None:
-        """An entry of the capped `traces` feed: a search, or an LLM call."""
+        """An entry of the capped `traces` feed: a search, or an LLM call (written by `LLM.ask`)."""
         self.client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.traces_maxlen,
                          approximate=True)
-
-    def note_llm(self, purpose: str, subject: str, started: float, *, error: LLMUnavailable | Refused | None = None,
-                 answer: Answer | None = None, items: int = 0, stand_ins: int = 0, session_id: str | None = None,
-                 note: str | None = None) -> None:
-        """Trace one LLM call; a fallback (`error`) is also counted, per subject and globally, by reason."""
-        if error is not None and self.llm is not None:
-            self.llm.count(subject, {"fallbacks": 1, f"fallback:{error.reason}": 1})
-        self.trace(LLMTrace(
-            purpose=purpose, subject=subject, session_id=session_id, outcome="ok" if error is None else "fallback",
-            reason=error.reason if error is not None else note,
-            detail=redact(str(error))[:200] if error is not None else None, items=items, stand_ins=stand_ins,
-            prompt_tokens=answer.prompt_tokens if answer else 0,
-            completion_tokens=answer.completion_tokens if answer else 0,
-            latency_ms=elapsed_ms(started), at=datetime.now(UTC)))
 
     def close(self) -> None:
         if self._llm is not None:

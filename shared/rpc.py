@@ -1,0 +1,365 @@
+"""The query worker's calls: one table, a request model and a reply model each.
+
+The client (`shared.client.MemoryClient`) and the worker (`workers.query`) are both built from
+`RPCS`: the client validates a request, enqueues it as the job's keyword arguments and
+validates the reply; the worker validates the request again (whoever enqueued it) and hands it
+to its handler with the worker's context. A job's function name is `workers.query.<name>`,
+which is also the name the scheduler enqueues its firings under (scheduler/firings.py).
+
+Replies keep the field names the callers have always read; times a handler writes as ISO text
+(`IsoTime`) are written back exactly so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, Field, PlainSerializer, field_validator
+
+from pipeline.models import (
+    DEFAULT_MAX_TEXT_BYTES,
+    Memory,
+    MType,
+    PackedPrompt,
+    Revision,
+    SearchRequest,
+    SearchResult,
+    Source,
+    Status,
+    Subject,
+    Tier,
+    Wire,
+    aware,
+)
+from shared.errors import InvalidInput
+
+# The module RQ jobs of the query worker are named in: `workers.query.search`, `workers.query.run_job`...
+WORKERS_MODULE = "workers.query"
+
+# A time on the wire, written back as the handler wrote it (`isoformat()`: "+00:00", not "Z").
+IsoTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat(), return_type=str, when_used="json")]
+
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Rpc(Generic[Req, Rep]):
+    """One call: its name, what it is asked with and what it answers; `jobs` calls (long maintenance
+    runs) wait in their own queue, behind every search."""
+
+    name: str
+    request: type[Req]
+    reply: type[Rep]
+    queue: Literal["query", "jobs"] = "query"
+
+    @property
+    def job_name(self) -> str:
+        return f"{WORKERS_MODULE}.{self.name}"
+
+
+# -- requests ----------------------------------------------------------------------------
+
+
+class PackRequest(Wire):
+    subject: Subject
+    query: str = Field(min_length=1, max_length=DEFAULT_MAX_TEXT_BYTES)
+    budget_tokens: int = Field(default=800, ge=0)
+    system_prompt: str = ""
+    now: datetime | None = None
+
+    _aware = field_validator("now")(aware)
+
+
+class ForgetRequest(Wire):
+    subject: Subject
+    memory_ids: list[str] | None = None
+    contains: str | None = None
+
+
+class VerifyRequest(Wire):
+    subject: Subject
+    memory_ids: list[str]
+
+
+class FeedbackRequest(Wire):
+    subject: Subject
+    memory_ids: list[str]
+    at: datetime | None = None
+
+    _aware = field_validator("at")(aware)
+
+
+class InspectRequest(Wire):
+    subject: Subject
+    now: datetime | None = None
+
+    _aware = field_validator("now")(aware)
+
+
+class RunJobRequest(Wire):
+    # In this order: a scheduled firing names them positionally (scheduler/firings.py).
+    name: str
+    subject: Subject | None = None
+    now: datetime | None = None
+    dry_run: bool = False
+    tier: Tier | None = None
+
+    _aware = field_validator("now")(aware)
+
+
+class HistoryRequest(Wire):
+    memory_id: str
+    subject: Subject | None = None
+
+
+class RollbackRequest(Wire):
+    memory_id: str
+    to_version: int
+    subject: Subject | None = None
+    at: datetime | None = None
+
+    _aware = field_validator("at")(aware)
+
+
+class ReviewListRequest(Wire):
+    subject: Subject | None = None
+
+
+class ReviewDecideRequest(Wire):
+    memory_id: str
+    accept: bool
+    subject: Subject | None = None
+    at: datetime | None = None
+
+    _aware = field_validator("at")(aware)
+
+
+# -- replies -----------------------------------------------------------------------------
+
+
+class ForgetReport(Wire):
+    """What a forget removed: the memories, and per Redis place how many entries holding their words."""
+
+    count: int
+    ids: list[str]
+    scrubbed: dict[str, int]
+
+
+class ForgetProof(Wire):
+    """`verified` when the store holds no point for any of `ids` and no Redis place still names one;
+    `unknown`: ids with no receipt (never forgotten here)."""
+
+    subject: str
+    ids: list[str]
+    unknown: list[str]
+    in_store: list[str]
+    residue: dict[str, int]
+    verified: bool
+
+
+class Adopted(Wire):
+    """How many of the named memories were found (and counted as used)."""
+
+    count: int
+
+
+class LastChange(Wire):
+    at: IsoTime
+    why: str
+
+
+class MemoryState(Memory):
+    """A memory as inspect shows it: its payload, its strength now and its last change."""
+
+    strength_now: float
+    last_change: LastChange
+
+
+class Utilisation(Wire):
+    days: int
+    recalled: int
+    adopted: int
+    share: float | None
+
+
+class PerUnit(Wire):
+    calls: float
+    prompt_tokens: float
+    completion_tokens: float
+
+
+class LLMUsage(Wire):
+    """The LLM counters of a subject or of everyone (`shared.llm.summarise`)."""
+
+    days: int
+    calls: int
+    calls_by_purpose: dict[str, int]
+    prompt_tokens: int
+    completion_tokens: int
+    fallbacks: int
+    fallbacks_by_reason: dict[str, int]
+    events: int
+    candidates: int
+    per_event: PerUnit | None
+    per_candidate: PerUnit | None
+
+
+class LLMUse(Wire):
+    subject: LLMUsage
+    everyone: LLMUsage
+
+
+class InspectReport(Wire):
+    subject: str
+    now: IsoTime
+    memories: list[MemoryState]
+    utilisation: Utilisation
+    llm: LLMUse | None  # None: no LLM configured
+    backlog: dict[str, tuple[int, int]]  # stage → (unread, pending)
+
+
+class JobChange(Wire):
+    id: str
+    subject: str
+    content: str
+    why: str
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+class JobWrite(Wire):
+    id: str
+    subject: str
+    content: str
+
+
+class JobSend(Wire):
+    subject: str
+    mtype: MType
+    key: str
+    content: str
+
+
+class JobUndecided(Wire):
+    id: str
+    subject: str
+    key: str
+    content: str
+
+
+class JobReport(Wire):
+    """What a maintenance job changed (or, dry, would change): patched, written new, sent to resolve,
+    left undecided, and skipped because the pipeline changed them meanwhile."""
+
+    job: str
+    tier: Tier | None
+    subjects: int
+    examined: int
+    dry_run: bool
+    now: IsoTime
+    changed: list[JobChange]
+    written: list[JobWrite]
+    sent: list[JobSend]
+    undecided: list[JobUndecided]
+    skipped: list[str]
+
+
+class Version(Wire):
+    id: str
+    version: int
+    status: Status
+    tier: Tier
+    content: str
+    source: Source
+    confidence: float
+    created_at: datetime
+    updated_at: datetime
+    supersedes: str | None
+    superseded_by: str | None
+    conflicts_with: list[str]
+    source_event_ids: list[str]
+    revisions: list[Revision]
+
+
+class History(Wire):
+    """Every version of a memory's key, oldest first; `asked` is the one named."""
+
+    subject: str
+    key: str
+    asked: str
+    versions: list[Version]
+
+
+class Restored(Wire):
+    id: str
+    version: int
+    content: str
+
+
+class RollbackReport(Wire):
+    """`restored` is None when the version asked for is already current (nothing changed)."""
+
+    subject: str
+    key: str
+    to_version: int
+    restored: Restored | None
+    superseded: list[str]
+
+
+class Waiting(Wire):
+    id: str
+    subject: str
+    status: Status
+    key: str
+    mtype: MType
+    content: str
+    confidence: float
+    conflicts_with: list[str]
+    created_at: IsoTime
+
+
+class ReviewList(Wire):
+    waiting: list[Waiting]
+
+
+class Changed(Wire):
+    id: str
+    after: dict[str, str]
+
+
+class ReviewDecision(Wire):
+    id: str
+    accepted: bool
+    changed: list[Changed]
+
+
+# -- the table -----------------------------------------------------------------------------
+
+SEARCH = Rpc("search", SearchRequest, SearchResult)
+PACK = Rpc("pack", PackRequest, PackedPrompt)
+FORGET = Rpc("forget", ForgetRequest, ForgetReport)
+VERIFY_FORGOTTEN = Rpc("verify_forgotten", VerifyRequest, ForgetProof)
+FEEDBACK = Rpc("feedback", FeedbackRequest, Adopted)
+INSPECT = Rpc("inspect", InspectRequest, InspectReport)
+RUN_JOB = Rpc("run_job", RunJobRequest, JobReport, queue="jobs")
+HISTORY = Rpc("history", HistoryRequest, History)
+ROLLBACK = Rpc("rollback", RollbackRequest, RollbackReport)
+REVIEW_LIST = Rpc("review_list", ReviewListRequest, ReviewList)
+REVIEW_DECIDE = Rpc("review_decide", ReviewDecideRequest, ReviewDecision)
+
+RPCS: dict[str, Rpc[Any, Any]] = {rpc.name: rpc for rpc in (
+    SEARCH, PACK, FORGET, VERIFY_FORGOTTEN, FEEDBACK, INSPECT, RUN_JOB, HISTORY, ROLLBACK, REVIEW_LIST,
+    REVIEW_DECIDE)}
+
+
+def request_of(rpc: Rpc[Req, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Req:
+    """The request of a job: its keyword arguments are the request's fields; positional ones (a scheduled
+    firing's) are its fields in order. ValidationError when they are not a request."""
+    fields = list(rpc.request.model_fields)
+    if len(args) > len(fields):
+        raise InvalidInput("args", f"{rpc.name} takes at most {len(fields)} fields ({', '.join(fields)})")
+    return rpc.request.model_validate(dict(zip(fields, args, strict=False)) | kwargs)

@@ -1,4 +1,4 @@
-"""The ablation ladder (seed 000): the same data, mechanisms switched on one at a time.
+"""The ablation ladder (docs/ranking.md#evaluation): the same data, mechanisms switched on one at a time.
 
 Each step adds overrides to the previous one, starting from everything off. A step whose
 settings do not exist yet (the mechanism is not built) is reported "not built", never

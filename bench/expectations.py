@@ -1,6 +1,6 @@
 """Scoring behaviour scenarios: pure functions from (expectation, what a search returned) to verdicts.
 
-Nothing here talks to Redis or the store, so every rule of DESIGN §9 is tested on hand-made
+Nothing here talks to Redis or the store, so every rule of docs/ranking.md#scenarios is tested on hand-made
 results. A list expectation (`hit`, `absent`, `contested`, `dirs_include`) yields one verdict
 per listed item: "2 of 3 substrings found" is more information than one failed line.
 An expectation this module does not know is reported "unsupported", never guessed at and
@@ -20,7 +20,7 @@ from pipeline.models import SearchResult
 BRIEF_CHARS = 60
 BRIEF_HITS = 5
 
-# Which aggregate each expectation kind feeds (DESIGN §9, seed 000's metric table).
+# Which aggregate each expectation kind feeds (docs/ranking.md#scenarios).
 METRIC_OF = {
     "intent": "intent_accuracy",
     "dirs_include": "dir_hit_rate",

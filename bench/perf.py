@@ -5,7 +5,7 @@
   searched for until found, next to one query encode + one store query;
 - ingest: N realistic turns (LoCoMo's, read in place when ../shared/datasets has it,
   else generated) in sessions closed by session_end, time until the pipeline is idle,
-  next to raw batched `encode_passages()` of the same texts (the write path's limit, DESIGN §8);
+  next to raw batched `encode_passages()` of the same texts (docs/architecture.md#performance-targets);
 - search through the RPC path at each store size (memories bulk-loaded through the
   store into ONE subject, the worst case for a subject filter; their dense vectors are
   random unit vectors, their text real words), next to one in-process encode + one

@@ -1,4 +1,4 @@
-"""`memflow eval FILE.jsonl`: replay behaviour scenarios (DESIGN §9) through the real system and score them.
+"""`memflow eval FILE.jsonl`: replay behaviour scenarios (docs/ranking.md#scenarios) in the real system, scored.
 
 Every scenario gets a fresh namespace (its own stream prefix and Edge shard) on one
 redis-server started for the run, with the embedding model loaded once. Steps run in

@@ -4,7 +4,7 @@ Tables only: `triggers.py` reads the statement cues, `topics.py` the topic table
 Chinese has no word boundaries, so Chinese cues are plain substrings, guarded by
 look-behinds where a cue is also part of a common word; English cues carry `\\b` and
 everything matches case-insensitively.
-Sources: seed 001 §4.1 (preference/decision patterns), DESIGN §3.1.
+What each cue fires, and when: docs/write-path.md#triggers.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ REMEMBER = _rx(
     rf"\b(?:don'?t|do not) forget{_ABOUT}|\bkeep in mind\b|\bmake a note\b|\bplease note\b",
 )
 
-# Saying an earlier statement was wrong (seed 002 §5.2 counts these as the correction rate).
+# Saying an earlier statement was wrong (docs/write-path.md#triggers).
 CORRECTION = _rx(
     r"更正|纠正|改成|改为|搞错了|弄错了|说错了|记错了|写错了|不对|其实是",
     r"不是[^，,。]{1,20}[，,]\s*(?:而)?是",
@@ -70,7 +70,7 @@ WEAK_RULE = _rx(
     rf"{_IMPERATIVE_START}(?:always|don'?t|do not|avoid) {_DO}",
 )
 
-# Explicit preference statements (seed 001 §4.1 `_detect_preference_signal`).
+# Explicit preference statements (docs/write-path.md#triggers).
 _STATED = (
     r"我.{0,4}?(?:喜欢|讨厌|偏好|偏爱|爱用|倾向|希望)|偏好|更喜欢|希望你",
     r"以后|今后|往后|从现在起|从今往后|下次|每次|请尽量|尽量",
@@ -80,8 +80,8 @@ _STATED = (
     r"\bmy favou?rite\b",
     r"\bplease (?:keep|make|use|reply|answer|write|respond|be)\b",
 )
-# Habits: durable wording makes a standing preference even without 喜欢/like (seed 002
-# §4.3: "我习惯/我总是" are preferences, "下个月去日本出差" an event). The speaker's own
+# Habits: durable wording makes a standing preference even without 喜欢/like (docs/write-path.md#time-references:
+# "我习惯/我总是" are preferences, "下个月去日本出差" an event). The speaker's own
 # only: "我觉得你总是…" is about someone else, "我们每周一开例会" a team's routine;
 # "我觉得一般" and "I think every day…" are opinions.
 _PERIOD = r"(?:morning|day|evening|night|weekend|week|month|year|(?:mon|tues|wednes|thurs|fri|satur|sun)day)"
@@ -105,7 +105,7 @@ GATED_PREFERENCE = _rx(
     r"\bi (?:need|want)\b|\bkeep it\b|\bmake it\b|(?:^|\bplease )(?:send|forward|deliver)\b",
 )
 
-# A confirmed choice (seed 001 §2.1: record decisions when confirmed, not while discussed).
+# A confirmed choice (docs/write-path.md#triggers: record decisions when confirmed, not while discussed).
 DECISION = _rx(
     r"决定|定了|就用|就这么定|敲定|选定|确定用|最终选|拍板",
     r"\blet'?s (?:go with|use)\b|\blet us go with\b|\bwe(?:'ve| have)? decided\b|\bdecided to\b",
@@ -120,7 +120,7 @@ UNDECIDED = _rx(
     r"\bnot sure\b",
 )
 
-# A preference meant for now only: it becomes temp_preference (τ 14 d, seed 002 §2.1).
+# A preference meant for now only: it becomes temp_preference (τ 14 d, docs/ranking.md#lifecycle-scoring).
 TEMPORARY = _rx(
     r"这次|本次|这一次|这回|今天|今晚|暂时|目前先|最近|这几天|这段时间|这周|本周",
     r"\bthis time\b|\bfor now\b|\btoday\b|\btonight\b|\btemporarily\b|\bthese days\b|\blately\b",
@@ -155,8 +155,8 @@ ASSERTION = _rx(
     r"\b(?:is|are|was|were|uses?|using|used|called|named|lives?|moved|works?|runs?|built)\b",
 )
 
-# Follow-ups that, repeated, show a wish for more detail or for less (DESIGN §3.1
-# "behaviour"): the only inferred preferences the rules make (seed 002 §3.2: 0.4–0.6).
+# Follow-ups that, repeated, show a wish for more detail or for less (docs/write-path.md#triggers):
+# the only inferred preferences the rules make (confidence 0.4–0.6: docs/write-path.md#confidence-by-source).
 MORE_DETAIL = _rx(
     r"详细(?:一点|一些|点|说说|讲讲)|展开(?:讲|说)|具体(?:一点|一些|点|说说|讲讲)|再详细|多讲",
     r"\bmore detail|\belaborate\b|\bgo deeper\b|\bexpand on\b|\bin more depth\b|\bexplain more\b",
@@ -177,7 +177,7 @@ class Topic:
     # What a statement on this topic is when nothing else says: a preference or a fact.
     mtype: MType
     pattern: re.Pattern[str]
-    # "青鸟项目的数据库" is another key than "the database" (DESIGN §2.2 "project.A.db").
+    # "青鸟项目的数据库" is another key than "the database" (docs/write-path.md#topic-keys).
     per_project: bool = False
 
 

@@ -14,13 +14,13 @@ from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
 from pipeline.tagging import TAG_VERSION, place
 from pipeline.topics import normalize_key
 
-# Confidence by source (seed 002 §3.2): said outright ≥ 0.9; asked to be remembered,
+# Confidence by source (docs/write-path.md#confidence-by-source): said outright ≥ 0.9; asked to be remembered,
 # corrected or written on purpose 0.95; one inference 0.4–0.6; a procedure that worked
 # once 0.8 (repeated evidence, 0.7–0.8); tool output never above 0.5.
 EXPLICIT_CONFIDENCE = 0.9
 EMPHATIC_CONFIDENCE = 0.95
 INFERRED_CONFIDENCE = 0.5
-# An inference seen again in another session is repeated evidence (seed 002 §3.2: 0.7–0.8).
+# An inference seen again in another session is repeated evidence (docs/write-path.md#confidence-by-source: 0.7–0.8).
 REPEATED_CONFIDENCE = 0.75
 SKILL_CONFIDENCE = 0.8
 TOOL_CONFIDENCE = 0.3

@@ -1,4 +1,4 @@
-"""Rule-based extraction: an ExtractTask's turns → candidates (DESIGN §3.2; seed 001 §4.2).
+"""Rule-based extraction: an ExtractTask's turns → candidates (docs/write-path.md#extraction).
 
 Chinese and English, no model. Per trigger reason:
 - realtime: one candidate per signalled statement of the user (preference, correction,
@@ -78,7 +78,7 @@ def _session_end(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
 
 def _task_complete(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:
     turns = gated(task.turns)
-    # Of the session's statements only decisions are taken here (seed 001 §2.1: written
+    # Of the session's statements only decisions are taken here (docs/write-path.md#triggers: written
     # once confirmed); facts wait for session_end.
     summary = turns[-1] if turns and turns[-1].ts == task.ts else None
     session = turns[:-1] if summary is not None else turns

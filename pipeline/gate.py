@@ -1,4 +1,4 @@
-"""The gate: what may enter memory at all (seed 003 §2.1, §5.4; DESIGN §3.1, §7).
+"""The gate: what may enter memory at all (docs/write-path.md#gate).
 
 Runs in the trigger worker on every message and again in extract, as a second lock.
 Order: empty → injection → filler → redaction. Injection is judged on the raw text, so
@@ -176,7 +176,7 @@ _REFERENCE = _rx(
 _UNLESS_AFTER = {"bank_card": _REFERENCE}
 
 # Personal but not secret: kept in memories (the user may want their email remembered),
-# removed from traces (DESIGN §4.5).
+# removed from traces (docs/ranking.md#traces).
 CONTACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("email", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")),
     (
@@ -191,7 +191,7 @@ CONTACTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 
-# Acknowledgements that carry nothing to remember (seed 001 §1.1: "好的", "明白了", "请稍等").
+# Acknowledgements that carry nothing to remember (docs/write-path.md#gate: "好的", "明白了", "请稍等").
 # A message is filler when every piece of it is one of these.
 FILLER_ZH = tuple(
     "好的 好滴 好嘞 好吧 好了 好 行吧 行 可以 没问题 嗯 哦 噢 喔 哈 呵呵 嘿嘿 明白了 明白 懂了 知道了 了解了 了解"

@@ -1,4 +1,4 @@
-"""Deterministic memory ids (DESIGN §2.2): the same input names the same point.
+"""Deterministic memory ids (docs/write-path.md#deterministic-ids): the same input names the same point.
 
 A redelivered write therefore rewrites its point instead of adding one. Keyed memories
 (one live version per topic) are named by subject + key + version; the others
@@ -20,7 +20,7 @@ _SEP = "\x1f"
 
 _UNKEYED = frozenset({MType.episode, MType.event, MType.skill})
 # Said by the user in so many words: straight to long-term. Inferences, derivations and
-# tool output start short-term, an observation period (seed 002 §3.2). Only what is meant
+# tool output start short-term, an observation period (docs/write-path.md#tiers). Only what is meant
 # to last is promoted: a verbatim record, an event, a passing wish or the task at hand
 # stays short-term however plainly it was said ("昨天讨论了缓存方案" is no standing fact).
 _LONG_TERM_SOURCES = frozenset({Source.explicit, Source.explicit_correction})

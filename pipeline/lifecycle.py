@@ -1,4 +1,4 @@
-"""What time alone does to memories: decay, consolidation, review and rollback (DESIGN §5; seed 002 §2–3.5).
+"""What time alone does to memories: decay, consolidation, review and rollback (docs/write-path.md#lifecycle).
 
 Pure planners. Each takes one subject's memories (every status) and `now`, and returns the
 changes a job should make; `workers/jobs.py` applies them. A plan applied and planned again
@@ -42,7 +42,7 @@ from pipeline.models import (
 from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength, touched
 from pipeline.statements import coverage, normal
 
-# Strength below which a memory is archived, per tier. Seed 002 gives none. A short-term
+# Strength below which a memory is archived, per tier (docs/write-path.md#decay). A short-term
 # memory goes at 0.1 (a preference unused for ~7 months, session context after ~4.6 days);
 # a long-term one has earned its place and goes at 0.01 (a preference unused for ~14 months,
 # a fact for ~2 years): "我平时喜欢去海边" must still answer a question a year later.
@@ -51,7 +51,7 @@ ARCHIVE_BELOW: dict[str, float] = {Tier.short_term.value: 0.1, Tier.long_term.va
 TRANSIENT = frozenset({MType.session_context, MType.task_state, MType.temp_preference})
 # What consolidation promotes: never a record, an event or a passing state (pipeline.ids).
 _NOT_PROMOTED = frozenset({MType.episode, MType.event, MType.pattern, *TRANSIENT})
-# What consolidation re-reads the day's records for (seed 000 block 5: preferences,
+# What consolidation re-reads the day's records for (docs/write-path.md#consolidation: preferences,
 # decisions, lessons, rules).
 DURABLE = frozenset({MType.preference, MType.decision, MType.insight, MType.rule})
 STRENGTH_SCALE = 1000
@@ -63,9 +63,9 @@ RECORD_COVERAGE = COLLAPSE_COVERAGE
 class Policy:
     tau_hours: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
     archive_below: Mapping[str, float] = field(default_factory=lambda: dict(ARCHIVE_BELOW))
-    # Promotion to long-term: the same key seen in this many sessions (seed 002 §3.2).
+    # Promotion to long-term: the same key seen in this many sessions (docs/write-path.md#consolidation).
     promote_sessions: int = 3
-    # Frequency patterns (seed 000 block 5): a key in this many sessions within the window.
+    # Frequency patterns (docs/write-path.md#consolidation): a key in this many sessions within the window.
     pattern_days: int = 7
     pattern_sessions: int = 3
     # Contested memories are re-judged once they have been contested this long.
@@ -207,7 +207,7 @@ def plan_patterns(memories: Sequence[Memory], now: datetime, policy: Policy) -> 
 
     One pattern memory per topic, made the first time it qualifies (its id is fixed, so a
     re-run writes nothing new); it then decays like any pattern. Superseded memories do not
-    count (seed 000: frequency says what recurs, not what is right).
+    count (frequency says what recurs, not what is right: docs/write-path.md#consolidation).
     """
     since = now - timedelta(days=policy.pattern_days)
     recent: dict[str, list[Memory]] = defaultdict(list)
@@ -274,7 +274,7 @@ def reread(memories: Sequence[Memory], now: datetime) -> list[Candidate]:
 
 def durable(candidates: Iterable[Candidate]) -> list[Candidate]:
     """What consolidation keeps of a re-read session. A rule or a system item it found waits for
-    review (seed 000: automatically extracted rules never take effect on their own)."""
+    review (docs/write-path.md#consolidation: automatically extracted rules never take effect on their own)."""
     kept = []
     for c in candidates:
         if c.mtype not in DURABLE:

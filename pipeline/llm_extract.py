@@ -1,4 +1,4 @@
-"""LLM extraction: prompts per memory type, and strict reading of the replies (DESIGN §3.2; seed 001 §4.2).
+"""LLM extraction: prompts per memory type, and strict reading of the replies (docs/write-path.md#llm-extraction).
 
 Pure: the extract worker sends the prompts and hands the replies back. A task becomes a few
 `Batch`es, one per (prompt kind × slice of the transcript); each batch's reply either
@@ -44,7 +44,7 @@ KIND_TYPES: dict[PromptKind, frozenset[MType]] = {
     "procedures": frozenset({MType.skill}),
     "context": frozenset({MType.fact, MType.event}),
 }
-# Which prompts a trigger asks (seed 001 §2.1): what a realtime signal names; business context,
+# Which prompts a trigger asks (docs/write-path.md#llm-extraction): what a realtime signal names; business context,
 # preferences and decisions in one batch at session end; decisions and, on success, procedures
 # when a task completes. An explicit write is typed by the rules: it says what it is.
 SIGNAL_KINDS: dict[str, tuple[PromptKind, ...]] = {

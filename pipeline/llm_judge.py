@@ -1,4 +1,4 @@
-"""LLM conflict judgement: what a new statement is to one the rules cannot place (seed 001 §4.3).
+"""LLM conflict judgement: what a new statement is to one the rules cannot place (docs/write-path.md#the-llm-judge).
 
 The resolver asks only where the rules cannot tell (`pipeline.resolve.decide` names those
 memories through its `judge` argument): a new value of a fact or a decision on a known key

@@ -1,4 +1,4 @@
-"""LLM query planning: the deep path for ambiguous queries only (DESIGN §4.1; seed 000 building block 2).
+"""LLM query planning: the deep path for ambiguous queries only (docs/ranking.md#llm-planning).
 
 The heuristic planner answers every query; `pipeline.plan.is_ambiguous` says when a model
 could do better ("那个项目后来怎么样了" names nothing; two intents nearly tied). The reply is

@@ -1,6 +1,6 @@
 """Assembling a prompt from hits, within a token budget.
 
-Order (seed 000): the system prompt, the user's preferences inside the system part
+Order (docs/ranking.md#packing): the system prompt, the user's preferences inside the system part
 (MUST when confidence ≥ 0.9, SHOULD below), the rules, then the relevant memories with
 their date. One memory per key (the first, i.e. best-ranked, wins). Whatever does not
 fit the budget is left out whole, never cut mid-sentence.
@@ -18,7 +18,7 @@ PREFERENCE_TYPES = (MType.preference, MType.temp_preference)
 
 
 def line_for(hit: Hit) -> tuple[str, str]:
-    """(section, line) for one hit. A contested memory is no settled preference or rule (seed 002 §2.2):
+    """(section, line) for one hit. A contested memory is no settled preference or rule (docs/write-path.md#contests):
     it is shown as an open question among the memories."""
     if hit.contested:
         return "memories", f"- [contested, not settled] {hit.content}"

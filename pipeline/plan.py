@@ -1,4 +1,4 @@
-"""Query planning: which kind of memory a query looks for, and where to look (DESIGN §4.1, seed 000 block 2).
+"""Query planning: which kind of memory a query looks for, and where to look (docs/ranking.md#routes).
 
 `plan()` is the heuristic fast path: cue tables score the 11 intents, the best one names
 the directories, and the query becomes a few weighted routes (semantic first, bm25 and
@@ -37,7 +37,7 @@ Intent = Literal[
 ]
 
 _D = Dir
-# Where each intent looks (seed 000's table, adjusted to how `tagging.py` files memories).
+# Where each intent looks (docs/ranking.md#intents), matched to how `tagging.py` files memories.
 # An empty tuple searches the whole subject.
 INTENT_DIRS: dict[Intent, tuple[Dir, ...]] = {
     "preference_update": (_D.preferences,),
@@ -281,10 +281,10 @@ DEICTIC = _rx(
 AMBIGUITY_MARGIN = 1.0
 
 # Route weights. The primary route is semantic; bm25 catches the exact words an embedding
-# blurs (Chinese names, option names: DESIGN §10); exact_match pins a named thing.
+# blurs (names: docs/architecture.md#what-the-vectors-cannot-tell); exact_match pins a named thing.
 PRIMARY_WEIGHT = 1.0
 BM25_WEIGHT = 0.5
-# Seed 000 makes bm25 the main strategy of decision_trace: the option's name is the key.
+# bm25 weighs most for decision_trace (docs/ranking.md#routes): the option's name is the key.
 BM25_WEIGHT_BY_INTENT: dict[Intent, float] = {"decision_trace": 0.8}
 EXACT_WEIGHT = 0.7
 MAX_EXACT_ROUTES = 3
@@ -292,7 +292,7 @@ MAX_EXACT_ROUTES = 3
 # the current value wins even when it shares no word with the question.
 TOPIC_WEIGHT = 0.5
 # A low-weight whole-subject route: a misclassified query must never end in a silent
-# "I don't remember" (seed 000: 宁可多查一个目录). 0 drops it.
+# "I don't remember" (docs/ranking.md#routes: better one directory too many). 0 drops it.
 WHOLE_SUBJECT_WEIGHT = 0.3
 
 # Interrogatives the write path leaves out (bare 什么/谁 also occur in statements, but a query

@@ -1,7 +1,7 @@
-"""Records: what happened, kept verbatim with provenance (DESIGN §3.1 episodic, procedural).
+"""Records: what happened, kept verbatim with provenance (docs/write-path.md#episodes).
 
-One episode per user/assistant turn (seed 003 §2.2: chunk by turn, never mixing "改密码"
-and "喜欢咖啡"); tool output kept apart, low-confidence and short-lived; a skill from a
+One episode per user/assistant turn (a chunk is one turn: two topics of two turns never
+share a record); tool output kept apart, low-confidence and short-lived; a skill from a
 task that succeeded; preferences shown by behaviour rather than said.
 """
 
@@ -24,7 +24,7 @@ from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
 from pipeline.statements import CJK, clean, is_question
 from pipeline.topics import key_for, normalize_key
 
-# Follow-ups in one session before they count as a preference (DESIGN §3.1 "behaviour").
+# Follow-ups in one session before they count as a preference (docs/write-path.md#triggers).
 FOLLOWUPS_FOR_PREFERENCE = 2
 
 # What a procedure looks like: commands in backticks, numbered or bulleted steps, "run …".

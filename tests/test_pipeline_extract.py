@@ -57,7 +57,7 @@ def one(found: list[Candidate]) -> Candidate:
         ("I prefer short answers.", ["preference"]),
         ("From now on please always use pnpm instead of npm in my projects.", ["preference"]),
         ("I always drink tea in the morning.", ["preference"]),
-        ("我一般晚上写代码。", ["preference"]),  # a habit is a preference without 喜欢 (seed 002 §4.3)
+        ("我一般晚上写代码。", ["preference"]),  # a habit is a preference without 喜欢 (docs/write-path.md#time-references)
         ("Every morning I go for a run.", ["preference"]),
         ("今天好累，别写那么长了。", ["preference"]),
         ("更正一下，我已经搬到上海了，不在北京了。", ["correction"]),

@@ -1,4 +1,4 @@
-"""The heuristic query planner: intents, directories and routes (DESIGN §4.1)."""
+"""The heuristic query planner: intents, directories and routes (docs/ranking.md#routes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time references and habits, through `extract` (issue 5; seed 002 §4.3).
+"""Time references and habits, through `extract` (issue 5; docs/write-path.md#time-references).
 
 A statement with a time reference is an event: a future one expires when its period
 ends, a past one carries the date it happened in its content and never expires. Durable
@@ -126,7 +126,7 @@ def test_a_past_reference_is_an_event_dated_when_it_happened(text: str, ts: date
         "我总是用 vim 写代码。",
         "我平时坐地铁上班。",
         "我每天早上跑步。",
-        "我经常去日本出差。",  # seed 002 §4.3: the standing version of "下个月去日本出差"
+        "我经常去日本出差。",  # docs/write-path.md#time-references: the standing version of "下个月去日本出差"
         "我习惯周末去爬山。",  # a habit, though it names a weekend
         "I always drink tea in the morning.",
         "I usually go to the gym after work.",

@@ -17,8 +17,8 @@ T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 
 
 def test_negation_and_scope_keep_near_duplicates_apart(system: System) -> None:
-    """Seed 004: "不喜欢代码示例" (no code at all) and "不喜欢长代码" (no *long* code) embed 0.9+ alike,
-    but are different wishes: both are kept, and each question finds its own first."""
+    """"不喜欢代码示例" (no code at all) and "不喜欢长代码" (no *long* code) embed 0.9+ alike, but are
+    different wishes (docs/architecture.md#what-the-vectors-cannot-tell): both are kept, and each question finds its own first."""
     say(system, "neg", "n1", "我不喜欢代码示例。", at=T0)
     say(system, "neg", "n2", "我不喜欢长代码。", at=T0 + timedelta(minutes=1))
     say(system, "neg", "n3", "I don't like code examples.", at=T0 + timedelta(minutes=2))

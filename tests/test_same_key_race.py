@@ -2,7 +2,7 @@
 
 The session's fact ("my manager is Tom") and the correction (read twice: at once, and again
 at the session's end) reach resolve in one batch and are all decided against the same empty
-key. Upsert wrote the first and sent the others back to be decided again (DESIGN §3.4); resolve
+key. Upsert wrote the first and sent the others back to be decided again (docs/write-path.md#staleness); resolve
 now decides one statement per key per batch and lets the others wait for the next batch, so
 none is decided on a state about to move (first test). Nothing is lost (first test). What went
 wrong was `wait_idle`: it read the stages one after another, so a send-back that landed

@@ -1,6 +1,6 @@
 """What ops do to memories by hand, run in the query worker (it holds the store):
 history, rollback, review list/accept/reject, and the utilisation counters that
-`inspect` reports (seed 001 §1.1: the share of recalled memories that were adopted).
+`inspect` reports (docs/write-path.md#uses-and-adoption: the share of recalled memories that were adopted).
 
 A memory is named by its id; without a subject every subject is searched for it (ops
 tooling, not a tenant's query: nothing here is reachable from search or pack).

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pipeline.ids import new_memory
 from pipeline.lifecycle import Policy, plan_accept, plan_decay, plan_reject, plan_rollback
 from pipeline.models import Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, Tier
+from pipeline import writes
 from pipeline.resolve import Neighbour, apply_patch, decide
 from workers.jobs import JOBS, Plan
 
@@ -205,3 +206,54 @@ def test_rollback_then_reapply_is_a_no_op(said: list[tuple[str, Source]], pick: 
     before = dict(world.memories)
     world.rollback(sorted(world.memories).index(now_live.id), now_live.version)
     assert world.memories == before
+
+
+# -- replays (docs/write-path.md#replays) ---------------------------------------------------------
+
+# A words key (statements that share their first words by chance) and a slot key, with several wordings each.
+SAID = st.tuples(st.sampled_from([("location.city", True), ("fact.bart.went.zoo.saw.his", False)]),
+                 st.sampled_from(("北京", "上海", "the pandas", "the lions")), st.sampled_from(SOURCES),
+                 st.integers(0, 24 * 40))
+
+
+class Store:
+    """One subject's points, written only through the applier's planner (`pipeline.writes.plan`)."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, Memory] = {}
+
+    def write(self, c: Candidate) -> None:
+        for _ in range(4):  # a stale batch is decided again on the new state, as upsert sends it back
+            batch = decide(c, [Neighbour(m, 0.75) for m in self.points.values()])
+            planned = writes.plan(writes.of_batch(batch), self.points)
+            if planned.stale:
+                continue
+            for w in planned.writes:
+                if w.memory is not None and not w.done:
+                    self.points[w.memory_id] = w.memory
+                elif w.fields:
+                    self.points[w.memory_id] = Memory.model_validate(
+                        self.points[w.memory_id].model_dump(mode="json") | w.fields)
+            return
+        raise AssertionError("a statement kept meeting a moved state")
+
+
+def statement(i: int, said: tuple[tuple[str, bool], str, Source, int]) -> Candidate:
+    (key, slot), content, source, hours = said
+    return Candidate(subject="u1", session_id=f"s{i}", mtype=MType.fact, dir=Dir.entities, key=key, content=content,
+                     confidence=0.9, source=source, source_event_ids=[f"e{i}"], ts=T0 + timedelta(hours=hours),
+                     slot=slot)
+
+
+@FAST
+@given(st.lists(SAID, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_replaying_every_statement_in_any_order_changes_nothing(said: list[Any], rnd: Any) -> None:
+    store = Store()
+    statements = [statement(i, s) for i, s in enumerate(said)]
+    for c in statements:
+        store.write(c)
+    before = dict(store.points)
+    rnd.shuffle(statements)
+    for c in statements:
+        store.write(c)
+    assert store.points == before

@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pipeline import writes
 from pipeline.ids import new_memory
 from pipeline.lifecycle import Policy, plan_accept, plan_decay, plan_reject, plan_rollback
 from pipeline.models import Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, Tier
-from pipeline import writes
 from pipeline.resolve import Neighbour, apply_patch, decide
 from workers.jobs import JOBS, Plan
 

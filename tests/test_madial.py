@@ -183,7 +183,9 @@ def test_a_tiny_split_runs_end_to_end(tmp_path: Path, settings, embedder, capsys
 
     assert code == 0
     out = orjson.loads(capsys.readouterr().out)
-    assert set(out) == {"systems", "search_ms"}
+    assert set(out) == {"systems", "search_ms", "writes"}
+    # Four distinct memories per language, each held by a live memory; writing them again changes nothing.
+    assert out["writes"] == {"zh": {"uncovered": [], "replay_changed": 0}, "en": {"uncovered": [], "replay_changed": 0}}
     assert set(out["systems"]) == {"memflow", "bm25", "dense"}
     for name, by_lang in out["systems"].items():
         assert set(by_lang) == {"zh", "en"}, name

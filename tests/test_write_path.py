@@ -102,24 +102,19 @@ def conversation(subject: str) -> list[ChatEvent]:
 
 
 def test_publishing_the_same_events_again_changes_nothing(system: System) -> None:
-    events = conversation("replay")
-    for e in events:
-        system.client.publish(e)
-    system.client.write("replay", "Bart went to the zoo and saw his favorite pandas, feeling very happy.",
-                        ts=T0, event_id="z1")
-    system.client.write("replay", "Bart went to the zoo and saw his favorite lions, feeling very happy.",
-                        ts=T0 + timedelta(days=1), event_id="z2")
-    settle(system)
+    def publish_all() -> None:
+        for e in conversation("replay"):
+            system.client.publish(e)
+        for i, animal in enumerate(("pandas", "lions")):
+            system.client.write("replay", f"Bart went to the zoo and saw his favorite {animal}, feeling very happy.",
+                                ts=T0 + timedelta(days=i), event_id=f"z{i}")
+        settle(system)
+
+    publish_all()
     first, announced = snapshot(system, "replay"), len(changes(system.ctx))
     assert first
     for _ in range(3):
-        for e in events:
-            system.client.publish(e)
-        system.client.write("replay", "Bart went to the zoo and saw his favorite pandas, feeling very happy.",
-                            ts=T0, event_id="z1")
-        system.client.write("replay", "Bart went to the zoo and saw his favorite lions, feeling very happy.",
-                            ts=T0 + timedelta(days=1), event_id="z2")
-        settle(system)
+        publish_all()
         assert snapshot(system, "replay") == first
     assert len(changes(system.ctx)) == announced
 

@@ -5,12 +5,16 @@ never lost, and a deletion stays announced (docs/write-path.md#the-applier)."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 
 from pipeline.ids import new_memory
 from pipeline.models import (
@@ -229,3 +233,41 @@ def test_a_forgotten_memory_stays_announced_as_deleted(system: System) -> None:
     raw = b"".join(orjson.dumps(c.model_dump(mode="json")) for c in deleted)
     assert b"4471" not in raw and b"locker" not in raw, "an announcement of a deletion holds no words"
     assert system.client.verify_forgotten("f1", ids)["verified"]
+
+
+# A vocabulary that collides: slots and their corrections, words keys shared by chance, preferences, zh and en.
+SAYINGS = (
+    "I live in Berlin.", "Correction: I live in Lisbon now.", "I moved to Porto.", "我住在北京。", "更正一下，我搬到上海了。",
+    "I prefer short answers.", "Actually I like detailed answers.", "My manager is Tom Becker.",
+    "We went to the aquarium and saw the dolphins, it was great.", "We went to the aquarium and saw the sharks.",
+    "Remember that I am allergic to peanuts.", "我们决定用PostgreSQL做数据库。", "I always write tests first.",
+)
+
+
+@pytest.mark.timeout(600)
+@settings_(max_examples=6, deadline=None, derandomize=True, phases=[Phase.generate],
+           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(SAYINGS) - 1), st.integers(0, 2), st.booleans()), min_size=1,
+                max_size=10))
+def test_any_sequence_of_events_published_again_changes_nothing(system: System, said: list[Any]) -> None:
+    subject = f"p{uuid.uuid4().hex[:8]}"
+    events, open_sessions = [], set()
+    for i, (n, session, ends) in enumerate(said):
+        at = T0 + timedelta(hours=i)
+        events.append(ChatEvent(event_id=f"{subject}-{i}", subject=subject, session_id=f"s{session}",
+                                kind=Kind.message, role=Role.user, text=SAYINGS[n], ts=at))
+        open_sessions.add(session)
+        if ends:
+            events.append(ChatEvent(event_id=f"{subject}-{i}-end", subject=subject, session_id=f"s{session}",
+                                    kind=Kind.session_end, ts=at + timedelta(minutes=1)))
+            open_sessions.discard(session)
+    for e in events:
+        system.client.publish(e)
+    settle(system)
+    first, announced = snapshot(system, subject), len(changes(system.ctx))
+    for e in events:
+        system.client.publish(e)
+    settle(system)
+    again = snapshot(system, subject)
+    assert again == first, ([SAYINGS[n] for n, _, _ in said], {i: (first.get(i), again.get(i)) for i in set(first) | set(again) if first.get(i) != again.get(i)})
+    assert len(changes(system.ctx)) == announced

@@ -77,8 +77,12 @@ def buffer_turn(ctx: Context, event: ChatEvent, turn: Turn) -> None:
 
 
 def buffered_turns(ctx: Context, event: ChatEvent) -> list[Turn]:
+    """The session's turns up to `event`, by event time. A close ends what was said before it: a turn
+    said after it waits for the session's next close, and a close published again (a replay) reads
+    exactly what it read the first time."""
     raw = ctx.client.hvals(ctx.keys.session_buffer(event.subject, event.session_id))
-    turns = sorted((decode(r, Turn) for r in raw), key=lambda t: (t.ts, t.event_id))
+    said = [turn for turn in (decode(r, Turn) for r in raw) if turn.ts <= event.ts]
+    turns = sorted(said, key=lambda t: (t.ts, t.event_id))
     return turns[-ctx.settings.session_buffer_max_turns:]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.settings import Settings
+from shared.settings import FLAT_NAMES
 
 # Everything off: one flat route, engine-side RRF of dense and BM25, turns indexed alone.
 BASE: dict[str, Any] = {"episode_context": False, "fusion": "rrf", "dir_scoping": False, "intent_planning": False,
@@ -28,13 +28,13 @@ INGEST_SETTINGS = frozenset({"episode_context"})
 
 
 def built(overrides: dict[str, Any]) -> bool:
-    return all(name in Settings.model_fields for name in overrides)
+    return all(name in FLAT_NAMES for name in overrides)
 
 
 def ladder() -> list[tuple[str, dict[str, Any] | None]]:
     """(label, cumulative settings overrides) per step; None where the step's mechanism is not built."""
     steps: list[tuple[str, dict[str, Any] | None]] = []
-    on: dict[str, Any] = {k: v for k, v in BASE.items() if k in Settings.model_fields}
+    on: dict[str, Any] = {k: v for k, v in BASE.items() if k in FLAT_NAMES}
     for label, overrides in STEPS:
         if not built(overrides):
             steps.append((label, None))

@@ -109,8 +109,8 @@ def measure(system: Embedded, n: int, publishers: int) -> dict[str, Any]:
 
 def run_cli(*, events: int, publishers: int, as_json: bool, settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix="memflow-load-") as tmp:
-        base = settings.model_copy(update={"data_dir": Path(tmp), "redis_url": None, "stream_prefix": "load:",
-                                           "qdrant_url": None})
+        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="load:",
+                                qdrant_url=None)
         with embedded(base) as system:
             say(f"load: {events} events from {publishers} publishers ...")
             report = measure(system, events, publishers)

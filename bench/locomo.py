@@ -44,7 +44,7 @@ from shared import sparse
 from shared.embedder import Embedder
 from shared.keys import STAGES
 from shared.llm import usage as llm_usage
-from shared.settings import Settings
+from shared.settings import FLAT_NAMES, Settings
 from shared.store import MemoryFilter
 from shared.streams import backlog
 from workers.embedded import Embedded, embedded
@@ -355,13 +355,13 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
     """
     with tempfile.TemporaryDirectory(prefix="memflow-locomo-") as tmp:
         own = own_namespace(Path(tmp), "locomo")
-        settings = base.model_copy(update={**(steps[0].overrides or {}), **own})
+        settings = base.replace(**{**(steps[0].overrides or {}), **own})
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
             progress.note(f"memflow ({steps[0].label}): ingesting {len(convs)} conversation(s)", force=True)
             figures = ingest(system, convs, progress, jobs)
             tokens = lru_cache(maxsize=None)(system.ctx.embedder.count_tokens)
             for step in steps:
-                system.ctx.settings = base.model_copy(update={**(step.overrides or {}), **own})
+                system.ctx.settings = base.replace(**{**(step.overrides or {}), **own})
                 progress.note(f"memflow ({step.label}): asking", force=True)
                 step.ingest, step.asked = figures, ask_memflow(system, convs, tokens, progress)
             if figures["llm"] is not None:  # the searches' plans, on top of the ingest's extraction and judgement
@@ -527,7 +527,7 @@ def read_variants(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         raise ValueError("expected a JSON object of {name: {setting: value}}")
     for name, overrides in variants.items():
-        unknown = sorted(set(overrides) - set(Settings.model_fields))
+        unknown = sorted(set(overrides) - FLAT_NAMES)
         if unknown:
             raise ValueError(f"variant {name!r}: unknown setting(s) {', '.join(unknown)}")
     return variants
@@ -547,7 +547,7 @@ def run_cli(data: Path, *, conversations: int | None, as_json: bool, ablation: b
         with contextlib.ExitStack() as stack:
             if llm_stub:  # the LLM path against the scripted server: what it costs in calls and tokens
                 server = stack.enter_context(ScriptedLLM(echo))
-                settings = settings.model_copy(update={"llm_base_url": server.url, "llm_model": "scripted"})
+                settings = settings.replace(llm_base_url=server.url, llm_model="scripted")
             out = measure(convs, settings, ablation=ablation, embedder=embedder,
                           light_in_process=light_in_process, variants=named, jobs=jobs)
     except TimeoutError as exc:

@@ -277,7 +277,7 @@ def run_memflow(split: Split, base: Settings, embedder: Embedder | None, light_i
     """A fresh system (own data dir, prefix, collection): every write, then every search.
     Returns the model it loaded, for the next language and the dense baseline."""
     with tempfile.TemporaryDirectory(prefix="memflow-madial-") as tmp:
-        settings = base.model_copy(update=own_namespace(Path(tmp), "madial"))
+        settings = base.replace(**own_namespace(Path(tmp), "madial"))
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
             write_all(system, split)
             progress.note(f"memflow {split.lang}: wrote {len(split.memories)} memories", force=True)

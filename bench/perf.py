@@ -209,8 +209,8 @@ def peak_rss_mb(pids: dict[str, int]) -> dict[str, float]:
 def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
             settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix="memflow-perf-") as tmp:
-        base = settings.model_copy(update={"data_dir": Path(tmp), "redis_url": None, "stream_prefix": "perf:",
-                                           "qdrant_url": None})
+        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="perf:",
+                                qdrant_url=None)
         with embedded(base) as system:
             report = measure(system, events=events, queries=queries, probes=probes, publishes=publishes,
                              sizes=sizes)

@@ -365,7 +365,7 @@ class Report(BaseModel):
 def namespace(base: Settings) -> Settings:
     """Settings for one scenario: a stream prefix and an Edge shard nobody else uses."""
     tag = uuid.uuid4().hex[:8]
-    return base.model_copy(update={"stream_prefix": f"eval-{tag}:", "collection": f"eval-{tag}"})
+    return base.replace(stream_prefix=f"eval-{tag}:", collection=f"eval-{tag}")
 
 
 def run_entry(entry: Entry, base: Settings, embedder: Embedder, stopping: list[threading.Thread]) -> ScenarioReport:
@@ -444,7 +444,7 @@ def ablate(entries: Sequence[Entry], base: Settings, embedder: Embedder, *, file
         if overrides is None:
             rows.append(AblationRow(step=label, built=False))
             continue
-        report = evaluate(entries, base.model_copy(update=overrides), embedder, file=file)
+        report = evaluate(entries, base.replace(**overrides), embedder, file=file)
         rows.append(AblationRow(step=label, built=True, overrides=overrides, report=report))
     return rows
 
@@ -549,10 +549,10 @@ def ablation_json(rows: list[AblationRow]) -> dict[str, Any]:
 def bench_settings(settings: Settings) -> Iterator[Settings]:
     """A redis-server and a data dir of the run's own: a measurement never writes into a live deployment."""
     with tempfile.TemporaryDirectory(prefix="memflow-eval-") as tmp:
-        server = start_redis(Path(tmp) / "redis", binary=settings.redis_server)
+        server = start_redis(Path(tmp) / "redis", binary=settings.redis.server)
         try:
-            yield settings.model_copy(update={"redis_url": server.url, "data_dir": Path(tmp), "qdrant_url": None,
-                                              "block_ms": EVAL_BLOCK_MS})
+            yield settings.replace(redis_url=server.url, data_dir=Path(tmp), qdrant_url=None,
+                                   block_ms=EVAL_BLOCK_MS)
         finally:
             server.stop()
 

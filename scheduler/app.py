@@ -44,17 +44,17 @@ SchedulerT = TypeVar("SchedulerT", bound=BaseScheduler)
 def build_scheduler(settings: Settings, kind: type[SchedulerT]) -> SchedulerT:
     """A scheduler (BlockingScheduler for `memflow scheduler`, BackgroundScheduler inside `memflow up`)
     holding one job per SCHEDULE entry; not started."""
-    timezone = zone(settings.scheduler_timezone)
+    timezone = zone(settings.scheduler.timezone)
     scheduler: SchedulerT = kind(timezone=timezone)
-    queue = Queue(Keys(settings.stream_prefix).jobs_queue, connection=connect(require_url(settings)),
+    queue = Queue(Keys(settings.redis.stream_prefix).jobs_queue, connection=connect(require_url(settings)),
                   serializer=JSONSerializer)  # the query worker reads its queues with this serializer
     for entry in SCHEDULE:
         # A trigger built without a timezone would read its fields in the host's zone, not the scheduler's.
         trigger = CronTrigger(timezone=timezone, **entry.cron)
-        scheduler.add_job(fire, trigger, args=(queue, settings.stream_prefix, entry, trigger,
-                                               settings.scheduler_job_timeout_s),
+        scheduler.add_job(fire, trigger, args=(queue, settings.redis.stream_prefix, entry, trigger,
+                                               settings.scheduler.job_timeout_s),
                           id=entry.id, name=entry.id, coalesce=True, max_instances=1,
-                          misfire_grace_time=settings.scheduler_misfire_grace_s, replace_existing=True)
+                          misfire_grace_time=settings.scheduler.misfire_grace_s, replace_existing=True)
     return scheduler
 
 

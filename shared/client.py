@@ -50,7 +50,7 @@ from shared.streams import backlog
 class MemoryClient:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
-        self.keys = Keys(self.settings.stream_prefix)
+        self.keys = Keys(self.settings.redis.stream_prefix)
         self.redis = connect(require_url(self.settings))
         self._queue = Queue(self.keys.query_queue, connection=self.redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.redis, serializer=JSONSerializer)
@@ -61,7 +61,7 @@ class MemoryClient:
         """The event as the pipeline will see it, or InvalidInput naming the first bad field."""
         data = event.model_dump() if isinstance(event, ChatEvent) else event
         try:
-            return ChatEvent.model_validate(data, context={"max_text_bytes": self.settings.max_text_bytes})
+            return ChatEvent.model_validate(data, context={"max_text_bytes": self.settings.limits.max_text_bytes})
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "event"
@@ -97,10 +97,10 @@ class MemoryClient:
 
     def search(self, subject: str, query: str, k: int | None = None, *, now: datetime | None = None,
                dirs: Sequence[Dir | str] | None = None, mtypes: Sequence[MType | str] | None = None) -> SearchResult:
-        request = _request(SEARCH, subject=subject, query=query, k=k or self.settings.search_k, now=now, dirs=dirs,
-                           mtypes=mtypes)
+        request = _request(SEARCH, subject=subject, query=query, k=k or self.settings.client.search_k, now=now,
+                           dirs=dirs, mtypes=mtypes)
         try:
-            return self._ask(SEARCH, request, timeout_s=self.settings.search_timeout_s)
+            return self._ask(SEARCH, request, timeout_s=self.settings.client.search_timeout_s)
         except RpcError as exc:
             return SearchResult(subject=subject, query=query, status="failed", error=str(exc))
 
@@ -172,7 +172,7 @@ class MemoryClient:
               fields: dict[str, Any] | None = None) -> Any:
         """Enqueue `workers.query.<name>` and wait for its JSON reply. A request travels as the job's keyword
         arguments (`fields`, by name); the worker validates them whoever enqueued them."""
-        timeout = timeout_s or self.settings.rpc_timeout_s
+        timeout = timeout_s or self.settings.client.rpc_timeout_s
         job = (queue or self._queue).enqueue(f"{WORKERS_MODULE}.{name}", args=args, kwargs=fields or {},
                                              ttl=math.ceil(timeout), result_ttl=60, failure_ttl=3600,
                                              job_timeout=math.ceil(timeout))

@@ -154,10 +154,10 @@ def _alive(pid: int) -> bool:
 
 def require_url(settings: Settings) -> str:
     """The Redis to use: the configured URL, else the one a `memflow up` running from the data dir started."""
-    if settings.redis_url:
-        return settings.redis_url
-    found = running(settings.data_dir)
+    if settings.redis.url:
+        return settings.redis.url
+    found = running(settings.store.data_dir)
     if found is not None:
         return found.redis_url
-    raise MemflowError(f"no memflow is running from {settings.data_dir.resolve()} and MEMFLOW_REDIS_URL is not "
+    raise MemflowError(f"no memflow is running from {settings.store.data_dir.resolve()} and MEMFLOW_REDIS_URL is not "
                        "set: start `memflow up` in this directory (another terminal), or set MEMFLOW_REDIS_URL")

@@ -76,15 +76,15 @@ class Prefixes:
 
 def build_embedder(settings: Settings) -> Embedder:
     """The backend the settings choose, loaded (or connected) now."""
-    prefixes = Prefixes(settings.embedder_query_prefix, settings.embedder_passage_prefix)
-    if settings.embedder == "e5":
-        return E5Embedder(settings.encode_batch)
-    if settings.embedder == "e5+st":
-        return Paired(E5Embedder(settings.encode_batch),
-                      SentenceTransformerEmbedder(settings.model, settings.encode_batch, prefixes))
-    if settings.embedder == "openai":
+    prefixes = Prefixes(settings.embedder.query_prefix, settings.embedder.passage_prefix)
+    if settings.embedder.kind == "e5":
+        return E5Embedder(settings.embedder.encode_batch)
+    if settings.embedder.kind == "e5+st":
+        return Paired(E5Embedder(settings.embedder.encode_batch),
+                      SentenceTransformerEmbedder(settings.embedder.model, settings.embedder.encode_batch, prefixes))
+    if settings.embedder.kind == "openai":
         return OpenAIEmbedder.from_settings(settings)
-    return SentenceTransformerEmbedder(settings.model, settings.encode_batch, prefixes)
+    return SentenceTransformerEmbedder(settings.embedder.model, settings.embedder.encode_batch, prefixes)
 
 
 def batched(texts: Sequence[str], size: int) -> list[Sequence[str]]:
@@ -286,11 +286,11 @@ class OpenAIEmbedder:
 
     @classmethod
     def from_settings(cls, s: Settings) -> OpenAIEmbedder:
-        assert s.embedder_url, "checked by Settings"
-        return cls(s.embedder_url, s.embedder_model, api_key=s.embedder_api_key, timeout_s=s.embedder_timeout_s,
-                   max_retries=s.embedder_max_retries, dim=s.embedder_dim, batch_size=s.encode_batch,
-                   prefixes=Prefixes(s.embedder_query_prefix, s.embedder_passage_prefix),
-                   input_type=s.embedder_input_type)
+        assert s.embedder.url, "checked by Settings"
+        return cls(s.embedder.url, s.embedder.served_model, api_key=s.embedder.api_key, timeout_s=s.embedder.timeout_s,
+                   max_retries=s.embedder.max_retries, dim=s.embedder.dim, batch_size=s.embedder.encode_batch,
+                   prefixes=Prefixes(s.embedder.query_prefix, s.embedder.passage_prefix),
+                   input_type=s.embedder.input_type)
 
     @property
     def dim(self) -> int:

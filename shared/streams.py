@@ -106,10 +106,10 @@ class ConsumerConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> ConsumerConfig:
         """The consumer loop's settings (MEMFLOW_MAX_DELIVERIES, _RECLAIM_IDLE_MS, _BLOCK_MS, ...)."""
-        s = settings
+        s = settings.consumer
         return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
                    count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
-                   decode_context={"max_text_bytes": s.max_text_bytes})
+                   decode_context={"max_text_bytes": settings.limits.max_text_bytes})
 
 
 class StreamConsumer(Generic[M]):

@@ -24,12 +24,12 @@ from shared.settings import Settings
 
 def pytest_report_header() -> str:
     """Which server the suite runs on (MEMFLOW_REDIS_SERVER picks one; default: the bundled Valkey)."""
-    return f"redis: {find_binary(Settings().redis_server)}"
+    return f"redis: {find_binary(Settings().redis.server)}"
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis"), binary=Settings().redis_server)
+    server = start_redis(tmp_path_factory.mktemp("redis"), binary=Settings().redis.server)
     yield server
     server.stop()
 
@@ -63,12 +63,12 @@ def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
 @pytest.fixture
 def client(settings: Settings) -> redis.Redis:
     """A plain connection to the test's Redis (for tests below the worker stack)."""
-    return connect(settings.redis_url or "")
+    return connect(settings.redis.url or "")
 
 
 @pytest.fixture
 def keys(settings: Settings) -> Keys:
-    return Keys(settings.stream_prefix)
+    return Keys(settings.redis.stream_prefix)
 
 
 @dataclass
@@ -130,8 +130,8 @@ def run_cli(system: System, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
     from shared.settings import get_settings
     from workers.cli import app
 
-    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis_url)
-    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.stream_prefix)
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis.url)
+    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.redis.stream_prefix)
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(app, list(args))

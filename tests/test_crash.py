@@ -57,7 +57,7 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
     comes back on the same shard: every statement ends up stored exactly once."""
     from shared.client import MemoryClient
 
-    client = MemoryClient(settings.model_copy(update={"rpc_timeout_s": 60.0}))
+    client = MemoryClient(settings.replace(rpc_timeout_s=60.0))
     procs = [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract"), spawn_stage(settings, "resolve", "upsert", "query")]
     try:
         t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

@@ -239,7 +239,7 @@ def test_a_sum_of_unit_vectors_ranks_as_the_sum_of_their_cosines(e5: E5Embedder)
 
 
 def test_the_default_backend_pairs_e5_with_minilm_and_minilm_stays_symmetric(embedder: Embedder) -> None:
-    assert Settings().embedder == "e5+st"
+    assert Settings().embedder.kind == "e5+st"
     assert embedder.model_id == "st:all-MiniLM-L6-v2" and embedder.dim == 384
     assert embedder.encode_queries([COFFEE]) == embedder.encode_passages([COFFEE])
 
@@ -327,9 +327,9 @@ def test_an_input_the_endpoint_refuses_fails_alone(endpoint: Endpoint) -> None:
 def test_the_system_fails_searches_and_holds_writes_while_its_endpoint_fails(settings: Settings,
                                                                               endpoint: Endpoint) -> None:
     endpoint.mode = "fail"
-    configured = settings.model_copy(update={
-        "embedder": "openai", "embedder_url": endpoint.url, "embedder_model": "multilingual-e5-small-q4",
-        "embedder_input_type": True, "embedder_dim": 384, "embedder_timeout_s": 1.0, "embedder_max_retries": 0})
+    configured = settings.replace(
+        embedder="openai", embedder_url=endpoint.url, embedder_model="multilingual-e5-small-q4",
+        embedder_input_type=True, embedder_dim=384, embedder_timeout_s=1.0, embedder_max_retries=0)
     system = start_system(configured, build_embedder(configured))
     try:
         result = system.client.search("erin", "what is the staging database called?", now=T0)

@@ -285,7 +285,7 @@ def test_the_probe_scenarios_hold(settings, paired) -> None:
     correction racing through resolve: seen as 51/56 in 1 run of 3), hence a margin of 2."""
     # The suite's 300 ms reclaim (for its crash tests) re-delivers a resolve batch still being embedded on a
     # busy machine; same-key candidates then race through re-resolves (a known write-path gap, issue 7).
-    quiet = settings.model_copy(update={"reclaim_idle_ms": 60_000})
+    quiet = settings.replace(reclaim_idle_ms=60_000)
     report = evaluate(parse_lines(PROBES.read_text().splitlines()), quiet, paired, file=str(PROBES))
     failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
     assert report.not_runnable == 0
@@ -300,7 +300,7 @@ def test_the_lifecycle_scenarios_hold(settings, paired) -> None:
     temporary wishes, corrections months later, a grumpy remark against a well-used preference, a preference
     restated in three sessions a year on, an archived topic mentioned again, a contest settled by review,
     forgetting, a rule a year on. All 38 expectations pass; none is known to fail."""
-    quiet = settings.model_copy(update={"reclaim_idle_ms": 60_000})  # as for the probes (issue 7)
+    quiet = settings.replace(reclaim_idle_ms=60_000)  # as for the probes (issue 7)
     report = evaluate(parse_lines(LIFECYCLE.read_text().splitlines()), quiet, paired, file=str(LIFECYCLE))
     failed = [(s.id, c.kind, c.expected) for s in report.scenarios for c in s.expectations if c.passed is False]
     assert report.not_runnable == 0 and report.counts["scenarios"] == 16

@@ -210,7 +210,7 @@ def test_the_client_publishes_a_valid_event_or_names_the_bad_field(fuzz_client: 
         raise
     # What the trigger stage will read is exactly the event as validated.
     [(_, fields)] = fuzz_client.redis.xrange(fuzz_client.keys.stream("events"), entry_id, entry_id)
-    context = {"max_text_bytes": fuzz_client.settings.max_text_bytes}
+    context = {"max_text_bytes": fuzz_client.settings.limits.max_text_bytes}
     assert decode(fields[FIELD.encode()], ChatEvent, context) == fuzz_client.validate(event)
     tally("client", "published")
 

@@ -324,8 +324,8 @@ def test_an_event_that_skips_the_client_with_a_refused_subject_goes_to_the_dlq(s
 def test_a_wildcard_subject_id_shows_no_one_elses_llm_counters(settings: Settings, embedder: Embedder) -> None:
     """inspect(SUBJECT) reports the subject's LLM use; "*" (refused as a subject) must not report everyone's."""
     with ScriptedLLM(echo) as server:
-        configured = settings.model_copy(update={"llm_base_url": server.url, "llm_model": "scripted",
-                                                 "llm_api_key": SecretStr("sk-test-isolation-0123456789")})
+        configured = settings.replace(llm_base_url=server.url, llm_model="scripted",
+                                      llm_api_key=SecretStr("sk-test-isolation-0123456789"))
         running = start_system(configured, embedder)
         try:
             say(running, "alice", "s1", 0, "I prefer short answers with bullet points.")

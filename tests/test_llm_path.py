@@ -61,9 +61,9 @@ def llm_system(settings: Settings, embedder: Embedder, request: pytest.FixtureRe
                                                                                                        ScriptedLLM]]:
     script, overrides = request.param if isinstance(request.param, tuple) else (request.param, {})
     with ScriptedLLM(script) as server:
-        configured = settings.model_copy(update={"llm_base_url": server.url, "llm_model": "scripted",
-                                                 "llm_timeout_s": 2.0, "llm_max_retries": 1,
-                                                 "llm_api_key": SecretStr("sk-test-do-not-log-0123456789abcdef")} | overrides)
+        configured = settings.replace(**{"llm_base_url": server.url, "llm_model": "scripted",
+                                         "llm_timeout_s": 2.0, "llm_max_retries": 1,
+                                         "llm_api_key": SecretStr("sk-test-do-not-log-0123456789abcdef")} | overrides)
         running = start_system(configured, embedder)
         try:
             yield running, server
@@ -321,7 +321,7 @@ def test_an_llm_plan_obeys_the_route_settings(llm_system: tuple[System, Scripted
     """Risk 8 (issue 15): the route weights and dir scoping in settings apply to an LLM plan as to the heuristic
     one: a route they switch off never comes back because a model proposed it; a bm25 route weighs what they say."""
     system, server = llm_system
-    s = system.ctx.settings
+    s = system.ctx.settings.ranking
     for _ in range(2):  # asked, then read from the plan cache
         plan = system.client.search("ana", "What did we pick for that project?", now=T0).plan
         assert plan is not None and plan.source == "llm"

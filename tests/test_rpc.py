@@ -47,8 +47,8 @@ def test_a_scheduled_firing_is_a_run_job_request() -> None:
 
 def test_two_workers_in_one_process_answer_each_with_its_own_context(settings: Settings, embedder: Embedder,
                                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
-    other = settings.model_copy(update={"stream_prefix": settings.stream_prefix + "b:",
-                                        "data_dir": tmp_path_factory.mktemp("b")})
+    other = settings.replace(stream_prefix=settings.redis.stream_prefix + "b:",
+                             data_dir=tmp_path_factory.mktemp("b"))
     first, second = start_system(settings, embedder), start_system(other, embedder)
     try:
         remember(first, "ann", "Remember: my locker code word is heron.")

@@ -135,7 +135,7 @@ def test_a_send_back_landing_between_two_stage_reads_is_never_counted_idle(setti
     """Upsert holds a stale batch; the instant resolve's backlog has been read, upsert (the real
     consumer loop) sends it back to resolve and acknowledges it, in one MULTI. The snapshot must
     still count it: at upsert (before the hand-over) or at resolve (after), never nowhere."""
-    url, keys = settings.redis_url or "", Keys(settings.stream_prefix)
+    url, keys = settings.redis.url or "", Keys(settings.redis.stream_prefix)
     client = connect(url)
     send_back = per_item(lambda note: [Emit(keys.input_of("resolve"), note)])
     stage = StreamConsumer(client, keys, "upsert", Note, send_back, ConsumerConfig(block_ms=10, reclaim_idle_ms=60_000))

@@ -33,8 +33,8 @@ DECAY_SHORT = SCHEDULE[0]
 
 
 def jobs_queue(settings: Settings) -> Queue:
-    assert settings.redis_url
-    return Queue(Keys(settings.stream_prefix).jobs_queue, connection=connect(settings.redis_url),
+    assert settings.redis.url
+    return Queue(Keys(settings.redis.stream_prefix).jobs_queue, connection=connect(settings.redis.url),
                  serializer=JSONSerializer)
 
 
@@ -52,8 +52,8 @@ def fire_at(scheduler: Any, job_id: str, now: datetime) -> Job | None:
 
 @pytest.fixture
 def shanghai(settings: Settings) -> Settings:
-    return settings.model_copy(update={"scheduler_timezone": "Asia/Shanghai", "scheduler_misfire_grace_s": 1234,
-                                       "scheduler_job_timeout_s": 600})
+    return settings.replace(scheduler_timezone="Asia/Shanghai", scheduler_misfire_grace_s=1234,
+                            scheduler_job_timeout_s=600)
 
 
 def test_the_schedule_has_its_documented_jobs(shanghai: Settings) -> None:
@@ -96,13 +96,13 @@ def test_a_firing_enqueues_one_run_job(settings: Settings, job_id: str, now: dat
     [job] = queued(settings)
     assert enqueued is not None and job.id == enqueued.id
     name = job_id.split(":")[0]
-    assert job.id == firing_id(settings.stream_prefix, name, Tier(tier) if tier else None, fired)
+    assert job.id == firing_id(settings.redis.stream_prefix, name, Tier(tier) if tier else None, fired)
     assert job.func_name == RUN_JOB == "workers.query.run_job"
     assert list(job.args) == [name, None, fired.isoformat(), False]  # the fire time is the job's `now`
     assert job.kwargs == {"tier": tier}
-    assert (job.timeout, job.result_ttl, job.failure_ttl) == (settings.scheduler_job_timeout_s, RESULT_TTL_S,
+    assert (job.timeout, job.result_ttl, job.failure_ttl) == (settings.scheduler.job_timeout_s, RESULT_TTL_S,
                                                               RESULT_TTL_S)
-    assert job.origin == f"{settings.stream_prefix.rstrip(':')}-jobs"
+    assert job.origin == f"{settings.redis.stream_prefix.rstrip(':')}-jobs"
 
 
 def test_the_same_firing_twice_is_one_job_and_another_firing_is_another(settings: Settings) -> None:
@@ -130,7 +130,7 @@ def test_schedulers_racing_for_one_firing_enqueue_it_once(settings: Settings) ->
 
     def race() -> None:
         start.wait(timeout=10)
-        results.append(enqueue_firing(queue, settings.stream_prefix, DECAY_SHORT, fired, job_timeout_s=60))
+        results.append(enqueue_firing(queue, settings.redis.stream_prefix, DECAY_SHORT, fired, job_timeout_s=60))
 
     threads = [threading.Thread(target=race) for _ in range(8)]
     for thread in threads:
@@ -147,9 +147,9 @@ def test_a_firing_in_shanghai_is_named_by_its_instant(shanghai: Settings) -> Non
     enqueued = fire_at(scheduler, "decay:long_term", datetime(2026, 3, 2, 19, 30, tzinfo=UTC))
     assert enqueued is not None
     assert enqueued.args[2] == "2026-03-03T03:00:00+08:00"
-    assert enqueued.id == f"{shanghai.stream_prefix.rstrip(':')}-decay-long_term-20260302T190000Z"
+    assert enqueued.id == f"{shanghai.redis.stream_prefix.rstrip(':')}-decay-long_term-20260302T190000Z"
     # The same instant seen from UTC is the same firing.
-    assert firing_id(shanghai.stream_prefix, "decay", Tier.long_term,
+    assert firing_id(shanghai.redis.stream_prefix, "decay", Tier.long_term,
                      datetime(2026, 3, 2, 19, 0, tzinfo=UTC)) == enqueued.id
 
 
@@ -176,7 +176,7 @@ def test_an_hour_that_repeats_at_the_end_of_summer_time_fires_twice_under_two_id
 def test_no_firing_within_the_lookback_enqueues_nothing(settings: Settings) -> None:
     entry = Entry("review", None, {"month": 1, "day": 1}, timedelta(days=1))
     trigger = CronTrigger(timezone=UTC, **entry.cron)
-    assert fire(jobs_queue(settings), settings.stream_prefix, entry, trigger, 60,
+    assert fire(jobs_queue(settings), settings.redis.stream_prefix, entry, trigger, 60,
                 now=datetime(2026, 3, 2, tzinfo=UTC)) is None
     assert jobs_queue(settings).count == 0
 
@@ -189,7 +189,7 @@ def test_a_firing_id_is_a_valid_rq_job_id_whatever_the_prefix(settings: Settings
 
 def test_an_unknown_timezone_is_a_clear_error(settings: Settings) -> None:
     with pytest.raises(MemflowError, match="Mars/Olympus"):
-        build_scheduler(settings.model_copy(update={"scheduler_timezone": "Mars/Olympus"}), BlockingScheduler)
+        build_scheduler(settings.replace(scheduler_timezone="Mars/Olympus"), BlockingScheduler)
 
 
 def test_the_background_scheduler_of_memflow_up_starts_and_stops(shanghai: Settings) -> None:

@@ -1,4 +1,5 @@
-"""A child process rebuilds exactly the parent's settings from the environment."""
+"""A child process rebuilds exactly the parent's settings from the environment; the flat MEMFLOW_* names
+and keywords land in the settings group of the part that reads them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from pipeline.lifecycle import Policy
+from pipeline.score import Lifecycle
 from shared.settings import Settings, to_env
+from shared.streams import ConsumerConfig
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +38,8 @@ def test_dict_settings_are_json_in_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("MEMFLOW_DECAY_TAU_HOURS", '{"preference": 2160, "fact": 4320}')
     monkeypatch.setenv("MEMFLOW_RESERVED_TYPES", "{}")
     settings = Settings()
-    assert settings.decay_tau_hours == {"preference": 2160.0, "fact": 4320.0} and settings.reserved_types == {}
+    assert settings.lifecycle.decay_tau_hours == {"preference": 2160.0, "fact": 4320.0}
+    assert settings.ranking.reserved_types == {}
     monkeypatch.setenv("MEMFLOW_FUSION", "max")
     with pytest.raises(ValueError, match="fusion"):
         Settings()
@@ -47,10 +52,128 @@ def test_the_llm_key_reaches_a_child_but_never_a_repr_or_a_dump(monkeypatch: pyt
     for name, value in to_env(parent).items():
         monkeypatch.setenv(name, value)
     child = Settings()
-    assert child == parent and child.llm_api_key is not None
-    assert child.llm_api_key.get_secret_value() == "sk-never-printed"
+    assert child == parent and child.llm.api_key is not None
+    assert child.llm.api_key.get_secret_value() == "sk-never-printed"
 
 
 def test_no_llm_unless_a_base_url_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMFLOW_LLM_BASE_URL", "")
-    assert not Settings().llm_base_url
+    assert not Settings().llm.base_url
+
+
+# -- settings per concern: the flat MEMFLOW_* names and keywords land in their groups ---------------
+
+# The environment contract (README, docker-compose, child processes): every name as it was when the
+# settings were one flat object. A group may rename its fields; none of these may change.
+ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
+    "archive_below", "block_ms", "bm25_route_weight", "candidate_pool", "changes_maxlen", "collapse_records",
+    "collection", "context_smoothing", "data_dir", "decay_floor", "decay_tau_hours", "dense_floor", "dense_weight",
+    "dialogue_dense_weight", "dir_scoping", "duplicate_threshold", "embedder", "embedder_api_key", "embedder_dim",
+    "embedder_input_type", "embedder_max_retries", "embedder_model", "embedder_passage_prefix",
+    "embedder_query_prefix", "embedder_timeout_s", "embedder_url", "encode_batch", "episode_context",
+    "exact_match_weight", "fusion", "hotness_cap", "hotness_step", "intent_planning", "lifecycle_scoring",
+    "llm_api_key", "llm_base_url", "llm_daily_token_budget", "llm_extract", "llm_json_mode", "llm_judge",
+    "llm_max_concurrency", "llm_max_output_tokens", "llm_max_retries", "llm_model", "llm_plan",
+    "llm_plan_cache_ttl_s", "llm_plan_timeout_s", "llm_timeout_s", "log_level", "long_term_bonus", "max_deliveries",
+    "max_resolve_retries", "max_text_bytes", "model", "neighbour_threshold", "pattern_days", "pattern_sessions",
+    "period_boost", "promote_sessions", "qdrant_api_key", "qdrant_url", "read_count", "recent_turns",
+    "reclaim_idle_ms", "redis_server", "redis_url", "reserve_min_share", "reserved_types", "resolve_linger_ms",
+    "retry_base_s", "retry_max_s", "review_after_hours", "rpc_timeout_s", "scheduler_job_timeout_s",
+    "scheduler_misfire_grace_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
+    "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
+    "type_quotas", "whole_subject_weight")}
+
+
+def every_name_set() -> Settings:
+    """Settings with a value other than the default for every name that has one, and a key for each secret."""
+    return Settings(redis_url="redis://127.0.0.1:1/0", redis_server="/bin/valkey", qdrant_url="http://q:6333",
+                    qdrant_api_key=SecretStr("qk"), embedder="openai", embedder_url="http://e/v1",
+                    embedder_api_key=SecretStr("ek"), embedder_dim=8, llm_base_url="http://l/v1",
+                    llm_api_key=SecretStr("lk"), dense_floor=0.1)
+
+
+def test_every_flat_name_is_still_a_variable_of_the_environment() -> None:
+    assert set(to_env(every_name_set())) == ENV_NAMES
+
+
+def test_flat_variables_land_in_their_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"REDIS_URL": "redis://h:1/0", "STREAM_PREFIX": "p:", "QDRANT_URL": "http://q:6333",
+                        "COLLECTION": "c", "EMBEDDER": "openai", "EMBEDDER_URL": "http://e/v1", "MODEL": "st-model",
+                        "EMBEDDER_MODEL": "served", "READ_COUNT": "7", "DENSE_WEIGHT": "0.25",
+                        "DECAY_TAU_HOURS": '{"preference": 2160}', "PROMOTE_SESSIONS": "4", "LLM_PLAN": "false",
+                        "LLM_MODEL": "m", "SCHEDULER_TIMEZONE": "Asia/Shanghai", "MAX_TEXT_BYTES": "9",
+                        "CHANGES_MAXLEN": "11", "SEARCH_K": "3", "MAX_RESOLVE_RETRIES": "2",
+                        "LOG_LEVEL": "DEBUG"}.items():
+        monkeypatch.setenv(f"MEMFLOW_{name}", value)
+    s = Settings()
+    assert (s.redis.url, s.redis.stream_prefix, s.store.qdrant_url, s.store.collection) == (
+        "redis://h:1/0", "p:", "http://q:6333", "c")
+    assert (s.embedder.kind, s.embedder.url, s.embedder.model, s.embedder.served_model) == (
+        "openai", "http://e/v1", "st-model", "served")
+    assert (s.consumer.read_count, s.ranking.dense_weight, s.lifecycle.decay_tau_hours) == (7, 0.25,
+                                                                                            {"preference": 2160.0})
+    assert (s.lifecycle.promote_sessions, s.llm.plan, s.llm.model, s.scheduler.timezone) == (
+        4, False, "m", "Asia/Shanghai")
+    assert (s.limits.max_text_bytes, s.limits.changes_maxlen, s.client.search_k, s.write.max_resolve_retries,
+            s.log_level) == (9, 11, 3, 2, "DEBUG")
+
+
+def test_flat_keywords_land_in_their_groups_and_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", "redis://from-env:1/0")
+    monkeypatch.setenv("MEMFLOW_EMBEDDER_URL", "http://from-env/v1")
+    s = Settings(redis_url="redis://kw:1/0", embedder="openai", embedder_model="served", model="st",
+                 dense_weight=0.4, llm_plan_timeout_s=1.5, scheduler_misfire_grace_s=5, block_ms=3)
+    assert (s.redis.url, s.embedder.kind, s.embedder.url) == ("redis://kw:1/0", "openai", "http://from-env/v1")
+    assert (s.embedder.served_model, s.embedder.model, s.ranking.dense_weight) == ("served", "st", 0.4)
+    assert (s.llm.plan_timeout_s, s.scheduler.misfire_grace_s, s.consumer.block_ms) == (1.5, 5, 3)
+
+
+def test_an_unknown_name_is_ignored_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFLOW_NO_SUCH_SETTING", "1")
+    s = Settings(no_such_setting=1)
+    assert s == Settings() and not hasattr(s, "no_such_setting") and "MEMFLOW_NO_SUCH_SETTING" not in to_env(s)
+
+
+def test_replace_takes_flat_names_validates_and_rereads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = Settings(stream_prefix="p:", dense_weight=0.4)
+    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", "from-env:")
+    child = parent.replace(redis_url="redis://h:1/0", reclaim_idle_ms=2000, embedder="e5")
+    assert (child.redis.url, child.redis.stream_prefix, child.consumer.reclaim_idle_ms) == ("redis://h:1/0", "p:",
+                                                                                          2000)
+    assert (child.embedder.kind, child.ranking.dense_weight, parent.redis.url) == ("e5", 0.4, None)
+    with pytest.raises(ValueError, match="dense_weight"):
+        parent.replace(dense_weight=-1.0)
+    with pytest.raises(ValueError, match="MEMFLOW_EMBEDDER_URL"):
+        parent.replace(embedder="openai")
+
+
+def test_each_group_converts_to_the_type_its_part_reads() -> None:
+    s = Settings(decay_tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2}, promote_sessions=5,
+                 pattern_days=3, pattern_sessions=4, review_after_hours=1.0, decay_floor=0.8, hotness_step=0.1,
+                 hotness_cap=0.3, long_term_bonus=0.2, type_quotas={"episode": 0.5}, reserved_types={"fact": 1},
+                 reserve_min_share=0.5, max_deliveries=2, reclaim_idle_ms=20, block_ms=3, read_count=4,
+                 retry_base_s=0.5, retry_max_s=1.0, max_text_bytes=99)
+    assert s.lifecycle.policy() == Policy(tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2},
+                                          promote_sessions=5, pattern_days=3, pattern_sessions=4,
+                                          review_after_hours=1.0)
+    assert s.ranking.lifecycle(s.lifecycle.decay_tau_hours) == Lifecycle(
+        tau_hours={"fact": 10.0}, floor=0.8, hotness_step=0.1, hotness_cap=0.3, long_term_bonus=0.2,
+        quotas={"episode": 0.5}, reserved={"fact": 1}, reserve_min_share=0.5)
+    assert Settings(lifecycle_scoring=False).ranking.lifecycle({}) == Lifecycle.off()
+    assert ConsumerConfig.from_settings(s) == ConsumerConfig(max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
+                                                             count=4, retry_base_s=0.5, retry_max_s=1.0,
+                                                             decode_context={"max_text_bytes": 99})
+
+
+def test_the_defaults_are_the_parts_own() -> None:
+    s = Settings()
+    assert s.lifecycle.policy() == Policy() and s.ranking.lifecycle(s.lifecycle.decay_tau_hours) == Lifecycle()
+
+
+def test_a_flat_name_given_to_model_copy_is_refused_not_silently_dropped() -> None:
+    """model_copy does not validate: a flat name would be set beside the groups and read by nobody."""
+    with pytest.raises(TypeError, match="replace"):
+        Settings().model_copy(update={"redis_url": "redis://h:1/0"})
+    with pytest.raises(TypeError, match="replace"):
+        Settings().model_copy(update={"embedder": "e5"})
+    assert Settings().model_copy(update={"log_level": "DEBUG"}).log_level == "DEBUG"

@@ -157,13 +157,13 @@ def test_a_stage_connection_to_a_silent_server_raises_instead_of_blocking(
         settings: Settings, silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Risk 7: with no socket timeout, a blocking read on a connection nobody answers waits forever."""
     monkeypatch.setattr("shared.connections.READ_MARGIN_S", 0.2, raising=False)
-    silent = settings.model_copy(update={"redis_url": silent_url})
+    silent = settings.replace(redis_url=silent_url)
     raised: list[BaseException] = []
 
     def read() -> None:
         try:
             client = Context.from_settings(silent).client
-            client.xreadgroup("extract", "c", {"events": ">"}, count=1, block=settings.block_ms)
+            client.xreadgroup("extract", "c", {"events": ">"}, count=1, block=settings.consumer.block_ms)
         except redis.RedisError as exc:
             raised.append(exc)
 
@@ -178,6 +178,6 @@ def test_the_stage_connection_outlasts_every_blocking_read_and_rq_leaves_it_so(s
                                                                                settings: Settings) -> None:
     kwargs = system.ctx.client.connection_pool.connection_kwargs
     # The query worker is running on this pool: RQ raises a timeout shorter than its dequeue needs.
-    assert kwargs["socket_timeout"] == stage_socket_timeout_s(settings.block_ms) > settings.block_ms / 1000
+    assert kwargs["socket_timeout"] == stage_socket_timeout_s(settings.consumer.block_ms) > settings.consumer.block_ms / 1000
     assert kwargs["socket_keepalive"] and kwargs["health_check_interval"] > 0
     assert system.client.inspect("nobody")["memories"] == []  # RQ dequeues with it

@@ -122,7 +122,7 @@ def test_forget_removes_a_memory_from_search_and_index(system: System) -> None:
 def test_search_says_failed_when_no_worker_answers(settings) -> None:
     from shared.client import MemoryClient
 
-    client = MemoryClient(settings.model_copy(update={"search_timeout_s": 1.0}))
+    client = MemoryClient(settings.replace(search_timeout_s=1.0))
     result = client.search("nobody", "anything")
     assert result.status == "failed"
     assert "no answer" in (result.error or "")

@@ -88,8 +88,8 @@ def up() -> None:
     one owner); the scheduler runs in a thread of it."""
     with own_redis(_settings()) as settings:
         jobs = _build_scheduler(settings, BackgroundScheduler)
-        typer.echo(f"memflow up: redis {settings.redis_url}, prefix {settings.stream_prefix}, "
-                   f"store {settings.qdrant_url or settings.data_dir}")
+        typer.echo(f"memflow up: redis {settings.redis.url}, prefix {settings.redis.stream_prefix}, "
+                   f"store {settings.store.qdrant_url or settings.store.data_dir}")
         _print_schedule(settings, jobs)
         try:
             jobs.start()
@@ -129,8 +129,8 @@ def _build_scheduler(settings: Settings, kind: type[BaseScheduler]) -> BaseSched
 
 
 def _print_schedule(settings: Settings, jobs: BaseScheduler) -> None:
-    typer.echo(f"scheduler: timezone {settings.scheduler_timezone}, enqueues on "
-               f"{Keys(settings.stream_prefix).jobs_queue}")
+    typer.echo(f"scheduler: timezone {settings.scheduler.timezone}, enqueues on "
+               f"{Keys(settings.redis.stream_prefix).jobs_queue}")
     for job_id, trigger, next_time in next_fire_times(jobs, datetime.now(UTC)):
         typer.echo(f"  {job_id:<17} {trigger:<30} next {next_time.isoformat() if next_time else 'never'}")
 
@@ -377,9 +377,10 @@ def reindex_store(batch: Annotated[int, typer.Option("--batch", min=1, help=(
 
 
 def _refuse_beside_up(settings: Settings) -> None:
-    owner = None if settings.qdrant_url else running(settings.data_dir)
+    owner = None if settings.store.qdrant_url else running(settings.store.data_dir)
     if owner is not None:
-        raise MemflowError(f"`memflow up` (pid {owner.pid}) holds the Edge shard in {settings.data_dir.resolve()}: "
+        raise MemflowError(f"`memflow up` (pid {owner.pid}) holds the Edge shard in "
+                           f"{settings.store.data_dir.resolve()}: "
                            "stop it, run `memflow reindex`, then start it again with the new model configured")
 
 
@@ -415,7 +416,7 @@ def _reindex_summary(r: Report) -> str:
 
 def _redis_target() -> tuple[Any, Keys]:
     settings = _settings()
-    return connect(require_url(settings)), Keys(settings.stream_prefix)
+    return connect(require_url(settings)), Keys(settings.redis.stream_prefix)
 
 
 def _known_stage(stage: str) -> str:

@@ -29,9 +29,9 @@ def build(ctx: Context) -> StreamConsumer[ExtractTask]:
 
 def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
     records, rules = read(task)
-    llm = ctx.llm if ctx.settings.llm_extract else None
+    llm = ctx.llm if ctx.settings.llm.extract else None
     said = llm_statements(ctx, llm, task, rules) if llm is not None else rules
-    found = assemble(records, said, episode_context=ctx.settings.episode_context)
+    found = assemble(records, said, episode_context=ctx.settings.write.episode_context)
     return [Emit(ctx.keys.stream("resolve"), candidate) for candidate in found]
 
 
@@ -40,7 +40,7 @@ def llm_statements(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candid
     batches = llm_extract.batches(task)
     if not batches:
         return rules
-    with ThreadPoolExecutor(max_workers=min(len(batches), ctx.settings.llm_max_concurrency)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(batches), ctx.settings.llm.max_concurrency)) as pool:
         results = list(pool.map(partial(_read_batch, llm, task, rules), batches))
     said = llm_extract.uncovered(task, rules)
     for asked in results:

@@ -22,7 +22,6 @@ from pipeline.writes import mutation, patches
 from shared.codec import encode
 from shared.errors import MemflowError
 from shared.keys import FIELD
-from shared.settings import policy_of
 from shared.store import MemoryFilter
 from workers.runtime import Context, fields_of
 
@@ -77,7 +76,7 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
     if name not in JOBS:
         raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted(JOBS))}")
     only = Tier(tier) if tier else None
-    policy = policy_of(ctx.settings)
+    policy = ctx.settings.lifecycle.policy()
     subjects = [subject] if subject else ctx.store.subjects()
     report: dict[str, Any] = {"job": name, "tier": tier, "subjects": len(subjects), "examined": 0,
                               "dry_run": dry_run, "now": now.isoformat(), "changed": [], "written": [],

@@ -73,18 +73,18 @@ class ChildProcess:
 def own_redis(settings: Settings) -> Iterator[Settings]:
     """The settings, with a server of our own when none is configured, recorded in the data dir for
     the commands run beside us (shared.connections.require_url)."""
-    if settings.redis_url:
+    if settings.redis.url:
         yield settings
         return
-    already = running(settings.data_dir)
+    already = running(settings.store.data_dir)
     if already is not None:
-        raise MemflowError(f"memflow is already running from {settings.data_dir.resolve()} (pid {already.pid}, "
+        raise MemflowError(f"memflow is already running from {settings.store.data_dir.resolve()} (pid {already.pid}, "
                            f"Redis {already.redis_url}): stop it first, or use another MEMFLOW_DATA_DIR")
-    server = start_redis(settings.data_dir / "redis", binary=settings.redis_server)
+    server = start_redis(settings.store.data_dir / "redis", binary=settings.redis.server)
     log.info("started %s at %s", server.binary, server.url)
-    record = announce(settings.data_dir, server.url)
+    record = announce(settings.store.data_dir, server.url)
     try:
-        yield settings.model_copy(update={"redis_url": server.url})
+        yield settings.replace(redis_url=server.url)
     finally:
         record.unlink(missing_ok=True)
         server.stop()
@@ -111,4 +111,4 @@ def stop_children(children: Sequence[subprocess.Popen[bytes]]) -> None:
 @contextlib.contextmanager
 def temporary_data_dir(settings: Settings) -> Iterator[Settings]:
     with tempfile.TemporaryDirectory(prefix="memflow-demo-") as tmp:
-        yield settings.model_copy(update={"data_dir": Path(tmp), "redis_url": None})
+        yield settings.replace(data_dir=Path(tmp), redis_url=None)

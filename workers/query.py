@@ -43,7 +43,6 @@ from pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from pipeline.plan import plan as make_plan
 from pipeline.score import (
     Found,
-    Lifecycle,
     Scored,
     confirmed_scopes,
     flat_plan,
@@ -134,7 +133,7 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
     """The plan a search follows. Dirs given by the caller win over the planner's."""
     if req.dirs is not None:
         return QueryPlan(intent="caller_scoped", routes=[Route(text=req.query, dirs=req.dirs)])
-    if not settings.intent_planning:
+    if not settings.ranking.intent_planning:
         return flat_plan(req.query)
     return routed(settings, make_plan(req.query))
 
@@ -142,9 +141,10 @@ def plan_for(settings: Settings, req: SearchRequest) -> QueryPlan:
 def routed(settings: Settings, plan: QueryPlan) -> QueryPlan:
     """A planner's plan (the rules' or a model's) as the settings run it: their route weights (a route
     weighted 0 is dropped) and, with dir scoping off, no route scoped to dirs."""
-    plan = reweight(plan, whole_subject=settings.whole_subject_weight, exact_match=settings.exact_match_weight,
-                    bm25=settings.bm25_route_weight, topic=settings.topic_route_weight)
-    return plan if settings.dir_scoping else unscoped(plan)
+    weights = settings.ranking
+    plan = reweight(plan, whole_subject=weights.whole_subject_weight, exact_match=weights.exact_match_weight,
+                    bm25=weights.bm25_route_weight, topic=weights.topic_route_weight)
+    return plan if settings.ranking.dir_scoping else unscoped(plan)
 
 
 def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> QueryPlan:
@@ -154,7 +154,7 @@ def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> Que
     夏天发现了一个乒乓球"), not the scope of a question, and its "去年" is relative to a day the
     search does not know. Measured: the one MADial dialogue whose last turns named a period
     (2023) lost its memory (from 2022) to memories of 2023 boosted past it."""
-    if settings.period_boost <= 0 or is_transcript(query):
+    if settings.ranking.period_boost <= 0 or is_transcript(query):
         return plan
     ref = asked_period(query, now)
     if ref is None:
@@ -169,19 +169,19 @@ def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[Q
     The cache keeps the model's plan as it answered: the settings' route weights and scoping apply
     each time it is used (`routed`), so a route they switch off never comes back through a model."""
     llm = ctx.llm
-    wanted = ctx.settings.llm_plan and ctx.settings.intent_planning and req.dirs is None
+    wanted = ctx.settings.llm.plan and ctx.settings.ranking.intent_planning and req.dirs is None
     if llm is None or not wanted or not is_ambiguous(req.query):
         return heuristic, None
     key = ctx.keys.plan_cache(req.subject, hashlib.sha256(llm_plan.cache_key(req.query).encode()).hexdigest()[:32])
     cached = ctx.client.get(key)
     if cached is not None:
         return routed(ctx.settings, decode(cached, QueryPlan)), None
-    asked = llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm_plan_timeout_s,
+    asked = llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm.plan_timeout_s,
                     read=lambda text: _plan_read(text, heuristic),
                     fallback=lambda: Reading(heuristic.model_copy(update={"fallback": True})))
     if asked.fallback is not None:
         return asked.value, asked.fallback
-    ctx.client.set(key, encode(asked.value), ex=ctx.settings.llm_plan_cache_ttl_s)
+    ctx.client.set(key, encode(asked.value), ex=ctx.settings.llm.plan_cache_ttl_s)
     return routed(ctx.settings, asked.value), None
 
 
@@ -192,16 +192,8 @@ def _plan_read(reply: str, heuristic: QueryPlan) -> Reading[QueryPlan]:
 
 def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int) -> list[Hit]:
     """The top k of the fused candidates, scored and chosen as the settings say."""
-    return rank(scored, now, k, lifecycle_of(settings), collapse=settings.collapse_records)
-
-
-def lifecycle_of(settings: Settings) -> Lifecycle:
-    if not settings.lifecycle_scoring:
-        return Lifecycle.off()
-    return Lifecycle(tau_hours=settings.decay_tau_hours, floor=settings.decay_floor,
-                     hotness_step=settings.hotness_step, hotness_cap=settings.hotness_cap,
-                     long_term_bonus=settings.long_term_bonus, quotas=settings.type_quotas,
-                     reserved=settings.reserved_types, reserve_min_share=settings.reserve_min_share)
+    lifecycle = settings.ranking.lifecycle(settings.lifecycle.decay_tau_hours)
+    return rank(scored, now, k, lifecycle, collapse=settings.ranking.collapse_records)
 
 
 def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Scored], bool]:
@@ -210,10 +202,10 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     When every scoped route comes back empty (or fails), the whole subject answers alone
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
-    pool = max(ctx.settings.candidate_pool, req.k * 4)
+    pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
-    floor = ctx.settings.dense_floor
+    floor = ctx.settings.ranking.dense_floor
     if floor is None:
         floor = noise_floor(vectors[req.query], ctx.unrelated)
     dense = Dense(dense_weight_for(ctx.settings, req.query), floor)
@@ -242,7 +234,7 @@ def dense_weight_for(settings: Settings, query: str) -> float:
     it is about, so keyword evidence is diluted and meaning carries the recall. Measured: MADial
     (dialogues) is best at 1.5, LoCoMo (questions) lost 2 points of R@5 from 1.0 to 1.5 (bench/RESULTS.md).
     """
-    return settings.dialogue_dense_weight if is_transcript(query) else settings.dense_weight
+    return settings.ranking.dialogue_dense_weight if is_transcript(query) else settings.ranking.dense_weight
 
 
 def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
@@ -250,7 +242,7 @@ def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
     routes need none). A dialogue's vector is the sum of its whole text's and its last turns'
     (`recent_turns`): a cosine with it ranks as the sum of the two cosines."""
     texts = list(dict.fromkeys(texts))
-    recent = {t: r for t in texts if (r := recent_turns(t, ctx.settings.recent_turns))}
+    recent = {t: r for t in texts if (r := recent_turns(t, ctx.settings.ranking.recent_turns))}
     asked = list(dict.fromkeys([*texts, *recent.values()]))
     encoded = dict(zip(asked, ctx.embedder.encode_queries(asked), strict=True))
     return {t: summed([encoded[t], encoded[recent[t]]]) if t in recent else encoded[t] for t in texts}
@@ -259,20 +251,21 @@ def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
 def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None,
                dense: Dense) -> list[Found]:
     found = [f for _, f in ranked]
-    if whole is None or settings.scope_min_share <= 0:
+    if whole is None or settings.ranking.scope_min_share <= 0:
         return found
     return confirmed_scopes(found, [bool(route.dirs) and not route.keys for route, _ in ranked],
-                            next(i for i, f in enumerate(found) if f is whole), min_share=settings.scope_min_share,
-                            dense_weight=dense.weight, dense_floor=dense.floor)
+                            next(i for i, f in enumerate(found) if f is whole),
+                            min_share=settings.ranking.scope_min_share, dense_weight=dense.weight,
+                            dense_floor=dense.floor)
 
 
 def _fused(settings: Settings, found: list[Found], dense: Dense, plan: QueryPlan) -> list[Scored]:
-    if settings.fusion == "rrf":
+    if settings.ranking.fusion == "rrf":
         fused = fuse([(f.weight, f.keyword) for f in found], "rrf")
     else:
         fused = fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
-                           smoothing=settings.context_smoothing)
-    return in_period(fused, plan.period, settings.period_boost)
+                           smoothing=settings.ranking.context_smoothing)
+    return in_period(fused, plan.period, settings.ranking.period_boost)
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
@@ -282,7 +275,7 @@ def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str
                        keys=route.keys or None)
     dense = vectors.get(route.text) if route.strategy == "semantic" else None
     try:
-        if ctx.settings.fusion == "rrf" and dense is not None:
+        if ctx.settings.ranking.fusion == "rrf" and dense is not None:
             return Found(route.weight, _query(ctx, flt, "hybrid", route.text, dense, pool))
         meaning = _query(ctx, flt, "dense", None, dense, pool) if dense is not None else []
         return Found(route.weight, _query(ctx, flt, "sparse", route.text, None, pool), meaning, flat=bool(route.keys))
@@ -355,7 +348,7 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
     when = req.now or datetime.now(UTC)
     memories = ctx.store.get(MemoryFilter(req.subject))
     memories.sort(key=lambda m: (m.created_at, m.id))
-    taus = ctx.settings.decay_tau_hours
+    taus = ctx.settings.lifecycle.decay_tau_hours
     llm = None if ctx.llm is None else {"subject": llm_usage(ctx.client, ctx.keys, req.subject, when),
                                         "everyone": llm_usage(ctx.client, ctx.keys, None, when)}
     return InspectReport.model_validate({

@@ -32,7 +32,7 @@ NEIGHBOURS = 10
 
 def build(ctx: Context) -> StreamConsumer[Candidate]:
     config = ctx.consumer_config()
-    config.linger_ms = ctx.settings.resolve_linger_ms
+    config.linger_ms = ctx.settings.consumer.resolve_linger_ms
     return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate, partial(handle, ctx), config)
 
 
@@ -90,10 +90,10 @@ def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:
 
 
 def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
-    neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.neighbour_threshold)
-    judging = bool(ctx.llm and ctx.settings.llm_judge)
+    neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.write.neighbour_threshold)
+    judging = bool(ctx.llm and ctx.settings.llm.judge)
     records = find_records(ctx.store, candidate, neighbours, nearby=judging)
-    place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.duplicate_threshold,
+    place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.write.duplicate_threshold,
                     records=records)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
     unsure: list[Memory] = []

@@ -47,8 +47,8 @@ class Context:
     @classmethod
     def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:
         """The one way a process builds its context; `embedder`: one already loaded (tests, benchmarks)."""
-        client = connect(require_url(settings), socket_timeout_s=stage_socket_timeout_s(settings.block_ms))
-        return cls(settings, client, Keys(settings.stream_prefix), _embedder=embedder)
+        client = connect(require_url(settings), socket_timeout_s=stage_socket_timeout_s(settings.consumer.block_ms))
+        return cls(settings, client, Keys(settings.redis.stream_prefix), _embedder=embedder)
 
     @property
     def embedder(self) -> Embedder:
@@ -74,7 +74,7 @@ class Context:
     @property
     def llm(self) -> LLM | None:
         """The LLM client, or None when no server is configured (the rules do everything)."""
-        if not self.settings.llm_base_url:
+        if not self.settings.llm.base_url:
             return None
         with self._lock:
             if self._llm is None:
@@ -87,11 +87,11 @@ class Context:
     @property
     def applier(self) -> Applier:
         """The one writer of the store (shared/applier.py): every change to a memory goes through it."""
-        return Applier(self.store, self.client, self.keys, self.settings.changes_maxlen)
+        return Applier(self.store, self.client, self.keys, self.settings.limits.changes_maxlen)
 
     def trace(self, entry: Trace | LLMTrace) -> None:
         """An entry of the capped `traces` feed: a search, or an LLM call (written by `LLM.ask`)."""
-        self.client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.traces_maxlen,
+        self.client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.limits.traces_maxlen,
                          approximate=True)
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ def buffer_turn(ctx: Context, event: ChatEvent, turn: Turn) -> None:
     key = ctx.keys.session_buffer(event.subject, event.session_id)
     pipe = ctx.client.pipeline(transaction=True)
     pipe.hset(key, event.event_id, encode(turn))
-    pipe.expire(key, ctx.settings.session_buffer_ttl_s)
+    pipe.expire(key, ctx.settings.limits.session_buffer_ttl_s)
     pipe.execute()
 
 
@@ -83,7 +83,7 @@ def buffered_turns(ctx: Context, event: ChatEvent) -> list[Turn]:
     raw = ctx.client.hvals(ctx.keys.session_buffer(event.subject, event.session_id))
     said = [turn for turn in (decode(r, Turn) for r in raw) if turn.ts <= event.ts]
     turns = sorted(said, key=lambda t: (t.ts, t.event_id))
-    return turns[-ctx.settings.session_buffer_max_turns:]
+    return turns[-ctx.settings.limits.session_buffer_max_turns:]
 
 
 def _emit(ctx: Context, event: ChatEvent, reason: TriggerReason, turns: list[Turn], *,

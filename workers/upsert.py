@@ -43,7 +43,7 @@ def vectors_of(batch: WriteBatch) -> dict[str, list[float]]:
 
 def send_back(ctx: Context, batch: WriteBatch) -> list[Emit]:
     candidate = batch.candidate
-    if candidate.retries >= ctx.settings.max_resolve_retries:
+    if candidate.retries >= ctx.settings.write.max_resolve_retries:
         raise Permanent(f"candidate {candidate.key!r} kept meeting concurrent writes; gave up after "
                         f"{candidate.retries} re-resolves")
     retry = candidate.model_copy(update={"retries": candidate.retries + 1})

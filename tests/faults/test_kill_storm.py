@@ -24,7 +24,7 @@ KILLS = 20 if FULL else 4
 
 @pytest.mark.timeout(3600 if FULL else 300)
 def test_random_kill_dash_nine_storm_loses_and_doubles_nothing(settings: Settings) -> None:
-    settings = settings.model_copy(update={"rpc_timeout_s": 120.0, "reclaim_idle_ms": 2000})
+    settings = settings.replace(rpc_timeout_s=120.0, reclaim_idle_ms=2000)
     client = MemoryClient(settings)
     procs = {role: start(settings, role) for role in ROLES}
     rng = random.Random(20261130)

@@ -30,9 +30,9 @@ RESTARTS = 3 if FULL else 1
 @pytest.mark.timeout(1800 if FULL else 240)
 def test_a_redis_restart_mid_ingest_loses_nothing_acknowledged(settings: Settings, embedder: Embedder,
                                                                tmp_path: Path) -> None:
-    server = start_redis(tmp_path / "own-redis", binary=settings.redis_server)
+    server = start_redis(tmp_path / "own-redis", binary=settings.redis.server)
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
-    settings = settings.model_copy(update={"redis_url": server.url, "rpc_timeout_s": 60.0})
+    settings = settings.replace(redis_url=server.url, rpc_timeout_s=60.0)
     system = start_system(settings, embedder)
     client = MemoryClient(settings)
     acknowledged: list[str] = []
@@ -67,7 +67,7 @@ def test_a_redis_restart_mid_ingest_loses_nothing_acknowledged(settings: Setting
             os.kill(server.process.pid, signal.SIGKILL)
             server.process.wait()
             wait_for(lambda n=n: refused[0] > n, timeout_s=30, what="a publish refused while Redis is down")
-            server = start_redis(tmp_path / "own-redis", port=port, binary=settings.redis_server)
+            server = start_redis(tmp_path / "own-redis", port=port, binary=settings.redis.server)
         publisher.join(timeout=300)
         assert errors == [] and len(acknowledged) == EVENTS
         assert client.wait_idle(timeout_s=240)

@@ -43,7 +43,7 @@ def status_json(settings: Settings) -> dict:
 
 @pytest.mark.timeout(600 if FULL else 240)
 def test_a_slow_consumer_shows_its_lag_and_drains(settings: Settings) -> None:
-    client = MemoryClient(settings.model_copy(update={"rpc_timeout_s": 60.0}))
+    client = MemoryClient(settings.replace(rpc_timeout_s=60.0))
     procs = {role: start(settings, role) for role in ROLES}
     slow = threading.Event()
     try:

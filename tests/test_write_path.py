@@ -17,6 +17,7 @@ from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
 from pipeline.ids import new_memory
+from pipeline.lifecycle import Step
 from pipeline.models import (
     Action,
     Candidate,
@@ -194,7 +195,7 @@ def test_concurrent_changes_never_share_a_revision(store_ctx: Context, embedder:
         for i in range(rounds):
             while True:  # a planner reads, plans and applies; a stale plan is planned again
                 current = ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0]
-                if ops.apply_steps(ctx, [ops.Step(current, {"confidence": round(0.5 + (n * rounds + i) / 1000, 4)},
+                if ops.apply_steps(ctx, [Step(current, {"confidence": round(0.5 + (n * rounds + i) / 1000, 4)},
                                                   f"thread {n} round {i}")], "review", T0) == []:
                     break
 

@@ -12,8 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pipeline.ids import is_keyed
-from pipeline.lifecycle import Step as Step
-from pipeline.lifecycle import plan_accept, plan_reject, plan_rollback
+from pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from pipeline.score import strength
 from pipeline.writes import mutation, patches

@@ -20,7 +20,7 @@ from pipeline.drafts import (
     stamp,
 )
 from pipeline.ids import episode_key
-from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
+from pipeline.models import Candidate, ExtractTask, Memory, MType, PatchOp, Role, Source, Turn
 from pipeline.statements import CJK, clean, is_question
 from pipeline.topics import key_for, normalize_key
 
@@ -99,3 +99,25 @@ def behaviour(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
         draft = Draft(MType.preference, key, content, evidence, Source.inferred, INFERRED_CONFIDENCE)
         found.append(stamp(task, asked[-1], draft, [t.event_id for t in asked]))
     return found
+
+
+def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory]) -> list[PatchOp]:
+    """Patches taking forgotten turns out of the context of the records around them.
+
+    A record is indexed with the turns beside it (`turn_record`), so a forgotten turn's words live
+    on in its neighbours' `context` until they are taken out. Quiet patches: a revision or an
+    announcement would keep the very words they remove.
+    """
+    lines = {m.content for m in forgotten if m.mtype is MType.episode}
+    events = {e for m in forgotten for e in m.source_event_ids}
+    gone = {m.id for m in forgotten}
+    patches = []
+    for r in records:
+        kept = [line for line in r.context.split("\n") if line not in lines]
+        if r.id in gone or len(kept) == len(r.context.split("\n")):
+            continue
+        patches.append(PatchOp(id=r.id, expected_rev=r.rev, quiet=True, why="a turn beside it was forgotten",
+                               set={"context": "\n".join(kept),
+                                    "context_event_ids": [e for e in r.context_event_ids if e not in events]}))
+    return patches
+

@@ -62,6 +62,8 @@ def test_forget_leaves_no_point_and_no_words_and_verify_proves_it(system: System
     packed = system.client.pack("fran", "locker code word", budget_tokens=800, now=now)
     assert SECRET_WORD not in " ".join([*packed.preferences, *packed.rules, *packed.memories])
     assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("fran")["memories"])
+    # ...nor in the context of the turn said after it (a record is indexed with the turns beside it).
+    assert all(SECRET_WORD not in m["context"] for m in system.client.inspect("fran")["memories"])
     assert not [k for k in redis_values_naming(system, SECRET_WORD.encode()) if "fran" in k or "gus" not in k
                 and _fran_entries(system, k)]
 
@@ -104,3 +106,16 @@ def test_words_forgotten_while_in_flight_are_never_written_back(system: System) 
     assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("ida")["memories"])
     # No point came back (the stream now holds the words again: they were published again).
     assert system.client.verify_forgotten("ida", forgotten)["in_store"] == []
+
+
+def test_verify_finds_a_record_still_quoting_a_forgotten_turn(system: System) -> None:
+    said(system, "hal")
+    records = [m for m in system.client.inspect("hal")["memories"] if m["mtype"] == "episode"]
+    secret = next(m for m in records if SECRET_WORD in m["content"])
+    neighbour = next(m for m in records if m["id"] != secret["id"])
+    assert system.client.forget("hal", [secret["id"]]) == 1
+    assert system.client.verify_forgotten("hal", [secret["id"]])["verified"]
+    # A store written before forget took turns out of their neighbours' context (issue 14's wider window).
+    system.ctx.store.set_fields(neighbour["id"], {"context": secret["content"]})
+    proof = system.client.verify_forgotten("hal", [secret["id"]])
+    assert not proof["verified"] and proof["residue"] == {"record_context": 1}

@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from pipeline.models import Candidate, DeleteOp, Memory, MutationOp, PatchOp, Status
+from pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
+from pipeline.records import unsaid
 from pipeline.writes import mutation
 from shared.errors import MemflowError
 from shared.keys import STAGES
@@ -42,11 +43,19 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
     keep_receipts(ctx, subject, targets)
     deleted = {"status": Status.deleted.value}
     ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
-                               for m in targets), *(DeleteOp(id=m.id) for m in targets)]
+                               for m in targets), *(DeleteOp(id=m.id) for m in targets),
+                             *unsaid(_records(ctx, subject, targets), targets)]
     if ops:  # the wish wins over any change made since the targets were read ("rebase")
         ctx.applier.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
     scrubbed = scrub(ctx, subject, targets)
     return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
+
+
+def _records(ctx: Context, subject: str, targets: list[Memory]) -> list[Memory]:
+    """The subject's records, whose context may quote a forgotten turn (none to read when no record is forgotten)."""
+    if not any(m.mtype is MType.episode for m in targets):
+        return []
+    return ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode]))
 
 
 def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
@@ -105,8 +114,20 @@ def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
     buffers = _buffered(ctx, subject, events)
     if buffers:
         residue["session_buffers"] = buffers
+    quoting = _quoting(ctx, subject, {r["sha256"] for r in receipts})
+    if quoting:
+        residue["record_context"] = quoting
     return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
             "verified": not unknown and not in_store and not residue}
+
+
+def _quoting(ctx: Context, subject: str, hashes: set[str]) -> int:
+    """How many records still quote a forgotten turn in their context (by the receipts' hashes)."""
+    if not hashes:
+        return 0
+    records = ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode]))
+    return sum(any(hashlib.sha256(line.encode()).hexdigest() in hashes for line in r.context.split("\n"))
+               for r in records)
 
 
 def _marks(ids: Iterable[str], events: Iterable[str]) -> list[bytes]:

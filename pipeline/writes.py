@@ -38,7 +38,8 @@ class Write:
     fields: dict[str, Any] = field(default_factory=dict)  # patch and count: the payload fields to set
     memory: Memory | None = None  # put: the point to write
     change: Change | None = None  # what the `changes` feed hears of it (None: bookkeeping)
-    done: bool = False  # written by an earlier attempt: only its announcement may be missing
+    done: bool = False  # written before: only its announcement may be missing
+    own: bool = False  # written by an earlier attempt of this very mutation (its op key is on the point)
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ class Plan:
 
     @property
     def started(self) -> bool:
-        """Whether an earlier attempt of this mutation wrote part of it (it was cut short)."""
-        return any(w.done for w in self.writes)
+        """Whether an earlier attempt of this mutation wrote part of it (it was cut short). A put found
+        by its content alone does not count: a replay long after may meet it, and must not force the rest."""
+        return any(w.own for w in self.writes)
 
 
 def mutation_id(*parts: object) -> str:
@@ -113,9 +115,9 @@ def _put(m: Mutation, key: str, op: PutOp, there: Memory | None) -> Write | None
         return Write(key, "put", op.memory.id, memory=op.memory.model_copy(update={"last_op": key}), change=change)
     # Same content from the same events is this put, written before (a redelivery). Same id and content
     # from other events is another session saying it too: decided again, it becomes a repeat.
-    if there.last_op == key or (there.content == op.memory.content
-                                and set(op.memory.source_event_ids) <= set(there.source_event_ids)):
-        return Write(key, "put", op.memory.id, change=change, done=True)
+    own = there.last_op == key
+    if own or (there.content == op.memory.content and set(op.memory.source_event_ids) <= set(there.source_event_ids)):
+        return Write(key, "put", op.memory.id, change=change, done=True, own=own)
     return None
 
 
@@ -123,7 +125,7 @@ def _patch(m: Mutation, key: str, op: PatchOp, there: Memory | None, rebase: boo
     if there is None:
         return None
     if there.rev == op.expected_rev + 1 and there.last_op == key:
-        return Write(key, "patch", op.id, change=_redone(m, op, there), done=True)
+        return Write(key, "patch", op.id, change=_redone(m, op, there), done=True, own=True)
     if there.rev != op.expected_rev and not rebase:
         return None
     op = op.model_copy(update={"expected_rev": there.rev})

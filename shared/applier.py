@@ -72,20 +72,17 @@ class Applier:
     def apply(self, mutation: Mutation, vectors: Mapping[str, Sequence[float]] | None = None) -> Applied:
         """Apply `mutation` (vectors: the dense vector of each memory it puts, by id). Safe to repeat."""
         with self._locked(mutation.subject):
-            plan = self._plan(mutation)
+            current = self._current(mutation)
+            plan = writes.plan(mutation, current)
             if plan.stale and mutation.on_stale == "send_back":
                 if not plan.started:
                     return Applied(stale=plan.stale)
-                plan = writes.plan(mutation, self._current(mutation), rebase=True)
+                plan = writes.plan(mutation, current, rebase=True)  # cut short before: complete it
             self._write(plan, vectors or {})
-        announced = [w.change for w in plan.writes if w.change is not None]
-        for write in plan.writes:
-            if write.change is not None:
-                self._announce_once(mutation, write)
-        return Applied(announced, plan.stale)
-
-    def _plan(self, mutation: Mutation) -> writes.Plan:
-        return writes.plan(mutation, self._current(mutation))
+        announced = [w for w in plan.writes if w.change is not None]
+        for write in announced:
+            self._announce_once(mutation, write)
+        return Applied([w.change for w in announced if w.change is not None], plan.stale)
 
     def _current(self, mutation: Mutation) -> dict[str, Memory]:
         ids = list(dict.fromkeys(writes.target(op) for op in mutation.ops))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.settings import FLAT_NAMES
+from memflow.shared.settings import FLAT_NAMES
 
 # Everything off: one flat route, engine-side RRF of dense and BM25, turns indexed alone.
 BASE: dict[str, Any] = {"episode_context": False, "fusion": "rrf", "dir_scoping": False, "intent_planning": False,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.models import SearchResult
+from memflow.pipeline.models import SearchResult
 
 BRIEF_CHARS = 60
 BRIEF_HITS = 5

@@ -14,11 +14,11 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.llm_stub import Reply
-from pipeline.extract import read
-from pipeline.llm_extract import KIND_TYPES
-from pipeline.models import ExtractTask, Role, TriggerReason, Turn
-from pipeline.plan import plan
+from memflow.bench.llm_stub import Reply
+from memflow.pipeline.extract import read
+from memflow.pipeline.llm_extract import KIND_TYPES
+from memflow.pipeline.models import ExtractTask, Role, TriggerReason, Turn
+from memflow.pipeline.plan import plan
 
 EXTRACTION = "memflow extraction: "
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -20,15 +20,15 @@ from typing import Any
 
 import orjson
 
-from bench.perf import AT, SESSION_TURNS, message, peak_rss_mb, realistic_turns, say
-from pipeline.gate import gate
-from pipeline.models import MType, Role
-from shared.client import MemoryClient
-from shared.keys import STAGES
-from shared.settings import Settings
-from shared.store import MemoryFilter
-from shared.streams import backlog
-from workers.embedded import Embedded, embedded
+from memflow.bench.perf import AT, SESSION_TURNS, message, peak_rss_mb, realistic_turns, say
+from memflow.pipeline.gate import gate
+from memflow.pipeline.models import MType, Role
+from memflow.shared.client import MemoryClient
+from memflow.shared.keys import STAGES
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from memflow.shared.streams import backlog
+from memflow.workers.embedded import Embedded, embedded
 
 SUBJECTS_PER_PUBLISHER = 4
 

@@ -35,19 +35,19 @@ from typing import Any, TextIO
 import numpy as np
 import orjson
 
-from bench.ablation import ingest_key, ladder
-from bench.llm_echo import echo
-from bench.llm_stub import ScriptedLLM
-from bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
-from pipeline.models import Hit
-from shared import sparse
-from shared.embedder import Embedder
-from shared.keys import STAGES
-from shared.llm import usage as llm_usage
-from shared.settings import FLAT_NAMES, Settings
-from shared.store import MemoryFilter
-from shared.streams import backlog
-from workers.embedded import Embedded, embedded
+from memflow.bench.ablation import ingest_key, ladder
+from memflow.bench.llm_echo import echo
+from memflow.bench.llm_stub import ScriptedLLM
+from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
+from memflow.pipeline.models import Hit
+from memflow.shared import sparse
+from memflow.shared.embedder import Embedder
+from memflow.shared.keys import STAGES
+from memflow.shared.llm import usage as llm_usage
+from memflow.shared.settings import FLAT_NAMES, Settings
+from memflow.shared.store import MemoryFilter
+from memflow.shared.streams import backlog
+from memflow.workers.embedded import Embedded, embedded
 
 DEPTH = max(KS)
 # Budgets are packed from a deeper list than the top 50: 50 turns are ~1,600 tokens, so a

@@ -32,15 +32,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.locomo import Progress, dense_ranker, own_namespace, wait_until_idle
-from bench.recall import Item, evidence_recall, percentile_ms
-from pipeline.models import Hit, MType, Status
-from pipeline.models import Memory as Stored
-from pipeline.statements import CJK
-from shared.embedder import Embedder
-from shared.settings import Settings
-from shared.store import MemoryFilter
-from workers.embedded import Embedded, embedded
+from memflow.bench.locomo import Progress, dense_ranker, own_namespace, wait_until_idle
+from memflow.bench.recall import Item, evidence_recall, percentile_ms
+from memflow.pipeline.models import Hit, MType, Status
+from memflow.pipeline.models import Memory as Stored
+from memflow.pipeline.statements import CJK
+from memflow.shared.embedder import Embedder
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from memflow.workers.embedded import Embedded, embedded
 
 LANGS = ("zh", "en")
 KS = (1, 3, 5, 10)

@@ -31,13 +31,13 @@ from typing import Any
 
 import orjson
 
-from pipeline.models import Dir, Memory, MType, Source
-from shared.client import MemoryClient
-from shared.codec import encode
-from shared.keys import FIELD
-from shared.settings import Settings
-from shared.store import MemoryFilter
-from workers.embedded import Embedded, embedded
+from memflow.pipeline.models import Dir, Memory, MType, Source
+from memflow.shared.client import MemoryClient
+from memflow.shared.codec import encode
+from memflow.shared.keys import FIELD
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from memflow.workers.embedded import Embedded, embedded
 
 AT = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "locomo10.json"

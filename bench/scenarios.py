@@ -30,15 +30,15 @@ from typing import Any
 import orjson
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bench.ablation import ladder
-from bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
-from pipeline.models import Dir, MType, Role, Subject
-from shared.codec import json_object
-from shared.embedder import Embedder, build_embedder
-from shared.errors import DecodeError, MemflowError
-from shared.redis_server import start_redis
-from shared.settings import Settings
-from workers.embedded import Embedded, embedded
+from memflow.bench.ablation import ladder
+from memflow.bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
+from memflow.pipeline.models import Dir, MType, Role, Subject
+from memflow.shared.codec import json_object
+from memflow.shared.embedder import Embedder, build_embedder
+from memflow.shared.errors import DecodeError, MemflowError
+from memflow.shared.redis_server import start_redis
+from memflow.shared.settings import Settings
+from memflow.workers.embedded import Embedded, embedded
 
 log = logging.getLogger(__name__)
 

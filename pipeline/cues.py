@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.models import MType
+from memflow.pipeline.models import MType
 
 
 def _rx(*alternatives: str) -> re.Pattern[str]:

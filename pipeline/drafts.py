@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
-from pipeline.tagging import TAG_VERSION, place
-from pipeline.topics import normalize_key
+from memflow.pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
+from memflow.pipeline.tagging import TAG_VERSION, place
+from memflow.pipeline.topics import normalize_key
 
 # Confidence by source (docs/write-path.md#confidence-by-source): said outright ≥ 0.9; asked to be remembered,
 # corrected or written on purpose 0.95; one inference 0.4–0.6; a procedure that worked

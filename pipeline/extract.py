@@ -19,16 +19,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 
-from pipeline import cues
-from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
-from pipeline.gate import gate
-from pipeline.ids import is_keyed
-from pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
-from pipeline.records import behaviour, skill, task_record, turn_record
-from pipeline.statements import CJK, clean, split_sentences, strip_correction, strip_remember
-from pipeline.timeref import find_time, strip_time, temp_expiry
-from pipeline.topics import habit_key, key_basis, key_for, project_of, salient_words, topic_of
-from pipeline.triggers import Cues, read_cues
+from memflow.pipeline import cues
+from memflow.pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
+from memflow.pipeline.gate import gate
+from memflow.pipeline.ids import is_keyed
+from memflow.pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
+from memflow.pipeline.records import behaviour, skill, task_record, turn_record
+from memflow.pipeline.statements import CJK, clean, split_sentences, strip_correction, strip_remember
+from memflow.pipeline.timeref import find_time, strip_time, temp_expiry
+from memflow.pipeline.topics import habit_key, key_basis, key_for, project_of, salient_words, topic_of
+from memflow.pipeline.triggers import Cues, read_cues
 
 _PLACEHOLDER = re.compile(r"\[REDACTED:[a-z_]+\]")
 

@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 from functools import partial
 
-from pipeline.models import Role
+from memflow.pipeline.models import Role
 
 
 @dataclass(frozen=True)

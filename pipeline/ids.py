@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from pipeline.models import Candidate, Memory, MType, Source, Status, Tier
-from pipeline.topics import normalize_key
+from memflow.pipeline.models import Candidate, Memory, MType, Source, Status, Tier
+from memflow.pipeline.topics import normalize_key
 
 # Fixed for good: changing it would rename every memory in every store.
 NAMESPACE = uuid.UUID("6f1d3c2a-4b5e-5c8d-9e0f-a1b2c3d4e5f6")

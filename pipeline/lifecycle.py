@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipeline.drafts import REPEATED_CONFIDENCE
-from pipeline.extract import extract
-from pipeline.ids import is_keyed, memory_id
-from pipeline.models import (
+from memflow.pipeline.drafts import REPEATED_CONFIDENCE
+from memflow.pipeline.extract import extract
+from memflow.pipeline.ids import is_keyed, memory_id
+from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Candidate,
     Dir,
@@ -39,8 +39,8 @@ from pipeline.models import (
     TriggerReason,
     Turn,
 )
-from pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength, touched
-from pipeline.statements import coverage, normal
+from memflow.pipeline.score import COLLAPSE_COVERAGE, DEFAULT_TAU_HOURS, strength, touched
+from memflow.pipeline.statements import coverage, normal
 
 # Strength below which a memory is archived, per tier (docs/write-path.md#decay). A short-term
 # memory goes at 0.1 (a preference unused for ~7 months, session context after ~4.6 days);

@@ -25,15 +25,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline.cues import TOPICS
-from pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
-from pipeline.extract import gated, statement_key, statement_slot, timed
-from pipeline.gate import gate
-from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
-from pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
-from pipeline.statements import CJK, normal
-from pipeline.topics import TEMPORARY, normalize_key
-from pipeline.triggers import read_cues
+from memflow.pipeline.cues import TOPICS
+from memflow.pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
+from memflow.pipeline.extract import gated, statement_key, statement_slot, timed
+from memflow.pipeline.gate import gate
+from memflow.pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
+from memflow.pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
+from memflow.pipeline.statements import CJK, normal
+from memflow.pipeline.topics import TEMPORARY, normalize_key
+from memflow.pipeline.triggers import read_cues
 
 PromptKind = Literal["preferences", "decisions", "procedures", "context"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pipeline.models import Candidate, Memory
-from pipeline.prompting import DATA_RULES, Message, Refused, data_block, json_object, messages
+from memflow.pipeline.models import Candidate, Memory
+from memflow.pipeline.prompting import DATA_RULES, Message, Refused, data_block, json_object, messages
 
 Verdict = Literal["version_update", "complementary", "contradiction"]
 VERDICTS = frozenset(get_args(Verdict))

@@ -14,10 +14,10 @@ from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline.models import Dir, QueryPlan, Route, Strategy
-from pipeline.plan import INTENT_DIRS, Intent
-from pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
-from pipeline.statements import normal
+from memflow.pipeline.models import Dir, QueryPlan, Route, Strategy
+from memflow.pipeline.plan import INTENT_DIRS, Intent
+from memflow.pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
+from memflow.pipeline.statements import normal
 
 MAX_ROUTES = 3
 WEIGHT_RANGE = (0.1, 1.0)

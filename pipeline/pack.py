@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pipeline.models import Dir, Hit, MType, PackedPrompt
-from pipeline.topics import topic_base
+from memflow.pipeline.models import Dir, Hit, MType, PackedPrompt
+from memflow.pipeline.topics import topic_base
 
 MUST_CONFIDENCE = 0.9
 PREFERENCE_TYPES = (MType.preference, MType.temp_preference)

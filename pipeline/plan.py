@@ -17,10 +17,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline import cues
-from pipeline.models import Dir, MType, QueryPlan, Route
-from pipeline.statements import CJK, is_question
-from pipeline.topics import TEMPORARY, asked_topic_key
+from memflow.pipeline import cues
+from memflow.pipeline.models import Dir, MType, QueryPlan, Route
+from memflow.pipeline.statements import CJK, is_question
+from memflow.pipeline.topics import TEMPORARY, asked_topic_key
 
 Intent = Literal[
     "preference_update",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pipeline import cues
-from pipeline.drafts import (
+from memflow.pipeline import cues
+from memflow.pipeline.drafts import (
     INFERRED_CONFIDENCE,
     RECORD_CONFIDENCE,
     SKILL_CONFIDENCE,
@@ -19,10 +19,10 @@ from pipeline.drafts import (
     Draft,
     stamp,
 )
-from pipeline.ids import episode_key
-from pipeline.models import Candidate, ExtractTask, Memory, MType, PatchOp, Role, Source, Turn
-from pipeline.statements import CJK, clean, is_question
-from pipeline.topics import key_for, normalize_key
+from memflow.pipeline.ids import episode_key
+from memflow.pipeline.models import Candidate, ExtractTask, Memory, MType, PatchOp, Role, Source, Turn
+from memflow.pipeline.statements import CJK, clean, is_question
+from memflow.pipeline.topics import key_for, normalize_key
 
 # Follow-ups in one session before they count as a preference (docs/write-path.md#triggers).
 FOLLOWUPS_FOR_PREFERENCE = 2

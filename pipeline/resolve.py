@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pipeline.drafts import REPEATED_CONFIDENCE
-from pipeline.ids import is_keyed, new_memory, starting_tier
-from pipeline.lifecycle import retires_record, superseded, support
-from pipeline.llm_judge import Verdict
-from pipeline.models import (
+from memflow.pipeline.drafts import REPEATED_CONFIDENCE
+from memflow.pipeline.ids import is_keyed, new_memory, starting_tier
+from memflow.pipeline.lifecycle import retires_record, superseded, support
+from memflow.pipeline.llm_judge import Verdict
+from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Action,
     Candidate,
@@ -38,8 +38,8 @@ from pipeline.models import (
     WriteBatch,
     WriteOp,
 )
-from pipeline.statements import coverage, negations, normal, overlap
-from pipeline.topics import MAX_KEY_CHARS, normalize_key, salient_words
+from memflow.pipeline.statements import coverage, negations, normal, overlap
+from memflow.pipeline.topics import MAX_KEY_CHARS, normalize_key, salient_words
 
 # Used more than this many times: only an explicit correction replaces it (docs/write-path.md#stubbornness).
 PROTECTED_USES = 5

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from pipeline.models import Dir, Hit, Memory, MType, Period, QueryPlan, Route, Status, Tier
-from pipeline.statements import coverage
-from pipeline.topics import topic_base
+from memflow.pipeline.models import Dir, Hit, Memory, MType, Period, QueryPlan, Route, Status, Tier
+from memflow.pipeline.statements import coverage
+from memflow.pipeline.topics import topic_base
 
 # A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
 # original RRF paper. The store engines fuse their prefetches with the same constant.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.models import Dir, Memory, MType, Source
+from memflow.pipeline.models import Dir, Memory, MType, Source
 
 TAG_VERSION = 1
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pipeline.cues import TOPICS, Topic
-from pipeline.models import MType
+from memflow.pipeline.cues import TOPICS, Topic
+from memflow.pipeline.models import MType
 
 MAX_KEY_CHARS = 200
 # Enough words (numbers and ids included) that two different statements rarely share a

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline import cues
-from pipeline.models import MType
-from pipeline.statements import is_question, split_sentences
-from pipeline.topics import topic_of
+from memflow.pipeline import cues
+from memflow.pipeline.models import MType
+from memflow.pipeline.statements import is_question, split_sentences
+from memflow.pipeline.topics import topic_of
 
 SIGNALS = ("preference", "correction", "rule", "remember", "decision")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from pipeline.lifecycle import Step
-from pipeline.models import Change, CountOp, DeleteOp, Memory, Mutation, MutationOp, PatchOp, PutOp, WriteBatch
-from pipeline.resolve import apply_patch
+from memflow.pipeline.lifecycle import Step
+from memflow.pipeline.models import Change, CountOp, DeleteOp, Memory, Mutation, MutationOp, PatchOp, PutOp, WriteBatch
+from memflow.pipeline.resolve import apply_patch
 
 # What a change announces of a put: enough to follow the feed, not the whole payload.
 SUMMARY_FIELDS = ("status", "version", "key", "content", "tier")

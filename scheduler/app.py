@@ -18,12 +18,12 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from pipeline.models import Tier
-from scheduler.firings import Entry, enqueue_firing, last_fire_time
-from shared.connections import connect, require_url
-from shared.errors import MemflowError
-from shared.keys import Keys
-from shared.settings import Settings
+from memflow.pipeline.models import Tier
+from memflow.scheduler.firings import Entry, enqueue_firing, last_fire_time
+from memflow.shared.connections import connect, require_url
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import Keys
+from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

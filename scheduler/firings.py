@@ -19,12 +19,12 @@ from redis.exceptions import WatchError
 from rq import Queue
 from rq.job import Job
 
-from pipeline.models import Tier
+from memflow.pipeline.models import Tier
 
 log = logging.getLogger(__name__)
 
 # The job entry point, named by string: the scheduler never imports the workers (it only publishes).
-RUN_JOB = "workers.query.run_job"
+RUN_JOB = "memflow.workers.query.run_job"
 # A finished job's report (what it changed) stays readable this long; a failed one as long, for a look.
 RESULT_TTL_S = 7 * 24 * 3600
 # RQ job ids allow letters, digits, "_" and "-" only.

@@ -32,12 +32,12 @@ from typing import Any
 import redis
 from redis.exceptions import LockError
 
-from pipeline import writes
-from pipeline.models import Change, Memory, Mutation
-from shared.codec import encode
-from shared.errors import Permanent, StaleVersion
-from shared.keys import FIELD, Keys
-from shared.store import MemoryFilter, Store
+from memflow.pipeline import writes
+from memflow.pipeline.models import Change, Memory, Mutation
+from memflow.shared.codec import encode
+from memflow.shared.errors import Permanent, StaleVersion
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.store import MemoryFilter, Store
 
 log = logging.getLogger(__name__)
 

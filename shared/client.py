@@ -21,12 +21,12 @@ from rq import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
-from shared.codec import encode
-from shared.connections import connect, require_url
-from shared.errors import InvalidInput, RpcError
-from shared.keys import FIELD, STAGES, Keys
-from shared.rpc import (
+from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
+from memflow.shared.codec import encode
+from memflow.shared.connections import connect, require_url
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
     HISTORY,
@@ -43,8 +43,8 @@ from shared.rpc import (
     Req,
     Rpc,
 )
-from shared.settings import Settings, get_settings
-from shared.streams import backlog
+from memflow.shared.settings import Settings, get_settings
+from memflow.shared.streams import backlog
 
 
 class MemoryClient:

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from pipeline.models import SCHEMA_VERSION
-from shared.errors import DecodeError
+from memflow.pipeline.models import SCHEMA_VERSION
+from memflow.shared.errors import DecodeError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import redis
 
-from shared.errors import MemflowError
-from shared.settings import Settings
+from memflow.shared.errors import MemflowError
+from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from shared.codec import json_object
-from shared.errors import DecodeError, InvalidInput
-from shared.keys import FIELD, Keys
+from memflow.shared.codec import json_object
+from memflow.shared.errors import DecodeError, InvalidInput
+from memflow.shared.keys import FIELD, Keys
 
 # The one table both ways: "15m" → 900,000 ms, and 900,000 ms → "15m".
 UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}

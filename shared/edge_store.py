@@ -39,10 +39,10 @@ from typing import Any
 import orjson
 import qdrant_edge as qe
 
-from pipeline.models import Memory
-from shared import sparse
-from shared.errors import StoreUnavailable
-from shared.store import (
+from memflow.pipeline.models import Memory
+from memflow.shared import sparse
+from memflow.shared.errors import StoreUnavailable
+from memflow.shared.store import (
     DENSE,
     INDEXED_FIELDS,
     MAX_SUBJECTS,

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from shared.errors import EmbedderRejected, EmbedderUnavailable
-from shared.settings import Settings
+from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable
+from memflow.shared.settings import Settings
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

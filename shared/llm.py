@@ -27,12 +27,12 @@ from typing import Any, Generic, TypeVar
 import openai
 import redis
 
-from pipeline.gate import redact
-from pipeline.models import LLMTrace
-from pipeline.prompting import Message, Refused
-from shared.errors import MemflowError
-from shared.keys import Keys
-from shared.settings import Settings
+from memflow.pipeline.gate import redact
+from memflow.pipeline.models import LLMTrace
+from memflow.pipeline.prompting import Message, Refused
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import Keys
+from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 # Counters are kept this long (inspect sums the last 30 days).

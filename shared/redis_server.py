@@ -19,8 +19,8 @@ from pathlib import Path
 
 import redis
 
-from shared.connections import MIN_VERSION, SUPPORTED, ServerTooOld, parse_version
-from shared.errors import MemflowError
+from memflow.shared.connections import MIN_VERSION, SUPPORTED, ServerTooOld, parse_version
+from memflow.shared.errors import MemflowError
 
 log = logging.getLogger(__name__)
 

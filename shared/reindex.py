@@ -32,11 +32,11 @@ from typing import Literal, Protocol
 
 import orjson
 
-from pipeline.models import Memory
-from shared.applier import copy_fields, copy_points, drop_points
-from shared.errors import MemflowError
-from shared.sparse import indexed_text
-from shared.store import Catalog, Identity, Index, Progress, Store, index_name
+from memflow.pipeline.models import Memory
+from memflow.shared.applier import copy_fields, copy_points, drop_points
+from memflow.shared.errors import MemflowError
+from memflow.shared.sparse import indexed_text
+from memflow.shared.store import Catalog, Identity, Index, Progress, Store, index_name
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
-from pipeline.models import (
+from memflow.pipeline.models import (
     DEFAULT_MAX_TEXT_BYTES,
     Memory,
     MType,
@@ -34,10 +34,10 @@ from pipeline.models import (
     Wire,
     aware,
 )
-from shared.errors import InvalidInput
+from memflow.shared.errors import InvalidInput
 
 # The module RQ jobs of the query worker are named in: `workers.query.search`, `workers.query.run_job`...
-WORKERS_MODULE = "workers.query"
+WORKERS_MODULE = "memflow.workers.query"
 
 # A time on the wire, written back as the handler wrote it (`isoformat()`: "+00:00", not "Z").
 IsoTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat(), return_type=str, when_used="json")]

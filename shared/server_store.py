@@ -28,10 +28,10 @@ import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from pipeline.models import Memory
-from shared import sparse
-from shared.errors import IndexRetired, StoreUnavailable
-from shared.store import (
+from memflow.pipeline.models import Memory
+from memflow.shared import sparse
+from memflow.shared.errors import IndexRetired, StoreUnavailable
+from memflow.shared.store import (
     DENSE,
     INDEX_SEPARATOR,
     INDEXED_FIELDS,

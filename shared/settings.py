@@ -18,9 +18,9 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from pipeline.lifecycle import Policy
-from pipeline.plan import TOPIC_WEIGHT
-from pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
+from memflow.pipeline.lifecycle import Policy
+from memflow.pipeline.plan import TOPIC_WEIGHT
+from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
 
 # The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
 _LC = Lifecycle()

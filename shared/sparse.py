@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import qdrant_edge
 
-from pipeline.models import Memory
+from memflow.pipeline.models import Memory
 
 # BM25 length normalisation compares a document's token count to avg_len. The
 # default (256) is for web pages: against it every memory looks tiny and length

@@ -11,9 +11,9 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 
-from shared.dlq import server_now_ms
-from shared.keys import STAGES, Keys
-from shared.streams import backlog
+from memflow.shared.dlq import server_now_ms
+from memflow.shared.keys import STAGES, Keys
+from memflow.shared.streams import backlog
 
 WINDOW_MS = 60_000
 _COUNT_PAGE = 1_000

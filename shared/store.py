@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from pipeline.models import Dir, Memory, MType, Status
-from pipeline.score import RRF_K as RRF_K  # the adapters fuse with the read path's constant
-from shared.errors import ModelMismatch
+from memflow.pipeline.models import Dir, Memory, MType, Status
+from memflow.pipeline.score import RRF_K as RRF_K  # the adapters fuse with the read path's constant
+from memflow.shared.errors import ModelMismatch
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -304,10 +304,10 @@ def catalog_for(settings: Settings) -> Catalog:
     if settings.store.qdrant_url:
         from qdrant_client import QdrantClient
 
-        from shared.server_store import ServerCatalog
+        from memflow.shared.server_store import ServerCatalog
 
         key = settings.store.qdrant_api_key.get_secret_value() if settings.store.qdrant_api_key else None
         return ServerCatalog(QdrantClient(url=settings.store.qdrant_url, api_key=key), settings.store.collection)
-    from shared.edge_store import EdgeCatalog
+    from memflow.shared.edge_store import EdgeCatalog
 
     return EdgeCatalog(settings.store.data_dir / "qdrant", settings.store.collection)

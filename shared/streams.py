@@ -37,10 +37,10 @@ import orjson
 import redis
 from pydantic import BaseModel
 
-from shared.codec import decode, encode
-from shared.errors import DecodeError, Permanent, Retryable
-from shared.keys import FIELD, Keys
-from shared.settings import Settings
+from memflow.shared.codec import decode, encode
+from memflow.shared.errors import DecodeError, Permanent, Retryable
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

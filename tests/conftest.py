@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import redis
 
-from shared.client import MemoryClient
-from shared.connections import connect
-from shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
-from shared.keys import STAGES, Keys
-from shared.redis_server import RedisServer, find_binary, start_redis
-from shared.settings import Settings
+from memflow.shared.client import MemoryClient
+from memflow.shared.connections import connect
+from memflow.shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
+from memflow.shared.keys import STAGES, Keys
+from memflow.shared.redis_server import RedisServer, find_binary, start_redis
+from memflow.shared.settings import Settings
 
 
 def pytest_report_header() -> str:
@@ -88,9 +88,9 @@ class System:
 def start_system(settings: Settings, embedder: Embedder, stages: tuple[str, ...] = STAGES,
                  query: bool = True, store: Any = None) -> System:
     # Imported here so that the stream tests run without the whole worker stack.
-    from workers.query import build_worker
-    from workers.runtime import Context
-    from workers.system import start_consumers
+    from memflow.workers.query import build_worker
+    from memflow.workers.runtime import Context
+    from memflow.workers.system import start_consumers
 
     ctx = Context.from_settings(settings)
     ctx._embedder = embedder
@@ -127,8 +127,8 @@ def run_cli(system: System, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
     """`memflow ARGS` against this system (its Redis and prefix); the output, or an error if it failed."""
     from typer.testing import CliRunner
 
-    from shared.settings import get_settings
-    from workers.cli import app
+    from memflow.shared.settings import get_settings
+    from memflow.workers.cli import app
 
     monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis.url)
     monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.redis.stream_prefix)

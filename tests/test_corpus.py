@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.gate import gate, redact
-from pipeline.models import Role
-from shared.keys import FIELD
+from memflow.pipeline.gate import gate, redact
+from memflow.pipeline.models import Role
+from memflow.shared.keys import FIELD
 from tests.conftest import System
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -7,10 +7,10 @@ import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from shared.settings import Settings
-from shared.streams import backlog
+from memflow.shared.settings import Settings
+from memflow.shared.streams import backlog
+from memflow.workers.process import spawn_stage
 from tests.conftest import start_system, wait_for
-from workers.process import spawn_stage
 
 N = 200
 
@@ -55,7 +55,7 @@ def frozen_in_flight(system, procs) -> bool:
 def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(settings: Settings) -> None:
     """The process holding the Edge shard (resolve, upsert, query) dies mid-stream and
     comes back on the same shard: every statement ends up stored exactly once."""
-    from shared.client import MemoryClient
+    from memflow.shared.client import MemoryClient
 
     client = MemoryClient(settings.replace(rpc_timeout_s=60.0))
     procs = [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract"), spawn_stage(settings, "resolve", "upsert", "query")]

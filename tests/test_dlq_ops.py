@@ -11,11 +11,11 @@ import orjson
 import pytest
 import redis
 
-from pipeline.models import SCHEMA_VERSION
-from shared import dlq
-from shared.dlq import DeadLetter, Where
-from shared.errors import InvalidInput
-from shared.keys import FIELD, Keys
+from memflow.pipeline.models import SCHEMA_VERSION
+from memflow.shared import dlq
+from memflow.shared.dlq import DeadLetter, Where
+from memflow.shared.errors import InvalidInput
+from memflow.shared.keys import FIELD, Keys
 from tests.conftest import System, run_cli, wait_for
 
 SEC, MIN, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000

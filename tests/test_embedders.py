@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shared.embedder import (
+from memflow.shared.embedder import (
     E5Embedder,
     Embedder,
     OpenAIEmbedder,
@@ -33,10 +33,10 @@ from shared.embedder import (
     build_embedder,
     summed,
 )
-from shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
-from shared.settings import Settings
+from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
+from memflow.shared.settings import Settings
+from memflow.workers.resolve import passage_vectors
 from tests.conftest import start_system, wait_for
-from workers.resolve import passage_vectors
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 COFFEE, COFFEE_TOO, RAIN = "我喜欢喝咖啡", "我爱喝咖啡", "明天会下雨"

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench import scenarios
-from bench.expectations import QueryOutcome, Returned, Seen, metrics, percentile, rate, returned, score
-from bench.scenarios import (
+from memflow.bench import scenarios
+from memflow.bench.expectations import QueryOutcome, Returned, Seen, metrics, percentile, rate, returned, score
+from memflow.bench.scenarios import (
     ScenarioFileError,
     evaluate,
     parse_lines,
@@ -20,7 +20,7 @@ from bench.scenarios import (
     run_cli,
     unreached,
 )
-from pipeline.models import Hit, QueryPlan, Route, SearchResult
+from memflow.pipeline.models import Hit, QueryPlan, Route, SearchResult
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from pipeline.ids import episode_key, new_memory
-from pipeline.models import Candidate, Dir, MType, Source
-from shared.keys import FIELD
+from memflow.pipeline.ids import episode_key, new_memory
+from memflow.pipeline.models import Candidate, Dir, MType, Source
+from memflow.shared.keys import FIELD
 from tests.conftest import System, run_cli
 from tests.test_system import end, memories, say
 
@@ -175,7 +175,7 @@ def test_a_scheduled_firing_runs_in_the_query_worker_as_of_its_fire_time(system:
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
-    from scheduler.app import build_scheduler
+    from memflow.scheduler.app import build_scheduler
     from tests.conftest import wait_for
 
     say(system, "sam", "e1", "我正在写第三版方案，今天下午三点要开评审会。", at=T0)

@@ -40,7 +40,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pipeline.models import (
+from memflow.pipeline.models import (
     DEFAULT_MAX_TEXT_BYTES,
     EVENT_YEARS,
     SCHEMA_VERSION,
@@ -51,10 +51,10 @@ from pipeline.models import (
     Role,
     WriteBatch,
 )
-from shared.client import MemoryClient
-from shared.codec import decode
-from shared.errors import InvalidInput
-from shared.keys import FIELD, STAGES
+from memflow.shared.client import MemoryClient
+from memflow.shared.codec import decode
+from memflow.shared.errors import InvalidInput
+from memflow.shared.keys import FIELD, STAGES
 from tests.conftest import System, wait_for
 
 DEEP = bool(os.environ.get("HYPOTHESIS_DEEP"))

@@ -21,14 +21,14 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from bench.llm_echo import echo
-from bench.llm_stub import ScriptedLLM
-from pipeline.models import SearchResult
-from shared.embedder import Embedder
-from shared.errors import InvalidInput, RpcError
-from shared.keys import FIELD
-from shared.redis_server import RedisServer
-from shared.settings import Settings
+from memflow.bench.llm_echo import echo
+from memflow.bench.llm_stub import ScriptedLLM
+from memflow.pipeline.models import SearchResult
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.keys import FIELD
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings
 from tests.conftest import System, start_system, wait_for
 
 # The thousand probes take most of a minute on a quiet two-core machine; a loaded CI runner gets room.

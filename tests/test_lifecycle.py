@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.extract import extract
-from pipeline.ids import episode_id, episode_key, memory_id
-from pipeline.lifecycle import (
+from memflow.pipeline.extract import extract
+from memflow.pipeline.ids import episode_id, episode_key, memory_id
+from memflow.pipeline.lifecycle import (
     Policy,
     day_sessions,
     durable,
@@ -22,7 +22,7 @@ from pipeline.lifecycle import (
     plan_review,
     plan_rollback,
 )
-from pipeline.models import (
+from memflow.pipeline.models import (
     Action,
     Candidate,
     Dir,
@@ -37,7 +37,7 @@ from pipeline.models import (
     TriggerReason,
     Turn,
 )
-from pipeline.resolve import Neighbour, apply_patch, decide
+from memflow.pipeline.resolve import Neighbour, apply_patch, decide
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 POLICY = Policy()

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from bench.llm_echo import data_of, purpose
-from bench.llm_stub import Reply, ScriptedLLM
-from pipeline.models import Status
-from shared.embedder import Embedder
-from shared.keys import FIELD
-from shared.settings import Settings
+from memflow.bench.llm_echo import data_of, purpose
+from memflow.bench.llm_stub import Reply, ScriptedLLM
+from memflow.pipeline.models import Status
+from memflow.shared.embedder import Embedder
+from memflow.shared.keys import FIELD
+from memflow.shared.settings import Settings
 from tests.conftest import System, run_cli, start_system, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from bench.llm_stub import Reply, ScriptedLLM, estimate_tokens
+from memflow.bench.llm_stub import Reply, ScriptedLLM, estimate_tokens
 
 MESSAGES = [
     {"role": "system", "content": "extract memories\nReturn JSON."},

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.locomo import (
+from memflow.bench.locomo import (
     TURN_GAP,
     Asked,
     Bm25,
@@ -27,7 +27,7 @@ from bench.locomo import (
     run_cli,
     split_evidence,
 )
-from bench.recall import (
+from memflow.bench.recall import (
     Answered,
     Item,
     budget_recall,
@@ -38,7 +38,7 @@ from bench.recall import (
     summarise,
     within_budget,
 )
-from pipeline.models import ChatEvent
+from memflow.pipeline.models import ChatEvent
 
 SAMPLE = {
     "sample_id": "conv-test",
@@ -212,7 +212,7 @@ def test_the_report_shows_unbuilt_ablation_steps_and_the_reference() -> None:
 
 
 def test_the_ladder_adds_one_mechanism_per_step_and_shares_ingests() -> None:
-    from bench.ablation import BASE, ingest_key, ladder
+    from memflow.bench.ablation import BASE, ingest_key, ladder
 
     steps = ladder()
     first, last = steps[0][1], steps[-1][1]
@@ -224,7 +224,7 @@ def test_the_ladder_adds_one_mechanism_per_step_and_shares_ingests() -> None:
 
 
 def test_variants_name_known_settings_or_are_refused(tmp_path: Path) -> None:
-    from bench.locomo import read_variants
+    from memflow.bench.locomo import read_variants
 
     good = tmp_path / "good.json"
     good.write_bytes(orjson.dumps({"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}}))

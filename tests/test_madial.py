@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.madial import (
+from memflow.bench.madial import (
     ASKED_AFTER,
     Bm25,
     Dialogue,
@@ -25,7 +25,7 @@ from bench.madial import (
     terms,
     turn_text,
 )
-from bench.recall import Item
+from memflow.bench.recall import Item
 
 MEMORIES = {
     "zh": [
@@ -226,7 +226,7 @@ def test_unreadable_data_is_exit_code_2_with_one_line(tmp_path: Path, settings, 
 def test_the_command_is_registered_and_checks_its_language(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from workers.cli import app
+    from memflow.workers.cli import app
 
     assert CliRunner().invoke(app, ["bench", "madial", "--lang", "fr"]).exit_code == 2
     result = CliRunner().invoke(app, ["bench", "madial", "--data", str(tmp_path / "missing"), "--lang", "en"])

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from pipeline.extract import extract
-from pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
-from pipeline.tagging import TAG_VERSION, tag_dir
-from pipeline.triggers import realtime_signals
+from memflow.pipeline.extract import extract
+from memflow.pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
+from memflow.pipeline.tagging import TAG_VERSION, tag_dir
+from memflow.pipeline.triggers import realtime_signals
 
 TS = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday
 KEY = re.compile(r"^[a-z0-9._\-\u3400-\u4dbf\u4e00-\u9fff]{1,200}$")

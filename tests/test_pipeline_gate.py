@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.gate import gate, redact
-from pipeline.models import Role
+from memflow.pipeline.gate import gate, redact
+from memflow.pipeline.models import Role
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline import llm_extract, llm_judge, llm_plan
-from pipeline.extract import read
-from pipeline.models import (
+from memflow.pipeline import llm_extract, llm_judge, llm_plan
+from memflow.pipeline.extract import read
+from memflow.pipeline.models import (
     Action,
     Candidate,
     Dir,
@@ -23,10 +23,10 @@ from pipeline.models import (
     TriggerReason,
     Turn,
 )
-from pipeline.plan import plan
-from pipeline.prompting import Refused, data_block, json_object
-from pipeline.resolve import Neighbour, decide
-from pipeline.topics import key_for
+from memflow.pipeline.plan import plan
+from memflow.pipeline.prompting import Refused, data_block, json_object
+from memflow.pipeline.resolve import Neighbour, decide
+from memflow.pipeline.topics import key_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pipeline.models import Dir, Hit, MType, Status, Tier
-from pipeline.pack import pack
+from memflow.pipeline.models import Dir, Hit, MType, Status, Tier
+from memflow.pipeline.pack import pack
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 

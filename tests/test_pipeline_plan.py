@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.models import Dir, QueryPlan, Route, Strategy
-from pipeline.plan import INTENT_DIRS, Intent, is_ambiguous, is_transcript, named_entities, plan, recent_turns
+from memflow.pipeline.models import Dir, QueryPlan, Route, Strategy
+from memflow.pipeline.plan import INTENT_DIRS, Intent, is_ambiguous, is_transcript, named_entities, plan, recent_turns
 
 DEV_SCENARIOS = Path("/work/shared/eval/dev-scenarios.jsonl")
 STRATEGIES = set(typing.get_args(Strategy))

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.extract import extract, statement_slot
-from pipeline.ids import episode_id, event_memory_id, is_keyed, memory_id, new_memory
-from pipeline.models import (
+from memflow.pipeline.extract import extract, statement_slot
+from memflow.pipeline.ids import episode_id, event_memory_id, is_keyed, memory_id, new_memory
+from memflow.pipeline.models import (
     Action,
     Candidate,
     Dir,
@@ -25,7 +25,7 @@ from pipeline.models import (
     Turn,
     WriteBatch,
 )
-from pipeline.resolve import Neighbour, apply_patch, decide, record_sources
+from memflow.pipeline.resolve import Neighbour, apply_patch, decide, record_sources
 
 T0 = datetime(2026, 1, 3, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(days=30)
@@ -423,7 +423,7 @@ def test_only_a_supersession_retires_records_and_only_wholly_its_own() -> None:
 
 
 def test_one_statement_per_key_is_decided_per_batch_the_earliest_first() -> None:
-    from pipeline.resolve import first_per_key
+    from memflow.pipeline.resolve import first_per_key
 
     base = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from pipeline.models import Dir, Memory, MType, Period, QueryPlan, Route, Source, Tier
-from pipeline.score import (
+from memflow.pipeline.models import Dir, Memory, MType, Period, QueryPlan, Route, Source, Tier
+from memflow.pipeline.score import (
     Found,
     Lifecycle,
     collapse_records,

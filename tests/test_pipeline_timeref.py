@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from pipeline.models import Candidate, Dir, MType, TriggerReason
-from pipeline.timeref import asked_period
+from memflow.pipeline.models import Candidate, Dir, MType, TriggerReason
+from memflow.pipeline.timeref import asked_period
 from tests.test_pipeline_extract import run, statements, turn
 
 TS = datetime(2026, 3, 4, 9, 0, tzinfo=UTC)  # a Wednesday

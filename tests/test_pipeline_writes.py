@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from pipeline import writes
-from pipeline.ids import new_memory
-from pipeline.models import Action, Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, WriteBatch
+from memflow.pipeline import writes
+from memflow.pipeline.ids import new_memory
+from memflow.pipeline.models import Action, Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, WriteBatch
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 

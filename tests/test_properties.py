@@ -20,12 +20,12 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline import writes
-from pipeline.ids import new_memory
-from pipeline.lifecycle import Policy, plan_accept, plan_decay, plan_reject, plan_rollback
-from pipeline.models import Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, Tier
-from pipeline.resolve import Neighbour, apply_patch, decide
-from workers.jobs import JOBS, Plan
+from memflow.pipeline import writes
+from memflow.pipeline.ids import new_memory
+from memflow.pipeline.lifecycle import Policy, plan_accept, plan_decay, plan_reject, plan_rollback
+from memflow.pipeline.models import Candidate, Dir, Memory, MType, PatchOp, PutOp, Source, Status, Tier
+from memflow.pipeline.resolve import Neighbour, apply_patch, decide
+from memflow.workers.jobs import JOBS, Plan
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = Policy()

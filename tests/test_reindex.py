@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from qdrant_client import QdrantClient
 
-from pipeline.models import Action, Candidate, Dir, Memory, MType, PutOp, Source, Status, WriteBatch
-from shared.edge_store import EdgeCatalog, EdgeStore
-from shared.embedder import Embedder
-from shared.errors import IndexRetired, MemflowError, ModelMismatch, Retryable
-from shared.reindex import Step, reindex
-from shared.server_store import DIM_KEY, MODEL_KEY, ServerCatalog, ServerStore
-from shared.settings import Settings, get_settings
-from shared.store import Catalog, Identity, MemoryFilter, Store, index_name, open_current
+from memflow.pipeline.models import Action, Candidate, Dir, Memory, MType, PutOp, Source, Status, WriteBatch
+from memflow.shared.edge_store import EdgeCatalog, EdgeStore
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import IndexRetired, MemflowError, ModelMismatch, Retryable
+from memflow.shared.reindex import Step, reindex
+from memflow.shared.server_store import DIM_KEY, MODEL_KEY, ServerCatalog, ServerStore
+from memflow.shared.settings import Settings, get_settings
+from memflow.shared.store import Catalog, Identity, MemoryFilter, Store, index_name, open_current
 from tests.conftest import wait_for
 from tests.hash_model import HashModel, other_hash
 from tests.test_store import T0, memory
@@ -319,8 +319,8 @@ def test_reindex_to_the_current_model_does_nothing_and_drops_leftovers(engine: E
 
 
 def test_a_write_batch_embedded_by_another_model_is_decided_again(settings: Settings) -> None:
-    from workers import upsert
-    from workers.runtime import Context
+    from memflow.workers import upsert
+    from memflow.workers.runtime import Context
 
     ctx = Context.from_settings(settings)
     ctx._embedder = HashModel()  # type: ignore[assignment]
@@ -340,8 +340,8 @@ CHILD = """
 import json, sys
 from dataclasses import asdict
 from pathlib import Path
-from shared.edge_store import EdgeCatalog
-from shared.reindex import reindex
+from memflow.shared.edge_store import EdgeCatalog
+from memflow.shared.reindex import reindex
 from tests.hash_model import other_hash
 print(json.dumps(asdict(reindex(EdgeCatalog(Path(sys.argv[1]), "memflow"), other_hash(), batch=4))))
 """
@@ -383,7 +383,7 @@ def _copied(progress: Path) -> int:
 @pytest.fixture
 def cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> Iterator[Path]:
     """`memflow reindex` on an Edge shard in tmp_path, with the session's MiniLM (loaded once per run)."""
-    from workers import cli
+    from memflow.workers import cli
 
     monkeypatch.setenv("MEMFLOW_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("MEMFLOW_QDRANT_URL", raising=False)
@@ -396,7 +396,7 @@ def cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Embe
 def test_memflow_reindex_shows_progress_then_a_summary(cli_settings: Path) -> None:
     from typer.testing import CliRunner
 
-    from workers.cli import app
+    from memflow.workers.cli import app
 
     catalog = EdgeCatalog(cli_settings / "qdrant", COLLECTION)
     fill(open_current(catalog, identity(HashModel())), HashModel(), 20)
@@ -413,8 +413,8 @@ def test_memflow_reindex_shows_progress_then_a_summary(cli_settings: Path) -> No
 def test_memflow_reindex_refuses_to_run_beside_memflow_up(cli_settings: Path) -> None:
     from typer.testing import CliRunner
 
-    from shared.connections import announce
-    from workers.cli import app
+    from memflow.shared.connections import announce
+    from memflow.workers.cli import app
 
     announce(cli_settings, "redis://127.0.0.1:1")  # this process stands in for a running `memflow up`
     refused = CliRunner().invoke(app, ["reindex"])

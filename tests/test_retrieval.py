@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from shared.keys import FIELD
+from memflow.shared.keys import FIELD
 from tests.conftest import System
 from tests.test_system import end, memories, say
 
@@ -102,8 +102,8 @@ def test_chinese_is_found_by_meaning_and_a_dialogue_by_what_was_just_said(paired
 
 
 def test_a_dialogue_leans_on_meaning_and_a_request_on_its_words() -> None:
-    from shared.settings import Settings
-    from workers.query import dense_weight_for
+    from memflow.shared.settings import Settings
+    from memflow.workers.query import dense_weight_for
 
     settings = Settings(dense_weight=0.4, dialogue_dense_weight=1.6)
     assert dense_weight_for(settings, "Who do I report to?") == 0.4
@@ -136,9 +136,9 @@ def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System
 
 
 def test_a_request_names_a_period_and_a_dialogue_does_not() -> None:
-    from pipeline.score import flat_plan
-    from shared.settings import Settings
-    from workers.query import dated
+    from memflow.pipeline.score import flat_plan
+    from memflow.shared.settings import Settings
+    from memflow.workers.query import dated
 
     now = datetime(2026, 6, 1, tzinfo=UTC)
     request = "What did I find last summer, in 2025?"

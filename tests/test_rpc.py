@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipeline.models import Tier
-from shared.embedder import Embedder
-from shared.errors import InvalidInput, RpcError
-from shared.rpc import INSPECT, RPCS, RUN_JOB, WORKERS_MODULE, InspectReport, RunJobRequest, request_of
-from shared.settings import Settings
+from memflow.pipeline.models import Tier
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.rpc import INSPECT, RPCS, RUN_JOB, WORKERS_MODULE, InspectReport, RunJobRequest, request_of
+from memflow.shared.settings import Settings
 from tests.conftest import System, run_cli, start_system
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -28,7 +28,7 @@ def remember(system: System, subject: str, text: str) -> None:
 
 
 def test_every_call_of_the_table_has_one_handler_of_its_types() -> None:
-    from workers.query import HANDLERS
+    from memflow.workers.query import HANDLERS
 
     assert set(HANDLERS) == set(RPCS)
     assert all(HANDLERS[name].rpc is rpc for name, rpc in RPCS.items())
@@ -38,7 +38,7 @@ def test_every_call_of_the_table_has_one_handler_of_its_types() -> None:
 def test_a_scheduled_firing_is_a_run_job_request() -> None:
     """The scheduler names the job and its fields positionally (scheduler/firings.py); the worker reads them
     as the same request the client sends by name."""
-    from scheduler.firings import RUN_JOB as SCHEDULED
+    from memflow.scheduler.firings import RUN_JOB as SCHEDULED
 
     assert RUN_JOB.job_name == SCHEDULED
     fired = request_of(RUN_JOB, ["decay", None, T0.isoformat(), False], {"tier": "short_term"})

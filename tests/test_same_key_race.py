@@ -19,16 +19,27 @@ from typing import Any, TypeVar
 import redis
 from redis.client import Pipeline
 
-from pipeline.models import Candidate, Change, ChatEvent, ExtractTask, Kind, MType, Role, Status, Wire, WriteBatch
-from shared.codec import decode, encode
-from shared.connections import connect
-from shared.embedder import Embedder
-from shared.keys import FIELD, STAGES, Keys
-from shared.settings import Settings
-from shared.store import MemoryFilter
-from shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, per_item
-from workers import extract, resolve, trigger, upsert
-from workers.runtime import Context
+from memflow.pipeline.models import (
+    Candidate,
+    Change,
+    ChatEvent,
+    ExtractTask,
+    Kind,
+    MType,
+    Role,
+    Status,
+    Wire,
+    WriteBatch,
+)
+from memflow.shared.codec import decode, encode
+from memflow.shared.connections import connect
+from memflow.shared.embedder import Embedder
+from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from memflow.shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, per_item
+from memflow.workers import extract, resolve, trigger, upsert
+from memflow.workers.runtime import Context
 
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 LATER = T0 + timedelta(days=20)

@@ -20,13 +20,13 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from pipeline.models import Tier
-from scheduler.app import SCHEDULE, build_scheduler, fire, next_fire_times
-from scheduler.firings import RESULT_TTL_S, RUN_JOB, Entry, enqueue_firing, firing_id, last_fire_time
-from shared.connections import connect
-from shared.errors import MemflowError
-from shared.keys import Keys
-from shared.settings import Settings, to_env
+from memflow.pipeline.models import Tier
+from memflow.scheduler.app import SCHEDULE, build_scheduler, fire, next_fire_times
+from memflow.scheduler.firings import RESULT_TTL_S, RUN_JOB, Entry, enqueue_firing, firing_id, last_fire_time
+from memflow.shared.connections import connect
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import Keys
+from memflow.shared.settings import Settings, to_env
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 DECAY_SHORT = SCHEDULE[0]
@@ -97,7 +97,7 @@ def test_a_firing_enqueues_one_run_job(settings: Settings, job_id: str, now: dat
     assert enqueued is not None and job.id == enqueued.id
     name = job_id.split(":")[0]
     assert job.id == firing_id(settings.redis.stream_prefix, name, Tier(tier) if tier else None, fired)
-    assert job.func_name == RUN_JOB == "workers.query.run_job"
+    assert job.func_name == RUN_JOB == "memflow.workers.query.run_job"
     assert list(job.args) == [name, None, fired.isoformat(), False]  # the fire time is the job's `now`
     assert job.kwargs == {"tier": tier}
     assert (job.timeout, job.result_ttl, job.failure_ttl) == (settings.scheduler.job_timeout_s, RESULT_TTL_S,
@@ -206,7 +206,7 @@ def test_the_background_scheduler_of_memflow_up_starts_and_stops(shanghai: Setti
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_memflow_scheduler_prints_its_schedule_and_stops_on_a_signal(shanghai: Settings, stop: int) -> None:
     env = dict(os.environ) | to_env(shanghai) | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "scheduler"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "scheduler"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline() for _ in range(5)]  # type: ignore[union-attr]

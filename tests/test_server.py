@@ -17,10 +17,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shared.client import MemoryClient
-from shared.connections import RUNNING_FILE, ServerTooOld, connect
-from shared.redis_server import RedisServer, find_binary
-from shared.settings import Settings
+from memflow.shared.client import MemoryClient
+from memflow.shared.connections import RUNNING_FILE, ServerTooOld, connect
+from memflow.shared.redis_server import RedisServer, find_binary
+from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def memflow(cwd: Path, *args: str, **kwargs: object) -> subprocess.Popen[str]:
     env |= {"PYTHONPATH": str(REPO), "MEMFLOW_LOG_LEVEL": "WARNING"}
     if "MEMFLOW_REDIS_SERVER" in os.environ:  # the suite's chosen server (a second CI pass)
         env["MEMFLOW_REDIS_SERVER"] = os.environ["MEMFLOW_REDIS_SERVER"]
-    return subprocess.Popen([sys.executable, "-m", "workers.cli", *args], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
 
 

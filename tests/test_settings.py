@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from pipeline.lifecycle import Policy
-from pipeline.score import Lifecycle
-from shared.settings import Settings, to_env
-from shared.streams import ConsumerConfig
+from memflow.pipeline.lifecycle import Policy
+from memflow.pipeline.score import Lifecycle
+from memflow.shared.settings import Settings, to_env
+from memflow.shared.streams import ConsumerConfig
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,11 +10,11 @@ import orjson
 import pytest
 import redis
 
-from shared.client import MemoryClient
-from shared.embedder import Embedder
-from shared.keys import FIELD, STAGES, Keys
-from shared.settings import Settings
-from shared.status import PipelineStatus, StageStatus, read_status, sampled_rates
+from memflow.shared.client import MemoryClient
+from memflow.shared.embedder import Embedder
+from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.settings import Settings
+from memflow.shared.status import PipelineStatus, StageStatus, read_status, sampled_rates
 from tests.conftest import run_cli, start_system, wait_for
 
 

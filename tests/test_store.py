@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from qdrant_client import QdrantClient
 
-from pipeline.models import Dir, Memory, MType, Source, Status, Tier
-from shared.edge_store import EdgeStore
-from shared.errors import StoreUnavailable
-from shared.server_store import ServerStore
-from shared.settings import Settings
-from shared.store import RRF_K, Identity, MemoryFilter, Store, open_store
+from memflow.pipeline.models import Dir, Memory, MType, Source, Status, Tier
+from memflow.shared.edge_store import EdgeStore
+from memflow.shared.errors import StoreUnavailable
+from memflow.shared.server_store import ServerStore
+from memflow.shared.settings import Settings
+from memflow.shared.store import RRF_K, Identity, MemoryFilter, Store, open_store
 
 DIM = 8
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -278,8 +278,8 @@ def test_open_store_without_a_url_is_an_edge_shard(tmp_path: Path) -> None:
 def test_resolve_sees_every_version_of_a_key_beyond_the_top_k(store: Store) -> None:
     """With more versions of a key than a top-k query returns, the live one and the highest version
     are still among the neighbours (the kill storm's 600 updates of one key found two active memories)."""
-    from pipeline.models import Candidate
-    from workers.resolve import NEIGHBOURS, find_neighbours
+    from memflow.pipeline.models import Candidate
+    from memflow.workers.resolve import NEIGHBOURS, find_neighbours
 
     n = NEIGHBOURS + 5
     versions = [memory(content=f"locker is {v}", key="fact.locker", mtype=MType.fact, version=v,

@@ -10,12 +10,12 @@ from collections.abc import Iterator, Sequence
 import pytest
 import redis
 
-from pipeline.models import Wire
-from shared import dlq
-from shared.codec import encode
-from shared.errors import Permanent
-from shared.keys import FIELD, Keys
-from shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, backoff_s, per_item
+from memflow.pipeline.models import Wire
+from memflow.shared import dlq
+from memflow.shared.codec import encode
+from memflow.shared.errors import Permanent
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, backoff_s, per_item
 from tests.conftest import wait_for
 
 
@@ -177,7 +177,7 @@ def test_backoff_is_bounded_and_grows() -> None:
 
 
 def test_an_outage_is_waited_out_without_spending_the_delivery_budget(client, keys, running) -> None:
-    from shared.errors import StoreUnavailable
+    from memflow.shared.errors import StoreUnavailable
 
     calls: Counter[int] = Counter()
 
@@ -223,7 +223,7 @@ def test_a_bug_escaping_a_step_is_logged_and_the_stage_lives_on(client, keys, ru
 def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, keys, running) -> None:
     """Risk 6: an entry retried in place through an outage must not be reclaimed by another
     consumer of the group after reclaim_idle_ms, nor spend its delivery budget."""
-    from shared.errors import StoreUnavailable
+    from memflow.shared.errors import StoreUnavailable
 
     outage = threading.Event()
     outage.set()

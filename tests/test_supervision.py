@@ -12,14 +12,14 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from shared.connections import stage_socket_timeout_s
-from shared.embedder import Embedder
-from shared.settings import Settings
-from shared.streams import StreamConsumer
+from memflow.shared.connections import stage_socket_timeout_s
+from memflow.shared.embedder import Embedder
+from memflow.shared.settings import Settings
+from memflow.shared.streams import StreamConsumer
+from memflow.workers.embedded import embedded
+from memflow.workers.runtime import Context
+from memflow.workers.system import QUERY, Part, PartDied, RestartPolicy, Runner, run
 from tests.conftest import System, wait_for
-from workers.embedded import embedded
-from workers.runtime import Context
-from workers.system import QUERY, Part, PartDied, RestartPolicy, Runner, run
 
 QUICK = RestartPolicy(max_restarts=2, stable_s=60.0, base_s=0.01, max_s=0.05)
 
@@ -156,7 +156,7 @@ def silent_url() -> Iterator[str]:
 def test_a_stage_connection_to_a_silent_server_raises_instead_of_blocking(
         settings: Settings, silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Risk 7: with no socket timeout, a blocking read on a connection nobody answers waits forever."""
-    monkeypatch.setattr("shared.connections.READ_MARGIN_S", 0.2, raising=False)
+    monkeypatch.setattr("memflow.shared.connections.READ_MARGIN_S", 0.2, raising=False)
     silent = settings.replace(redis_url=silent_url)
     raised: list[BaseException] = []
 

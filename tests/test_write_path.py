@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
-from pipeline.ids import new_memory
-from pipeline.lifecycle import Step
-from pipeline.models import (
+from memflow.pipeline.ids import new_memory
+from memflow.pipeline.lifecycle import Step
+from memflow.pipeline.models import (
     Action,
     Candidate,
     Change,
@@ -34,15 +34,15 @@ from pipeline.models import (
     Status,
     WriteBatch,
 )
-from shared.codec import decode
-from shared.embedder import Embedder
-from shared.errors import StoreUnavailable
-from shared.keys import FIELD
-from shared.settings import Settings
-from shared.store import MemoryFilter, Store
+from memflow.shared.codec import decode
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import StoreUnavailable
+from memflow.shared.keys import FIELD
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter, Store
+from memflow.workers import ops, upsert
+from memflow.workers.runtime import Context
 from tests.conftest import System, wait_for
-from workers import ops, upsert
-from workers.runtime import Context
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 

@@ -20,20 +20,20 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from pydantic import BaseModel
 
-from scheduler.app import build_scheduler, next_fire_times
-from shared import dlq as dead
-from shared import rpc
-from shared.client import MemoryClient
-from shared.connections import connect, require_url, running
-from shared.embedder import Embedder, build_embedder
-from shared.errors import InvalidInput, MemflowError
-from shared.keys import FIELD, STAGES, Keys
-from shared.reindex import DEFAULT_BATCH, Report, Step, reindex
-from shared.rpc import Rep
-from shared.settings import Settings, get_settings
-from shared.status import PipelineStatus, read_status
-from shared.store import Catalog, catalog_for
-from workers.process import QUERY, own_redis, run_stages, temporary_data_dir
+from memflow.scheduler.app import build_scheduler, next_fire_times
+from memflow.shared import dlq as dead
+from memflow.shared import rpc
+from memflow.shared.client import MemoryClient
+from memflow.shared.connections import connect, require_url, running
+from memflow.shared.embedder import Embedder, build_embedder
+from memflow.shared.errors import InvalidInput, MemflowError
+from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.reindex import DEFAULT_BATCH, Report, Step, reindex
+from memflow.shared.rpc import Rep
+from memflow.shared.settings import Settings, get_settings
+from memflow.shared.status import PipelineStatus, read_status
+from memflow.shared.store import Catalog, catalog_for
+from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -579,7 +579,7 @@ def _print_trace(raw: bytes, as_json: bool) -> None:
 def eval_scenarios(path: Path, as_json: JsonFlag = False,
                    ablation: Annotated[bool, typer.Option(help="Run the ablation ladder.")] = False) -> None:
     """Replay behaviour scenarios (JSON Lines) against a fresh namespace and score them."""
-    from bench.scenarios import run_cli
+    from memflow.bench.scenarios import run_cli
 
     raise typer.Exit(run_cli(path, as_json=as_json, ablation=ablation, settings=_settings("WARNING")))
 
@@ -598,7 +598,7 @@ def bench_locomo(data: Annotated[Path, typer.Option(help="locomo10.json")] = Pat
                      help="Run the LLM path against the scripted server (bench/llm_echo.py) and report its cost.")]
                  = False) -> None:
     """LoCoMo evidence recall@k for memflow and two baselines, side by side."""
-    from bench.locomo import run_cli
+    from memflow.bench.locomo import run_cli
 
     raise typer.Exit(run_cli(data, conversations=conversations, as_json=as_json, ablation=ablation,
                              settings=_settings("WARNING"), variants=variants, jobs=jobs, llm_stub=llm_stub))
@@ -616,7 +616,7 @@ def bench_madial(data: Annotated[Path, typer.Option(help="The folder of the MADi
                  lang: Annotated[str, typer.Option(help="zh, en or both.", callback=_madial_langs)] = "both",
                  as_json: JsonFlag = False) -> None:
     """MADial-Bench memory retrieval (R@1/3/5/10, MRR@10) for memflow, BM25 and dense, side by side."""
-    from bench.madial import LANGS, run_cli
+    from memflow.bench.madial import LANGS, run_cli
 
     langs = LANGS if lang == "both" else (lang,)
     raise typer.Exit(run_cli(data, langs=langs, as_json=as_json, settings=_settings("WARNING")))
@@ -625,7 +625,7 @@ def bench_madial(data: Annotated[Path, typer.Option(help="The folder of the MADi
 @bench_app.command("load")
 def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = False) -> None:
     """A burst from concurrent publishers: accepted and sustained rates, peak lag, drain time, RSS, losses."""
-    from bench.load import run_cli
+    from memflow.bench.load import run_cli
 
     raise typer.Exit(run_cli(events=events, publishers=publishers, as_json=as_json, settings=_settings("WARNING")))
 
@@ -635,7 +635,7 @@ def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publish
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",
                as_json: JsonFlag = False) -> None:
     """Ingest, search, publish and publish→searchable, each next to its physical limit."""
-    from bench.perf import run_cli
+    from memflow.bench.perf import run_cli
 
     raise typer.Exit(run_cli(events=events, queries=queries, probes=probes, publishes=publishes,
                              sizes=[int(s) for s in sizes.split(",") if s], as_json=as_json,
@@ -658,7 +658,7 @@ DEMO_QUERIES = ["how should answers be formatted?", "which database does Atlas u
 @app.command()
 def demo() -> None:
     """Start everything in a temporary directory, hold a short conversation, show what was remembered."""
-    from workers.embedded import embedded
+    from memflow.workers.embedded import embedded
 
     with temporary_data_dir(_settings("WARNING")) as tmp_settings, embedded(tmp_settings) as system:
         _demo_conversation(system.client)

@@ -15,12 +15,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from shared.client import MemoryClient
-from shared.embedder import Embedder
-from shared.settings import Settings
-from workers.process import ChildProcess, own_redis
-from workers.runtime import LIGHT_STAGES, STORE_STAGES, Context
-from workers.system import QUERY, Runner, stage_parts
+from memflow.shared.client import MemoryClient
+from memflow.shared.embedder import Embedder
+from memflow.shared.settings import Settings
+from memflow.workers.process import ChildProcess, own_redis
+from memflow.workers.runtime import LIGHT_STAGES, STORE_STAGES, Context
+from memflow.workers.system import QUERY, Runner, stage_parts
 
 
 @dataclass

@@ -12,14 +12,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from pipeline import llm_extract
-from pipeline.extract import assemble, read
-from pipeline.llm_extract import Batch
-from pipeline.models import Candidate, ExtractTask
-from pipeline.prompting import Refused
-from shared.llm import LLM, Asked, Reading
-from shared.streams import Emit, StreamConsumer, per_item
-from workers.runtime import Context
+from memflow.pipeline import llm_extract
+from memflow.pipeline.extract import assemble, read
+from memflow.pipeline.llm_extract import Batch
+from memflow.pipeline.models import Candidate, ExtractTask
+from memflow.pipeline.prompting import Refused
+from memflow.shared.llm import LLM, Asked, Reading
+from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.workers.runtime import Context
 
 
 def build(ctx: Context) -> StreamConsumer[ExtractTask]:

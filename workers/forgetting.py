@@ -19,13 +19,13 @@ from typing import Any
 
 import orjson
 
-from pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
-from pipeline.records import unsaid
-from pipeline.writes import mutation
-from shared.errors import MemflowError
-from shared.keys import STAGES
-from shared.store import MemoryFilter
-from workers.runtime import Context
+from memflow.pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
+from memflow.pipeline.records import unsaid
+from memflow.pipeline.writes import mutation
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import STAGES
+from memflow.shared.store import MemoryFilter
+from memflow.workers.runtime import Context
 
 PAGE = 1000
 # The action of a deletion's announcement on `changes`: it names the memory, never its words, and is

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
-from pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
-from pipeline.tagging import TAG_VERSION, retag
-from pipeline.writes import mutation, patches
-from shared.codec import encode
-from shared.errors import MemflowError
-from shared.keys import FIELD
-from shared.store import MemoryFilter
-from workers.runtime import Context, fields_of
+from memflow.pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
+from memflow.pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
+from memflow.pipeline.tagging import TAG_VERSION, retag
+from memflow.pipeline.writes import mutation, patches
+from memflow.shared.codec import encode
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import FIELD
+from memflow.shared.store import MemoryFilter
+from memflow.workers.runtime import Context, fields_of
 
 
 @dataclass

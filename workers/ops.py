@@ -11,14 +11,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipeline.ids import is_keyed
-from pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
-from pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
-from pipeline.score import strength
-from pipeline.writes import mutation, patches
-from shared.errors import MemflowError
-from shared.store import MemoryFilter
-from workers.runtime import Context
+from memflow.pipeline.ids import is_keyed
+from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
+from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
+from memflow.pipeline.score import strength
+from memflow.pipeline.writes import mutation, patches
+from memflow.shared.errors import MemflowError
+from memflow.shared.store import MemoryFilter
+from memflow.workers.runtime import Context
 
 REVIEWABLE = (Status.pending_review, Status.contested)
 # Utilisation counters are kept per day this long (the report looks back 30 days).

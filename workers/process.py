@@ -19,12 +19,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.connections import announce, running
-from shared.errors import MemflowError
-from shared.redis_server import start_redis
-from shared.settings import Settings, to_env
-from workers.runtime import STORE_STAGES, Context
-from workers.system import QUERY, Part, run
+from memflow.shared.connections import announce, running
+from memflow.shared.errors import MemflowError
+from memflow.shared.redis_server import start_redis
+from memflow.shared.settings import Settings, to_env
+from memflow.workers.runtime import STORE_STAGES, Context
+from memflow.workers.system import QUERY, Part, run
 
 __all__ = ["QUERY", "ChildProcess", "own_redis", "run_stages", "spawn_stage", "stop_children", "temporary_data_dir"]
 
@@ -95,7 +95,7 @@ def spawn_stage(settings: Settings, *stages: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ) | to_env(settings)
     # A child logs as quietly as its parent does (the demo keeps the terminal clean).
     env["MEMFLOW_LOG_LEVEL"] = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    return subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", *stages], env=env)
+    return subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "worker", *stages], env=env)
 
 
 def stop_children(children: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -24,9 +24,9 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
-from pipeline import llm_plan
-from pipeline.gate import redact
-from pipeline.models import (
+from memflow.pipeline import llm_plan
+from memflow.pipeline.gate import redact
+from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
     Memory,
@@ -38,10 +38,10 @@ from pipeline.models import (
     SearchResult,
     Trace,
 )
-from pipeline.pack import pack as build_prompt
-from pipeline.plan import is_ambiguous, is_transcript, recent_turns
-from pipeline.plan import plan as make_plan
-from pipeline.score import (
+from memflow.pipeline.pack import pack as build_prompt
+from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
+from memflow.pipeline.plan import plan as make_plan
+from memflow.pipeline.score import (
     Found,
     Scored,
     confirmed_scopes,
@@ -54,14 +54,14 @@ from pipeline.score import (
     reweight,
     unscoped,
 )
-from pipeline.timeref import asked_period
-from shared.codec import decode, encode
-from shared.embedder import summed
-from shared.errors import MemflowError, StoreUnavailable
-from shared.keys import STAGES
-from shared.llm import Reading
-from shared.llm import usage as llm_usage
-from shared.rpc import (
+from memflow.pipeline.timeref import asked_period
+from memflow.shared.codec import decode, encode
+from memflow.shared.embedder import summed
+from memflow.shared.errors import MemflowError, StoreUnavailable
+from memflow.shared.keys import STAGES
+from memflow.shared.llm import Reading
+from memflow.shared.llm import usage as llm_usage
+from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
     HISTORY,
@@ -98,11 +98,11 @@ from shared.rpc import (
     VerifyRequest,
     request_of,
 )
-from shared.settings import Settings
-from shared.store import MemoryFilter, SearchMode
-from shared.streams import backlog
-from workers import forgetting, jobs, ops
-from workers.runtime import Context
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter, SearchMode
+from memflow.shared.streams import backlog
+from memflow.workers import forgetting, jobs, ops
+from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
 

@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from pipeline import llm_judge
-from pipeline.ids import episode_id, is_keyed
-from pipeline.llm_judge import Verdict
-from pipeline.models import Candidate, Memory, Status
-from pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
-from shared.embedder import Embedder
-from shared.errors import EmbedderRejected
-from shared.llm import Reading
-from shared.store import MemoryFilter, Store
-from shared.streams import Emit, Outcome, StreamConsumer
-from workers import forgetting
-from workers.runtime import Context
+from memflow.pipeline import llm_judge
+from memflow.pipeline.ids import episode_id, is_keyed
+from memflow.pipeline.llm_judge import Verdict
+from memflow.pipeline.models import Candidate, Memory, Status
+from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import EmbedderRejected
+from memflow.shared.llm import Reading
+from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.streams import Emit, Outcome, StreamConsumer
+from memflow.workers import forgetting
+from memflow.workers.runtime import Context
 
 # What a newcomer is compared with: history (superseded, archived, deleted) is not.
 LIVE = (Status.active, Status.contested, Status.pending_review)

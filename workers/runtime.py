@@ -16,17 +16,17 @@ from typing import Any
 
 import redis
 
-from pipeline.models import LLMTrace, Memory, Trace
-from pipeline.score import UNRELATED
-from shared.applier import Applier
-from shared.codec import encode
-from shared.connections import connect, require_url, stage_socket_timeout_s
-from shared.embedder import Embedder, build_embedder
-from shared.keys import FIELD, Keys
-from shared.llm import LLM
-from shared.settings import Settings
-from shared.store import Identity, Store, open_store
-from shared.streams import ConsumerConfig
+from memflow.pipeline.models import LLMTrace, Memory, Trace
+from memflow.pipeline.score import UNRELATED
+from memflow.shared.applier import Applier
+from memflow.shared.codec import encode
+from memflow.shared.connections import connect, require_url, stage_socket_timeout_s
+from memflow.shared.embedder import Embedder, build_embedder
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.llm import LLM
+from memflow.shared.settings import Settings
+from memflow.shared.store import Identity, Store, open_store
+from memflow.shared.streams import ConsumerConfig
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import MemflowError
-from shared.streams import StreamConsumer
-from workers.query import build_worker
-from workers.runtime import Context
+from memflow.shared.errors import MemflowError
+from memflow.shared.streams import StreamConsumer
+from memflow.workers.query import build_worker
+from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class Runner:
 
 
 def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
-    from workers import extract, resolve, trigger, upsert
+    from memflow.workers import extract, resolve, trigger, upsert
 
     builders: dict[str, Callable[[Context], StreamConsumer[Any]]] = {
         "trigger": trigger.build, "extract": extract.build, "resolve": resolve.build, "upsert": upsert.build}

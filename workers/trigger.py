@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from pipeline.gate import gate
-from pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
-from pipeline.triggers import realtime_signals
-from shared.codec import decode, encode
-from shared.streams import Emit, StreamConsumer, per_item
-from workers.runtime import Context
+from memflow.pipeline.gate import gate
+from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
+from memflow.pipeline.triggers import realtime_signals
+from memflow.shared.codec import decode, encode
+from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
 # A closed session's buffer outlives its session_end by this much, so that a

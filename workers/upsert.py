@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from pipeline.models import PutOp, WriteBatch
-from pipeline.writes import of_batch
-from shared.errors import Permanent
-from shared.streams import Emit, StreamConsumer, per_item
-from workers.runtime import Context
+from memflow.pipeline.models import PutOp, WriteBatch
+from memflow.pipeline.writes import of_batch
+from memflow.shared.errors import Permanent
+from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.workers.runtime import Context
 
 
 def build(ctx: Context) -> StreamConsumer[WriteBatch]:

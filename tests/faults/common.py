@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.client import MemoryClient
-from shared.keys import STAGES
-from shared.settings import Settings
-from workers.process import spawn_stage, stop_children
+from memflow.shared.client import MemoryClient
+from memflow.shared.keys import STAGES
+from memflow.shared.settings import Settings
+from memflow.workers.process import spawn_stage, stop_children
 
 FULL = os.environ.get("FAULTS_FULL") == "1"
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from shared.client import MemoryClient
-from shared.settings import Settings
+from memflow.shared.client import MemoryClient
+from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, kill9, read_by_groups, start, terminate
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.load import measure
-from shared.embedder import Embedder
-from shared.settings import Settings
+from memflow.bench.load import measure
+from memflow.shared.embedder import Embedder
+from memflow.shared.settings import Settings
+from memflow.workers.embedded import embedded
 from tests.faults.common import FULL
-from workers.embedded import embedded
 
 pytestmark = pytest.mark.faults
 EVENTS = 10_000 if FULL else 800

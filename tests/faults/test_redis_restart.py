@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.client import MemoryClient
-from shared.embedder import Embedder
-from shared.redis_server import start_redis
-from shared.settings import Settings
+from memflow.shared.client import MemoryClient
+from memflow.shared.embedder import Embedder
+from memflow.shared.redis_server import start_redis
+from memflow.shared.settings import Settings
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, account, events
 

@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from shared.client import MemoryClient
-from shared.settings import Settings, to_env
-from shared.status import read_status
+from memflow.shared.client import MemoryClient
+from memflow.shared.settings import Settings, to_env
+from memflow.shared.status import read_status
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, start, terminate
 
@@ -36,7 +36,7 @@ def throttle(pid: int, stop: threading.Event) -> None:
 
 
 def status_json(settings: Settings) -> dict:
-    out = subprocess.run([sys.executable, "-m", "workers.cli", "status", "--json"], env=dict(os.environ)
+    out = subprocess.run([sys.executable, "-m", "memflow.workers.cli", "status", "--json"], env=dict(os.environ)
                          | to_env(settings), capture_output=True, text=True, timeout=60, check=True)
     return json.loads(out.stdout)
 

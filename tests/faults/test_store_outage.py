@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.models import Memory
-from shared.embedder import Embedder
-from shared.errors import StoreUnavailable
-from shared.settings import Settings
-from shared.store import Identity, MemoryFilter, Scored, SearchMode, Store, open_store
-from shared.streams import backlog
+from memflow.pipeline.models import Memory
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import StoreUnavailable
+from memflow.shared.settings import Settings
+from memflow.shared.store import Identity, MemoryFilter, Scored, SearchMode, Store, open_store
+from memflow.shared.streams import backlog
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, T0, account, events
 

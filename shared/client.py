@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from rq import Queue
+from rq import Queue, Worker
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
@@ -73,6 +73,21 @@ class MemoryClient:
         entry_id = self.redis.xadd(self.keys.stream("events"), {FIELD: encode(checked)})
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
+    def publish_many(self, events: Sequence[ChatEvent | dict[str, Any]]) -> list[str]:
+        """Append a batch in one round trip, all or nothing at validation: InvalidInput names the first bad
+        event's index and field (`3.ts`) and nothing is published."""
+        checked = []
+        for i, event in enumerate(events):
+            try:
+                checked.append(self.validate(event))
+            except InvalidInput as exc:
+                raise InvalidInput(f"{i}.{exc.field}", exc.reason) from exc
+        with self.redis.pipeline(transaction=False) as pipe:
+            for event in checked:
+                pipe.xadd(self.keys.stream("events"), {FIELD: encode(event)})
+            ids = pipe.execute()
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,
               ts: datetime | None = None, event_id: str | None = None) -> str:
         """Remember `content` explicitly. It still passes the gate, resolve and upsert."""
@@ -92,6 +107,10 @@ class MemoryClient:
 
     def is_idle(self) -> bool:
         return all(lag == 0 and pending == 0 for lag, pending in backlog(self.redis, self.keys, STAGES).values())
+
+    def query_workers(self) -> int:
+        """How many query workers listen on this system's query queue (alive: RQ expires a dead one's record)."""
+        return len(Worker.all(queue=self._queue))
 
     # -- reading -----------------------------------------------------------------
 
@@ -178,9 +197,10 @@ class MemoryClient:
                                              job_timeout=math.ceil(timeout))
         result = job.latest_result(timeout=math.ceil(timeout))
         if result is None:
-            raise RpcError(f"{name}: no answer from a query worker within {timeout} s (is one running?)")
+            raise RpcError(f"{name}: no answer from a query worker within {timeout} s (is one running?)", "timeout")
         if result.type != Result.Type.SUCCESSFUL:
-            raise RpcError(f"{name} failed in the query worker: {(result.exc_string or '').strip()[-500:]}")
+            raised = (result.exc_string or "").strip()
+            raise RpcError(f"{name} failed in the query worker: {raised[-500:]}", _raised_kind(raised))
         return result.return_value
 
 
@@ -192,6 +212,15 @@ def _request(rpc: Rpc[Req, Any], **fields: Any) -> Req:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidInput(".".join(str(p) for p in first["loc"]) or rpc.name, first["msg"]) from exc
+
+
+def _raised_kind(exc_string: str) -> str:
+    """The class name of the error a worker's traceback ends with ("memflow.shared.errors.NotFound: …")."""
+    last = exc_string.splitlines()[-1] if exc_string else ""
+    head = last.split(":", 1)[0]
+    if ":" not in last or not head.replace(".", "").replace("_", "").isalnum():
+        return "failed"
+    return head.rsplit(".", 1)[-1]
 
 
 def _plain(reply: BaseModel) -> dict[str, Any]:

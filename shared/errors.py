@@ -11,7 +11,8 @@
     │   │   └── IndexRetired    `memflow reindex` moved the store to another model
     │   ├── EmbedderUnavailable the embedding endpoint is down, slow, failing or answers garbage
     │   └── StaleVersion    a patch was built on an old revision
-    └── RpcError            a search/pack/forget call did not complete
+    ├── NotFound            no such memory (for this subject)
+    └── RpcError            a search/pack/forget call did not complete; `kind` names why
 """
 
 from __future__ import annotations
@@ -66,5 +67,15 @@ class EmbedderRejected(Permanent):
     """The embedding endpoint refuses the input itself (too long, empty): asking again cannot help."""
 
 
+class NotFound(MemflowError):
+    """The memory asked for does not exist, or not for the subject named."""
+
+
 class RpcError(MemflowError):
-    pass
+    """A call of the query worker that did not complete. `kind`: "timeout" when no worker answered in
+    time, else the name of the error the worker raised ("NotFound", "StoreUnavailable", …), so that a
+    front door can answer 404, 503 or 504 without reading messages."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind

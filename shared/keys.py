@@ -76,6 +76,15 @@ class Keys:
         return self.stream("changes")
 
     @property
+    def api_keys(self) -> str:
+        """Hash: key id → the key's record (its name, patterns, read-only flag and secret's hash)."""
+        return f"{self.prefix}apikeys"
+
+    def api_key_hash(self, digest: str) -> str:
+        """String: the id of the key whose secret hashes to `digest` (the lookup every request makes)."""
+        return f"{self.prefix}apikey:{digest}"
+
+    @property
     def traces(self) -> str:
         return self.stream("traces")
 

@@ -129,6 +129,14 @@ class ReviewListRequest(Wire):
     subject: Subject | None = None
 
 
+class HealthRequest(Wire):
+    pass
+
+
+class SubjectsRequest(Wire):
+    pass
+
+
 class ReviewDecideRequest(Wire):
     memory_id: str
     accept: bool
@@ -337,6 +345,18 @@ class ReviewDecision(Wire):
     changed: list[Changed]
 
 
+class Health(Wire):
+    """A query worker's word that it answers and its store does: `memories` counted in the store."""
+
+    store: Literal["ok", "unavailable"]
+    memories: int | None = None
+    error: str | None = None
+
+
+class SubjectList(Wire):
+    subjects: list[str]
+
+
 # -- the table -----------------------------------------------------------------------------
 
 SEARCH = Rpc("search", SearchRequest, SearchResult)
@@ -350,10 +370,12 @@ HISTORY = Rpc("history", HistoryRequest, History)
 ROLLBACK = Rpc("rollback", RollbackRequest, RollbackReport)
 REVIEW_LIST = Rpc("review_list", ReviewListRequest, ReviewList)
 REVIEW_DECIDE = Rpc("review_decide", ReviewDecideRequest, ReviewDecision)
+HEALTH = Rpc("health", HealthRequest, Health)
+SUBJECTS = Rpc("subjects", SubjectsRequest, SubjectList)
 
 RPCS: dict[str, Rpc[Any, Any]] = {rpc.name: rpc for rpc in (
     SEARCH, PACK, FORGET, VERIFY_FORGOTTEN, FEEDBACK, INSPECT, RUN_JOB, HISTORY, ROLLBACK, REVIEW_LIST,
-    REVIEW_DECIDE)}
+    REVIEW_DECIDE, HEALTH, SUBJECTS)}
 
 
 def request_of(rpc: Rpc[Req, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Req:

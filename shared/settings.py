@@ -249,6 +249,21 @@ class SchedulerSettings(Group):
     job_timeout_s: int = Field(default=3600, ge=1)
 
 
+class HttpSettings(Group):
+    """`memflow serve` (workers/api.py): where it listens, and the most it reads of one request — a body
+    over `max_body_bytes` is refused before it is parsed, so a 10 MB post costs nothing. `api_key` is the
+    key `memflow mcp` over stdio presents (MEMFLOW_API_KEY)."""
+
+    prefix = "http_"
+    renamed = {"api_key": "api_key"}
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_batch: int = Field(default=500, ge=1)
+    api_key: SecretStr | None = None
+
+
 class LLMSettings(Group):
     """The LLM path (shared/llm.py): any OpenAI-compatible chat-completions server. Unset base URL means
     none: the rules extract, judge and plan, exactly as without this group."""
@@ -281,7 +296,7 @@ class LLMSettings(Group):
 GROUPS: dict[str, type[Group]] = {
     "redis": RedisSettings, "store": StoreSettings, "embedder": EmbedderSettings, "consumer": ConsumerSettings,
     "limits": LimitsSettings, "write": WriteSettings, "client": ClientSettings, "ranking": RankingSettings,
-    "lifecycle": LifecycleSettings, "scheduler": SchedulerSettings, "llm": LLMSettings,
+    "lifecycle": LifecycleSettings, "scheduler": SchedulerSettings, "llm": LLMSettings, "http": HttpSettings,
 }
 # {flat name: (group, field)} for every grouped setting.
 _FLAT: dict[str, tuple[str, str]] = {flat: (group, name) for group, model in GROUPS.items()
@@ -303,6 +318,7 @@ class Settings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     def __init__(self, **values: Any) -> None:

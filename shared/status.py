@@ -8,15 +8,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis
 from rq import Queue, Worker
 
+from memflow.pipeline.models import Trace
+from memflow.shared.codec import decode
 from memflow.shared.dlq import server_now_ms
-from memflow.shared.keys import STAGES, Keys
+from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.streams import backlog
 
 WINDOW_MS = 60_000
 _COUNT_PAGE = 1_000
+_TRACE_PAGE = 500
 
 # One page of a stream counted inside Redis: the count and the last id, never the payloads.
 _COUNT_ONE_PAGE = """
@@ -140,3 +144,21 @@ def _group(client: redis.Redis, keys: Keys, stage: str) -> dict[Any, Any] | None
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def recent_traces(client: redis.Redis, keys: Keys, subject: str, count: int, scan: int = 5_000) -> list[Trace]:
+    """The subject's last `count` search traces, newest first, from the shared feed's last `scan` entries
+    (the feed is capped; a quiet subject's old searches may have left it)."""
+    found: list[Trace] = []
+    last = "+"
+    while len(found) < count and scan > 0:
+        page: list[Any] = client.xrevrange(keys.traces, max=last, count=min(_TRACE_PAGE, scan)) or []
+        for entry_id, fields in page:
+            record = orjson.loads(fields[FIELD.encode()])
+            if record.get("kind") == "search" and record.get("subject") == subject:
+                found.append(decode(fields[FIELD.encode()], Trace))
+            last = f"({_text(entry_id)}"
+        scan -= len(page)
+        if len(page) < _TRACE_PAGE:
+            break
+    return found[:count]

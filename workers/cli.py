@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from memflow.scheduler.app import build_scheduler, next_fire_times
 from memflow.shared import dlq as dead
 from memflow.shared import rpc
+from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect, require_url, running
 from memflow.shared.embedder import Embedder, build_embedder
@@ -45,6 +46,9 @@ jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_
 app.add_typer(jobs_app, name="jobs")
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
 app.add_typer(review_app, name="review")
+keys_app = typer.Typer(help="API keys for `memflow serve` and `memflow mcp`, each scoped to subjects.",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 bench_app = typer.Typer(help="Benchmarks: LoCoMo and MADial-Bench retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -98,6 +102,34 @@ def up() -> None:
         finally:
             if jobs.running:
                 jobs.shutdown()
+
+
+@app.command()
+def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HOST (127.0.0.1).")] = None,
+          port: Annotated[int | None, typer.Option(help="Default MEMFLOW_HTTP_PORT (8765).")] = None,
+          no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every subject to anyone who can "
+                                                "connect. For local use only.")] = False) -> None:
+    """The HTTP API, the MCP endpoint (/mcp) and the inspector page (/), over the running system."""
+    import uvicorn
+
+    from memflow.workers.api import create_app
+    settings = _settings()
+    host, port = host or settings.http.host, settings.http.port if port is None else port
+    if no_auth:
+        _warn_no_auth(host)
+    typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}")
+    uvicorn.run(create_app(settings, auth=not no_auth), host=host, port=port, access_log=False,
+                log_level=settings.log_level.lower())
+
+
+def _warn_no_auth(host: str) -> None:
+    exposed = host not in ("127.0.0.1", "localhost", "::1")
+    typer.secho("\n".join([
+        "!" * 78,
+        "!! --no-auth: NO API KEYS. Anyone who can connect reads, writes and forgets EVERY subject.",
+        f"!! Listening on {host}" + (": THIS ADDRESS IS REACHABLE FROM OTHER MACHINES." if exposed else
+                                     " (this machine only). Use keys for anything else."),
+        "!" * 78]), err=True, fg=typer.colors.RED, bold=True)
 
 
 @app.command("scheduler")
@@ -530,6 +562,52 @@ def _print_status(report: PipelineStatus) -> None:
     measured = (f"read over {report.sample_s:g} s" if report.sample_s is not None
                 else "arrived in the last 60 s and read")
     typer.echo(f"read/s: entries {measured}, per second")
+
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def _keystore() -> KeyStore:
+    client, keys = _redis_target()
+    return KeyStore(client, keys)
+
+
+@keys_app.command("create")
+def keys_create(name: Annotated[str, typer.Option(help="Who or what uses it.")],
+                subjects: Annotated[list[str], typer.Option(help="A subject or pattern ('team-a/*', '*'); "
+                                                             "repeat or separate with commas.")],
+                read_only: Annotated[bool, typer.Option("--read-only", help="Search, pack, inspect, history "
+                                                        "and traces only.")] = False,
+                as_json: JsonFlag = False) -> None:
+    """A new key. It is shown once, alone on the last line: only its hash is kept."""
+    patterns = [p for given in subjects for p in given.split(",") if p.strip()]
+    key, secret = _keystore().create(name, patterns, read_only=read_only, now=datetime.now(UTC))
+    if as_json:
+        _print_json({**key.as_json(), "key": secret})
+        return
+    typer.echo(f"key {key.id} ({key.name}): subjects {', '.join(key.subjects)}"
+               + (", read-only" if key.read_only else "") + ". Keep it now; it cannot be shown again:", err=True)
+    typer.echo(secret)
+
+
+@keys_app.command("list")
+def keys_list(as_json: JsonFlag = False) -> None:
+    """Every key: id, name, subject patterns, read-only, created (never the key itself)."""
+    found = _keystore().list()
+    if as_json:
+        _print_json([k.as_json() for k in found])
+        return
+    for k in found:
+        typer.echo(f"{k.id}  {k.name:<20} {','.join(k.subjects):<30} {'read-only' if k.read_only else 'read-write'}"
+                   f"  {k.created_at}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key: Annotated[str, typer.Argument(help="The key's id (or its name, if only one has it).")]) -> None:
+    """Revoke a key: the next request that names it is refused."""
+    if not _keystore().revoke(key):
+        _fail(f"no key {key!r}: `memflow keys list` shows them")
+    typer.echo(f"revoked {key}")
 
 
 # -- traces ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_roll
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from memflow.pipeline.score import strength
 from memflow.pipeline.writes import mutation, patches
-from memflow.shared.errors import MemflowError
+from memflow.shared.errors import MemflowError, NotFound
 from memflow.shared.store import MemoryFilter
 from memflow.workers.runtime import Context
 
@@ -31,7 +31,7 @@ def locate(ctx: Context, memory_id: str, subject: str | None) -> Memory:
         found = ctx.store.get(MemoryFilter(s, ids=[memory_id]))
         if found:
             return found[0]
-    raise MemflowError(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
+    raise NotFound(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
 
 
 def versions(ctx: Context, memory: Memory) -> list[Memory]:

@@ -64,6 +64,7 @@ from memflow.shared.llm import usage as llm_usage
 from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
+    HEALTH,
     HISTORY,
     INSPECT,
     PACK,
@@ -72,6 +73,7 @@ from memflow.shared.rpc import (
     ROLLBACK,
     RUN_JOB,
     SEARCH,
+    SUBJECTS,
     VERIFY_FORGOTTEN,
     WORKERS_MODULE,
     Adopted,
@@ -79,6 +81,8 @@ from memflow.shared.rpc import (
     ForgetProof,
     ForgetReport,
     ForgetRequest,
+    Health,
+    HealthRequest,
     History,
     HistoryRequest,
     InspectReport,
@@ -95,6 +99,8 @@ from memflow.shared.rpc import (
     RollbackRequest,
     Rpc,
     RunJobRequest,
+    SubjectList,
+    SubjectsRequest,
     VerifyRequest,
     request_of,
 )
@@ -385,6 +391,19 @@ def review_decide(ctx: Context, req: ReviewDecideRequest) -> ReviewDecision:
     return ReviewDecision.model_validate(report)
 
 
+def health(ctx: Context, req: HealthRequest) -> Health:
+    """The store answers a count: what `/healthz` asks of a query worker."""
+    try:
+        return Health(store="ok", memories=ctx.store.count())
+    except StoreUnavailable as exc:
+        return Health(store="unavailable", error=str(exc))
+
+
+def subjects(ctx: Context, req: SubjectsRequest) -> SubjectList:
+    """Every subject the store holds memories of (a front door shows a caller the ones its key covers)."""
+    return SubjectList(subjects=sorted(ctx.store.subjects()))
+
+
 # -- the worker ----------------------------------------------------------------
 
 
@@ -401,7 +420,8 @@ HANDLERS: dict[str, Handler[Any, Any]] = {h.rpc.name: h for h in (
     Handler(SEARCH, search), Handler(PACK, pack), Handler(FORGET, forget),
     Handler(VERIFY_FORGOTTEN, verify_forgotten), Handler(FEEDBACK, feedback), Handler(INSPECT, inspect),
     Handler(RUN_JOB, run_job), Handler(HISTORY, history), Handler(ROLLBACK, rollback),
-    Handler(REVIEW_LIST, review_list), Handler(REVIEW_DECIDE, review_decide))}
+    Handler(REVIEW_LIST, review_list), Handler(REVIEW_DECIDE, review_decide), Handler(HEALTH, health),
+    Handler(SUBJECTS, subjects))}
 
 
 def serve(ctx: Context, job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

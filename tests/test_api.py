@@ -1,0 +1,337 @@
+"""The HTTP API (`memflow serve`) as a real uvicorn process, over the real pipeline, through httpx.
+
+One system (stages and a query worker in this process, MiniLM, the Edge store) and one `serve`
+process for the module; each test writes under subjects of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from memflow.shared.apikeys import KeyStore
+from memflow.shared.embedder import Embedder
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings, to_env
+from tests.conftest import System, start_system, wait_for
+
+
+@dataclass
+class Served:
+    system: System
+    settings: Settings
+    url: str
+    process: subprocess.Popen[str]
+    admin: str  # a key for every subject
+
+    def key(self, *subjects: str, read_only: bool = False) -> str:
+        store = KeyStore(self.system.client.redis, self.system.client.keys)
+        return store.create(f"test-{uuid.uuid4().hex[:6]}", list(subjects), read_only=read_only,
+                            now=datetime.now(UTC))[1]
+
+    def http(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_serve(settings: Settings, *args: str) -> tuple[str, subprocess.Popen[str]]:
+    """`memflow serve` on a free port, its output in `serve.log` of the data dir (a pipe nobody reads
+    would stop the server once full)."""
+    port = free_port()
+    env = {**os.environ, **to_env(settings)}
+    log = (settings.store.data_dir / "serve.log").open("a")
+    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port), *args],
+                               env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+    process.log_path = Path(log.name)  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, process.log_path.read_text()  # type: ignore[attr-defined]
+        try:
+            return httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+    wait_for(up, 60, "memflow serve to listen")
+    return url, process
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    """Stop it; what it printed."""
+    process.terminate()
+    process.wait(timeout=20)
+    return str(process.log_path.read_text())  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
+                        data_dir=tmp_path_factory.mktemp("api"), reclaim_idle_ms=300, block_ms=50,
+                        retry_base_s=0.01, retry_max_s=0.2)
+    system = start_system(settings, embedder)
+    url, process = start_serve(settings)
+    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
+                                                                    now=datetime.now(UTC))[1]
+    yield Served(system, settings, url, process, admin)
+    stop(process)
+    system.shutdown()
+
+
+def subject() -> str:
+    return f"api-{uuid.uuid4().hex[:8]}"
+
+
+def event(subj: str, text: str, n: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"event_id": f"{subj}-{n}-{uuid.uuid4().hex[:6]}", "subject": subj, "session_id": "s1",
+            "kind": "message", "role": "user", "text": text, "ts": "2026-03-02T09:00:00+00:00", **extra}
+
+
+def remembered(served: Served, subj: str, *texts: str) -> list[str]:
+    """Publish `texts` for `subj` over HTTP and wait until the pipeline has written them; their memory ids."""
+    with served.http(served.admin) as http:
+        end = {"event_id": f"{subj}-end", "subject": subj, "session_id": "s1", "kind": "session_end",
+               "ts": "2026-03-02T09:05:00+00:00"}
+        reply = http.post("/v1/events", json=[*(event(subj, t, i) for i, t in enumerate(texts)), end])
+        assert reply.status_code == 202, reply.text
+        assert served.system.client.wait_idle(30)
+        memories = http.get(f"/v1/subjects/{subj}/memories").json()["memories"]
+    return [m["id"] for m in memories]
+
+
+def error_of(reply: httpx.Response) -> dict[str, Any]:
+    body = reply.json()
+    assert set(body) == {"error"}, body
+    assert "Traceback" not in reply.text
+    return dict(body["error"])
+
+
+# -- the round trip ---------------------------------------------------------------------------
+
+
+def test_publish_search_pack_inspect_history_feedback_forget(served: Served) -> None:
+    subj = subject()
+    ids = remembered(served, subj, "I prefer tea over coffee in the morning.", "My sister Anna lives in Lyon.")
+    assert len(ids) >= 2  # the statements, and the records of the session
+    with served.http(served.admin) as http:
+        found = http.post("/v1/search", json={"subject": subj, "query": "what do I drink in the morning?", "k": 3})
+        assert found.status_code == 200
+        result = found.json()
+        assert result["status"] == "ok" and "tea" in result["hits"][0]["content"]
+        tea = result["hits"][0]["id"]
+
+        packed = http.post("/v1/pack", json={"subject": subj, "query": "offer a drink", "budget_tokens": 400})
+        assert packed.status_code == 200 and any("tea" in m for m in packed.json()["preferences"]
+                                                 + packed.json()["memories"])
+
+        versions = http.get(f"/v1/memories/{tea}/history", params={"subject": subj}).json()
+        assert versions["subject"] == subj and versions["versions"][0]["id"] == tea
+        assert http.get(f"/v1/memories/{tea}/history").json()["asked"] == tea  # the subject is found
+
+        def uses() -> int:
+            state = http.get(f"/v1/subjects/{subj}/memories").json()["memories"]
+            return int(next(m["access_count"] for m in state if m["id"] == tea))
+        before = uses()
+        adopted = http.post("/v1/feedback", json={"subject": subj, "memory_ids": [tea]})
+        assert adopted.json() == {"count": 1} and uses() == before + 1
+
+        gone = http.request("DELETE", f"/v1/subjects/{subj}/memories", json={"contains": "tea"})
+        assert gone.status_code == 200, gone.text
+        report = gone.json()
+        assert tea in report["ids"] and report["proof"]["in_store"] == [] and report["proof"]["ids"] == report["ids"]
+        assert report["proof"]["unknown"] == [] and not any(report["proof"]["residue"].values())
+        after = http.post("/v1/search", json={"subject": subj, "query": "what do I drink in the morning?"}).json()
+        assert tea not in [h["id"] for h in after["hits"]]
+        traced = http.get(f"/v1/subjects/{subj}/traces")
+        assert traced.status_code == 200, traced.text
+        assert traced.json() and all(t["subject"] == subj for t in traced.json())
+
+
+def test_an_explicit_write_is_accepted_at_once_and_found_once_written(served: Served) -> None:
+    subj = subject()
+    with served.http(served.admin) as http:
+        written = http.post("/v1/memories", json={"subject": subj, "content": "The project code name is Atlas.",
+                                                  "external_ref": "crm:1"})
+        assert written.status_code == 202 and written.json()["event_id"].startswith("write-")
+        assert served.system.client.wait_idle(30)
+        hits = http.post("/v1/search", json={"subject": subj, "query": "project code name"}).json()["hits"]
+        assert any("Atlas" in h["content"] for h in hits)
+
+
+def test_an_empty_subject_says_empty_and_a_search_nobody_answers_says_failed(served: Served) -> None:
+    with served.http(served.admin) as http:
+        empty = http.post("/v1/search", json={"subject": subject(), "query": "anything at all"})
+        assert empty.status_code == 200 and empty.json()["status"] == "empty"
+    # A second API on a prefix no query worker serves: the search could not look.
+    lonely = served.settings.replace(stream_prefix=f"t{uuid.uuid4().hex[:10]}:", search_timeout_s=1.0,
+                                     rpc_timeout_s=1.0)
+    url, process = start_serve(lonely, "--no-auth")
+    try:
+        reply = httpx.post(f"{url}/v1/search", json={"subject": "x", "query": "q"}, timeout=30)
+        assert reply.status_code == 504
+        assert reply.json()["status"] == "failed" and reply.json()["code"] == "timeout"
+        health = httpx.get(f"{url}/healthz", timeout=30)
+        assert health.status_code == 503 and health.json()["query_workers"] == 0
+    finally:
+        err = stop(process)
+    assert "NO API KEYS" in err
+
+
+def test_health_names_redis_the_store_and_the_query_workers(served: Served) -> None:
+    health = httpx.get(f"{served.url}/healthz", timeout=30)
+    assert health.status_code == 200
+    assert health.json() | {"memories": 0} == {"status": "ok", "redis": "ok", "store": "ok", "query_workers": 1,
+                                               "memories": 0, "auth": "on", "error": None}
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+BAD = [
+    ("malformed JSON", "/v1/search", b'{"subject": "a", "query": ', 400, "body"),
+    ("wrong type", "/v1/search", {"subject": "a", "query": "q", "k": "many"}, 422, "k"),
+    ("unknown field", "/v1/search", {"subject": "a", "query": "q", "colour": "red"}, 422, "colour"),
+    ("no subject id", "/v1/search", {"subject": "a b", "query": "q"}, 422, "subject"),
+    ("naive time", "/v1/search", {"subject": "a", "query": "q", "now": "2026-03-02T09:00:00"}, 422, "now"),
+    ("naive event time", "/v1/events", {**event("a", "hello"), "ts": "2026-03-02T09:00:00"}, 422, "ts"),
+    ("bad event in a batch", "/v1/events", [event("a", "one"), {**event("a", "two"), "role": "robot"}], 422,
+     "1.role"),
+    ("missing field", "/v1/memories", {"subject": "a"}, 422, "content"),
+    ("10 MB body", "/v1/events", {**event("a", "x" * 10_000_000)}, 413, "body"),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "body", "status", "field"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_named_and_the_next_request_is_served(served: Served, what: str, path: str, body: Any,
+                                                          status: int, field: str) -> None:
+    subj = subject()
+    before = served.system.client.redis.xlen(served.system.client.keys.stream("events"))
+    with served.http(served.admin) as http:
+        if isinstance(body, bytes):
+            reply = http.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            reply = http.post(path, json=body)
+        assert reply.status_code == status, reply.text
+        error = error_of(reply)
+        assert error["code"] == "invalid_input" and error["field"] == field, error
+        # Nothing of a refused batch was published, and the next good request is served.
+        assert served.system.client.redis.xlen(served.system.client.keys.stream("events")) == before
+        good = http.post("/v1/events", json=event(subj, "I like green tea."))
+        assert good.status_code == 202 and len(good.json()["ids"]) == 1
+
+
+def test_the_openapi_document_covers_every_route_and_the_error_shape(served: Served) -> None:
+    doc = httpx.get(f"{served.url}/openapi.json").json()
+    paths = doc["paths"]
+    for path, method in [("/v1/events", "post"), ("/v1/memories", "post"), ("/v1/search", "post"),
+                         ("/v1/pack", "post"), ("/v1/subjects/{subject}/memories", "get"),
+                         ("/v1/subjects/{subject}/memories", "delete"), ("/v1/memories/{memory_id}/history", "get"),
+                         ("/v1/feedback", "post"), ("/healthz", "get"), ("/metrics", "get")]:
+        assert method in paths[path], (path, method)
+    assert "ErrorReply" in doc["components"]["schemas"] and "HTTPBearer" in doc["components"]["securitySchemes"]
+    codes = doc["components"]["schemas"]["ErrorBody"]["properties"]["code"]["enum"]
+    assert {"invalid_input", "unauthorized", "forbidden", "store_unavailable", "timeout"} <= set(codes)
+    events = paths["/v1/events"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "ChatEvent" in str(events) and "array" in str(events)
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+
+def test_a_request_without_a_valid_key_is_refused_and_a_revoked_key_at_once(served: Served) -> None:
+    subj = subject()
+    body = {"subject": subj, "query": "anything"}
+    assert error_of(httpx.post(f"{served.url}/v1/search", json=body))["code"] == "unauthorized"
+    with served.http("mf_nothing_here") as http:
+        assert http.post("/v1/search", json=body).status_code == 401
+    key = served.key(subj)
+    store = KeyStore(served.system.client.redis, served.system.client.keys)
+    key_id = key.split("_")[1]
+    with served.http(key) as http:
+        assert http.post("/v1/search", json=body).status_code == 200
+        assert store.revoke(key_id)
+        refused = http.post("/v1/search", json=body)
+        assert refused.status_code == 401 and error_of(refused)["code"] == "unauthorized"
+
+
+def test_keys_from_the_command_line(served: Served) -> None:
+    env = {**os.environ, **to_env(served.settings)}
+
+    def memflow(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "memflow.workers.cli", "keys", *args], env=env, text=True,
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    secret = memflow("create", "--name", "cli-key", "--subjects", "team-a/*,team-b/alice", "--read-only")
+    secret = secret.strip().splitlines()[-1]
+    assert secret.startswith("mf_")
+    listed = [k for k in json.loads(memflow("list", "--json")) if k["name"] == "cli-key"]
+    assert listed[0]["subjects"] == ["team-a/*", "team-b/alice"] and listed[0]["read_only"] is True
+    assert secret not in memflow("list", "--json")  # never shown again, nor its hash
+    with served.http(secret) as http:
+        assert http.post("/v1/search", json={"subject": "team-a/x", "query": "q"}).status_code == 200
+        assert error_of(http.post("/v1/events", json=event("team-a/x", "hi")))["code"] == "forbidden"
+    memflow("revoke", listed[0]["id"])
+    with served.http(secret) as http:
+        assert http.post("/v1/search", json={"subject": "team-a/x", "query": "q"}).status_code == 401
+
+
+def test_a_key_touches_only_its_subjects_everywhere(served: Served) -> None:
+    mine, theirs = f"team-a/{subject()}", f"team-b/{subject()}"
+    their_ids = remembered(served, theirs, "My bank PIN hint is the cat's name, Miso.")
+    key = served.key("team-a/*")
+    with served.http(key) as http:
+        for method, path, body in [
+            ("POST", "/v1/search", {"subject": theirs, "query": "PIN"}),
+            ("POST", "/v1/pack", {"subject": theirs, "query": "PIN"}),
+            ("GET", f"/v1/subjects/{theirs}/memories", None),
+            ("GET", f"/v1/subjects/{theirs}/traces", None),
+            ("GET", f"/v1/memories/{their_ids[0]}/history?subject={theirs}", None),
+            ("POST", "/v1/feedback", {"subject": theirs, "memory_ids": their_ids}),
+            ("DELETE", f"/v1/subjects/{theirs}/memories", {"memory_ids": their_ids}),
+            ("POST", "/v1/events", event(theirs, "I moved.")),
+            ("POST", "/v1/events", [event(mine, "fine"), event(theirs, "not fine")]),
+            ("POST", "/v1/memories", {"subject": theirs, "content": "planted"}),
+        ]:
+            reply = http.request(method, path, json=body)
+            assert reply.status_code == 403 and error_of(reply)["code"] == "forbidden", (method, path, reply.text)
+            assert "Miso" not in reply.text
+        # Their memory's id where an id is expected: as if it did not exist.
+        history = http.get(f"/v1/memories/{their_ids[0]}/history")
+        assert history.status_code == 404 and "Miso" not in history.text
+        assert http.post("/v1/feedback", json={"subject": mine, "memory_ids": their_ids}).json() == {"count": 0}
+        gone = http.request("DELETE", f"/v1/subjects/{mine}/memories", json={"memory_ids": their_ids})
+        assert gone.json()["count"] == 0
+        assert theirs not in http.get("/v1/subjects").json()["subjects"]
+    with served.http(served.admin) as http:
+        assert [m["id"] for m in http.get(f"/v1/subjects/{theirs}/memories").json()["memories"]] == their_ids
+
+
+def test_a_read_only_key_reads_and_never_writes(served: Served) -> None:
+    subj = subject()
+    remembered(served, subj, "I am allergic to peanuts.")
+    with served.http(served.key(subj, read_only=True)) as http:
+        assert http.post("/v1/search", json={"subject": subj, "query": "allergy"}).json()["status"] == "ok"
+        for method, path, body in [("POST", "/v1/events", event(subj, "x")),
+                                   ("POST", "/v1/memories", {"subject": subj, "content": "x"}),
+                                   ("POST", "/v1/feedback", {"subject": subj, "memory_ids": ["x"]}),
+                                   ("DELETE", f"/v1/subjects/{subj}/memories", {"contains": "peanuts"})]:
+            assert http.request(method, path, json=body).status_code == 403, path
+

@@ -1,0 +1,427 @@
+"""The HTTP API (`memflow serve`): the front door for agents that are not Python.
+
+It talks to the running system exactly as `MemoryClient` does — a write is one XADD and the
+reply is 202 (the pipeline works off the response path); reads are RPCs of the query worker —
+and speaks its vocabulary: bodies and replies are the SDK's models (`subject`, `content`,
+`query`, `k`, `now`, `hits`, `status`, …). Every request names a key (`Authorization: Bearer
+mf_…`, shared/apikeys.py) and may touch only the subjects its patterns allow; an id of
+another subject's memory is answered as if it did not exist. Errors are JSON with a stable
+code (`ErrorReply`), never a stack trace.
+
+FastAPI (on Starlette and uvicorn): request models are the pydantic models the SDK already
+has, so validation, the field named in an error and the OpenAPI document come from one
+source; Starlette alone would have us write all three by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import redis
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Discriminator, Field, Tag
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
+from memflow.shared import rpc
+from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.client import MemoryClient
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.settings import Settings
+from memflow.shared.status import recent_traces
+
+log = logging.getLogger("memflow.api")
+
+ErrorCode = Literal["invalid_input", "unauthorized", "forbidden", "not_found", "store_unavailable", "timeout",
+                    "internal"]
+
+
+class ErrorBody(BaseModel):
+    code: ErrorCode
+    message: str
+    field: str | None = None
+
+
+class ErrorReply(BaseModel):
+    error: ErrorBody
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: ErrorCode, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+# -- bodies and replies (the SDK's models where it has them) ------------------------------
+
+def _one_or_many(value: Any) -> str:
+    return "many" if isinstance(value, list) else "one"
+
+
+Events = Annotated[Annotated[ChatEvent, Tag("one")] | Annotated[list[ChatEvent], Tag("many")],
+                   Discriminator(_one_or_many)]
+
+
+class Published(Wire):
+    """The stream ids of the events appended, in the order given. Processing happens after the reply."""
+
+    ids: list[str]
+
+
+class WriteRequest(Wire):
+    """`MemoryClient.write`: remember `content` explicitly (it still passes the gate, resolve and upsert)."""
+
+    subject: Subject
+    content: str = Field(min_length=1)
+    session_id: str = "api"
+    external_ref: str | None = None
+    ts: datetime | None = None
+    event_id: str | None = None
+
+
+class Written(Wire):
+    id: str
+    event_id: str
+
+
+class SearchFailed(SearchResult):
+    """A search that could not look (503/504): `status` is "failed", never "empty"."""
+
+    code: ErrorCode
+
+
+class ForgetBody(Wire):
+    memory_ids: list[str] | None = None
+    contains: str | None = None
+
+
+class Forgotten(rpc.ForgetReport):
+    """What was forgotten, and the proof (`verify_forgotten`) that nothing of it is left."""
+
+    proof: rpc.ForgetProof
+
+
+class Health(Wire):
+    status: Literal["ok", "degraded"]
+    redis: Literal["ok", "unavailable"]
+    store: Literal["ok", "unavailable", "unknown"]
+    query_workers: int
+    memories: int | None = None
+    auth: Literal["on", "off"]
+    error: str | None = None
+
+
+# -- who is asking ------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `memflow keys create --name N --subjects 'team-a/*'`")
+
+
+def principal(request: Request,
+              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> ApiKey:
+    """The key the request names (looked up on every request: a revoked key is refused at once)."""
+    if not request.app.state.auth:
+        return OPEN
+    secret = credentials.credentials if credentials else request.cookies.get("memflow_key")
+    if not secret:
+        raise ApiError(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
+    keystore: KeyStore = request.app.state.keystore
+    key = keystore.lookup(secret)
+    if key is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked API key")
+    return key
+
+
+def client_of(request: Request) -> MemoryClient:
+    client: MemoryClient = request.app.state.client
+    return client
+
+
+Caller = Annotated[ApiKey, Depends(principal)]
+Client = Annotated[MemoryClient, Depends(client_of)]
+
+
+def allowed(key: ApiKey, subject: str, *, write: bool = False) -> str:
+    """`subject`, if the key may touch it (and write, when asked); 403 otherwise."""
+    if not key.may_see(subject):
+        raise ApiError(403, "forbidden", f"this key may not touch subject {subject!r}", "subject")
+    if write and key.read_only:
+        raise ApiError(403, "forbidden", "this key is read-only")
+    return subject
+
+
+def _rpc_failure(exc: RpcError) -> ApiError:
+    if exc.kind == "timeout":
+        return ApiError(504, "timeout", str(exc))
+    if exc.kind == "NotFound":
+        return ApiError(404, "not_found", "no such memory for this key")
+    if exc.kind == "InvalidInput":
+        return ApiError(422, "invalid_input", str(exc).rsplit("InvalidInput: ", 1)[-1])
+    return ApiError(503, "store_unavailable", str(exc))
+
+
+def ask(client: MemoryClient, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:
+    try:
+        return client.call(call, **fields)
+    except RpcError as exc:
+        raise _rpc_failure(exc) from exc
+
+
+# -- the routes -----------------------------------------------------------------------------
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorReply, "description": what} for status, what in (
+        (401, "No key, or an unknown or revoked one (`unauthorized`)."),
+        (403, "The key may not touch this subject, or is read-only (`forbidden`)."),
+        (422, "A field is invalid (`invalid_input`, naming the field)."),
+        (503, "The store or the query worker failed (`store_unavailable`)."),
+        (504, "No query worker answered in time (`timeout`)."))}
+
+v1 = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+@v1.post("/events", status_code=202, response_model=Published, tags=["write"])
+def publish_events(key: Caller, client: Client, events: Annotated[Events, Body()]) -> Published:
+    """Publish one event or a batch (a JSON array) of what an agent saw or said. Validated all or nothing,
+    appended in order, answered before any processing."""
+    batch = events if isinstance(events, list) else [events]
+    if len(batch) > client.settings.http.max_batch:
+        raise ApiError(413, "invalid_input", f"at most {client.settings.http.max_batch} events per request", "body")
+    for i, event in enumerate(batch):
+        if not key.may_see(event.subject) or key.read_only:
+            raise ApiError(403, "forbidden", f"this key may not write subject {event.subject!r}",
+                           f"{i}.subject" if isinstance(events, list) else "subject")
+    return Published(ids=client.publish_many(batch))
+
+
+@v1.post("/memories", status_code=202, response_model=Written, tags=["write"])
+def write_memory(key: Caller, client: Client, body: WriteRequest) -> Written:
+    """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it."""
+    event_id = body.event_id or f"write-{uuid.uuid4()}"
+    stream_id = client.write(allowed(key, body.subject, write=True), body.content, session_id=body.session_id,
+                             external_ref=body.external_ref, ts=body.ts, event_id=event_id)
+    return Written(id=stream_id, event_id=event_id)
+
+
+@v1.post("/search", response_model=SearchResult, tags=["read"],
+         responses={503: {"model": SearchFailed}, 504: {"model": SearchFailed}})
+def search(key: Caller, client: Client, body: SearchRequest) -> SearchResult | JSONResponse:
+    """Search a subject's memories: `status` is ok, empty (nothing remembered matches) or failed (could not
+    look: 503 or 504, never an empty list)."""
+    allowed(key, body.subject)
+    try:
+        return client.call(rpc.SEARCH, **body.model_dump(exclude_none=True))
+    except RpcError as exc:
+        failure = _rpc_failure(exc)
+        failed = SearchFailed(subject=body.subject, query=body.query, status="failed", error=failure.message,
+                              code=failure.code)
+        return JSONResponse(failed.model_dump(mode="json"), status_code=failure.status)
+
+
+@v1.post("/pack", response_model=PackedPrompt, tags=["read"])
+def pack(key: Caller, client: Client, body: rpc.PackRequest) -> PackedPrompt:
+    """The memories that matter for a task, packed into a prompt within `budget_tokens`."""
+    allowed(key, body.subject)
+    return ask(client, rpc.PACK, **body.model_dump())
+
+
+@v1.get("/subjects", response_model=rpc.SubjectList, tags=["read"])
+def subjects(key: Caller, client: Client) -> rpc.SubjectList:
+    """The subjects with memories that this key may see."""
+    found = ask(client, rpc.SUBJECTS)
+    return rpc.SubjectList(subjects=[s for s in found.subjects if key.may_see(s)])
+
+
+@v1.get("/subjects/{subject:path}/memories", response_model=rpc.InspectReport, tags=["read"])
+def inspect(key: Caller, client: Client, subject: Subject, now: datetime | None = None) -> rpc.InspectReport:
+    """Every memory of a subject with its type, tier, strength, uses and status (`MemoryClient.inspect`)."""
+    return ask(client, rpc.INSPECT, subject=allowed(key, subject), now=now)
+
+
+@v1.get("/subjects/{subject:path}/traces", response_model=list[Trace], tags=["read"])
+def traces(key: Caller, client: Client, subject: Subject,
+           count: Annotated[int, Query(ge=1, le=200)] = 20) -> list[Trace]:
+    """How the subject's last searches were answered (query redacted): plan, candidates, chosen, latency."""
+    return recent_traces(client.redis, client.keys, allowed(key, subject), count)
+
+
+@v1.get("/memories/{memory_id}/history", response_model=rpc.History, tags=["read"])
+def history(key: Caller, client: Client, memory_id: str, subject: Subject | None = None) -> rpc.History:
+    """Every version of a memory and why each changed. A memory of a subject the key may not see is
+    answered 404, as one that does not exist."""
+    if subject is not None:
+        allowed(key, subject)
+    found = ask(client, rpc.HISTORY, memory_id=memory_id, subject=subject)
+    if not key.may_see(found.subject):
+        raise ApiError(404, "not_found", "no such memory for this key")
+    return found
+
+
+@v1.post("/feedback", response_model=rpc.Adopted, tags=["write"])
+def feedback(key: Caller, client: Client, body: rpc.FeedbackRequest) -> rpc.Adopted:
+    """Count memories as used in an answer (their strength grows); ids of other subjects count nothing."""
+    allowed(key, body.subject, write=True)
+    return ask(client, rpc.FEEDBACK, **body.model_dump())
+
+
+@v1.delete("/subjects/{subject:path}/memories", response_model=Forgotten, tags=["write"])
+def forget(key: Caller, client: Client, subject: Subject, body: Annotated[ForgetBody | None, Body()] = None,
+           ids: Annotated[list[str] | None, Query(description="Memory ids (or `memory_ids` in the body).")] = None,
+           contains: Annotated[str | None, Query(description="Every memory whose content holds this.")] = None,
+           ) -> Forgotten:
+    """Forget memories by id or by `contains`, and prove it: no point left, no Redis entry naming them."""
+    allowed(key, subject, write=True)
+    memory_ids = (body.memory_ids if body else None) or ids
+    contains = (body.contains if body else None) or contains
+    if not memory_ids and not contains:
+        raise ApiError(422, "invalid_input", "name the memories: `memory_ids` or `contains`", "memory_ids")
+    report = ask(client, rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
+    proof = ask(client, rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
+    return Forgotten(**report.model_dump(), proof=proof)
+
+
+# -- health and metrics ----------------------------------------------------------------------
+
+ops = APIRouter(tags=["ops"])
+
+
+@ops.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+def healthz(request: Request, client: Client) -> Health | JSONResponse:
+    """Redis answers, a query worker answers, and its store does. No key needed; no subject's data shown."""
+    auth: Literal["on", "off"] = "on" if request.app.state.auth else "off"
+    try:
+        client.redis.ping()
+    except redis.RedisError as exc:
+        down = Health(status="degraded", redis="unavailable", store="unknown", query_workers=0, auth=auth,
+                      error=str(exc))
+        return JSONResponse(down.model_dump(mode="json"), status_code=503)
+    workers = client.query_workers()
+    try:
+        store = client.call(rpc.HEALTH, timeout_s=2.0)
+        health = Health(status="ok" if store.store == "ok" else "degraded", redis="ok", store=store.store,
+                        query_workers=workers, memories=store.memories, auth=auth, error=store.error)
+    except RpcError as exc:
+        health = Health(status="degraded", redis="ok", store="unknown", query_workers=workers, auth=auth,
+                        error=str(exc))
+    if health.status == "ok":
+        return health
+    return JSONResponse(health.model_dump(mode="json"), status_code=503)
+
+
+@ops.get("/metrics", response_class=PlainTextResponse,
+         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}})
+def metrics(key: Caller, client: Client) -> PlainTextResponse:
+    """Prometheus text: per stage lag, pending and dead letters; search latency; LLM calls and fallbacks."""
+    from memflow.shared.metrics import CONTENT_TYPE, render
+    return PlainTextResponse(render(client.redis, client.keys), media_type=CONTENT_TYPE)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _reply(status: int, code: ErrorCode, message: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(ErrorReply(error=ErrorBody(code=code, message=message, field=field)).model_dump(),
+                        status_code=status)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """The field an error names, as the SDK names it: `ts`, `3.ts`, `subject` (no `body`, no union tag)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "one", "many")]
+    return ".".join(parts) or "body"
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return _reply(400, "invalid_input", f"the body is not JSON: {first.get('msg')}", "body")
+    return _reply(422, "invalid_input", str(first.get("msg")), _field(tuple(first.get("loc", ()))))
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return _reply(exc.status, exc.code, exc.message, exc.field)
+
+
+async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidInput)
+    return _reply(422, "invalid_input", exc.reason, exc.field)
+
+
+async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    return _reply(503, "store_unavailable", f"Redis did not answer: {exc}")
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return _reply(500, "internal", f"{type(exc).__name__}: the server failed; its log has the details")
+
+
+def _install_errors(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(InvalidInput, _invalid_input)
+    app.add_exception_handler(redis.RedisError, _redis_down)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+class BodyLimit:
+    """Refuse a body over `max_bytes` before anything reads it: by its Content-Length when it says one,
+    else while it streams in."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge()
+            return message
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        response = _reply(413, "invalid_input", f"the body is over {self.max_bytes} bytes", "body")
+        await response({"type": "http"}, _nothing, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | None = None) -> FastAPI:
+    """The API over the running system `settings` names (its Redis; its query workers answer reads)."""
+    app = FastAPI(title="memflow", version="1", summary="Long-term memory for LLM agents: the HTTP API.",
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+    app.state.client = client or MemoryClient(settings)
+    app.state.keystore = KeyStore(app.state.client.redis, app.state.client.keys)
+    app.state.auth = auth
+    _install_errors(app)
+    app.include_router(v1)
+    app.include_router(ops)
+    app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
+    return app
+

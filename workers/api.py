@@ -127,7 +127,10 @@ def principal(request: Request,
     """The key the request names (looked up on every request: a revoked key is refused at once)."""
     if not request.app.state.auth:
         return OPEN
-    secret = credentials.credentials if credentials else request.cookies.get("memflow_key")
+    # The inspector page's cookie counts for reads only: a page elsewhere cannot make a browser
+    # write or forget with it (and it is SameSite=Strict besides).
+    cookie = request.cookies.get("memflow_key") if request.method == "GET" else None
+    secret = credentials.credentials if credentials else cookie
     if not secret:
         raise ApiError(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
     keystore: KeyStore = request.app.state.keystore

@@ -335,3 +335,75 @@ def test_a_read_only_key_reads_and_never_writes(served: Served) -> None:
                                    ("DELETE", f"/v1/subjects/{subj}/memories", {"contains": "peanuts"})]:
             assert http.request(method, path, json=body).status_code == 403, path
 
+
+
+# -- the isolation probe --------------------------------------------------------------------------
+
+
+def test_isolation_probe_1000_cross_key_requests_over_50_subjects_leak_nothing(served: Served) -> None:
+    """Keys scoped to one subject or to a group pattern ask, 1,000 times, for what is not theirs: another
+    subject by name (every route), or another subject's memory ids under their own subject. Every answer
+    is a refusal or nothing, no answer carries another subject's words, and nothing of theirs changed."""
+    import random
+    rng = random.Random(16)
+    run = uuid.uuid4().hex[:6]
+    groups = {g: [f"iso{run}-g{g}/u{i:02d}" for i in range(10)] for g in range(5)}
+    subjects = [s for members in groups.values() for s in members]
+    word = {s: f"codeword{n:02d}{run}" for n, s in enumerate(subjects)}
+    with served.http(served.admin) as http:
+        for s in subjects:
+            assert http.post("/v1/memories", json={"subject": s, "content": f"My locker code is {word[s]}."}
+                             ).status_code == 202
+    assert served.system.client.wait_idle(60)
+
+    def state() -> dict[str, list[tuple[str, int]]]:
+        with served.http(served.admin) as http:
+            return {s: sorted((m["id"], m["access_count"]) for m in
+                              http.get(f"/v1/subjects/{s}/memories").json()["memories"]) for s in subjects}
+    before = state()
+    ids = {s: [m for m, _ in before[s]] for s in subjects}
+    assert all(ids.values())
+    scopes = [[f"iso{run}-g{g}/*"] for g in groups] + [[s] for s in subjects[::2]]
+    keyed = [(served.key(*scope), scope) for scope in scopes]
+
+    def request(own: str, other: str) -> tuple[str, str, Any, set[int]]:
+        foreign = rng.choice(ids[other])
+        return rng.choice([
+            ("POST", "/v1/search", {"subject": other, "query": "locker code"}, {403}),
+            ("POST", "/v1/pack", {"subject": other, "query": "locker code"}, {403}),
+            ("GET", f"/v1/subjects/{other}/memories", None, {403}),
+            ("GET", f"/v1/subjects/{other}/traces", None, {403}),
+            ("GET", f"/v1/memories/{foreign}/history", None, {404}),
+            ("GET", f"/v1/memories/{foreign}/history?subject={other}", None, {403}),
+            ("GET", f"/v1/memories/{foreign}/history?subject={own}", None, {404}),
+            ("POST", "/v1/feedback", {"subject": other, "memory_ids": [foreign]}, {403}),
+            ("POST", "/v1/feedback", {"subject": own, "memory_ids": [foreign]}, {200}),
+            ("DELETE", f"/v1/subjects/{other}/memories", {"memory_ids": [foreign]}, {403}),
+            ("DELETE", f"/v1/subjects/{own}/memories", {"memory_ids": [foreign]}, {200}),
+            ("DELETE", f"/v1/subjects/{other}/memories", {"contains": "locker"}, {403}),
+            ("POST", "/v1/events", event(other, f"planted {word[other]}"), {403}),
+            ("POST", "/v1/memories", {"subject": other, "content": "planted"}, {403}),
+        ])
+
+    leaks, asked = [], 0
+    clients = {key: served.http(key) for key, _ in keyed}
+    try:
+        while asked < 1000:
+            key, scope = rng.choice(keyed)
+            own = rng.choice([s for s in subjects if any(s == p or p.endswith("*") and s.startswith(p[:-1])
+                                                         for p in scope)])
+            other = rng.choice([s for s in subjects if s not in own and not any(
+                s == p or p.endswith("*") and s.startswith(p[:-1]) for p in scope)])
+            method, path, body, expected = request(own, other)
+            reply = clients[key].request(method, path, json=body)
+            asked += 1
+            visible = [w for s, w in word.items() if w in reply.text and s != own]
+            if reply.status_code not in expected or visible:
+                leaks.append((method, path, reply.status_code, visible))
+            if reply.status_code == 200:
+                assert reply.json().get("count") == 0, (method, path, reply.text)
+    finally:
+        for c in clients.values():
+            c.close()
+    assert asked == 1000 and leaks == []
+    assert state() == before  # no use counted, nothing forgotten, nothing planted

@@ -708,6 +708,16 @@ def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = Fa
     raise typer.Exit(run_cli(events=events, publishers=publishers, as_json=as_json, settings=_settings("WARNING")))
 
 
+@bench_app.command("http")
+def bench_http(size: int = 10_000, queries: int = 300, clients: int = 8, requests: int = 4000, batch: int = 50,
+               as_json: JsonFlag = False) -> None:
+    """The HTTP API: search over HTTP vs MemoryClient vs in-process vs the store alone; write requests/s."""
+    from memflow.bench.api import run_cli
+
+    raise typer.Exit(run_cli(size=size, queries=queries, clients=clients, requests=requests, batch=batch,
+                             as_json=as_json, settings=_settings("WARNING")))
+
+
 @bench_app.command("perf")
 def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",

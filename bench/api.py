@@ -1,0 +1,219 @@
+"""`memflow bench http`: what the HTTP front door costs, measured beside what it stands on.
+
+- search, the same queries over the same store (`size` memories in one subject), each query asked
+  four ways in turn so that a noisy moment hits all four alike: the store alone (one encode + one
+  hybrid query: the physical limit), the query worker's handler called in-process, `MemoryClient`
+  (RPC over RQ), and `POST /v1/search` on a real `memflow serve` (a uvicorn process, a key checked
+  on every request). The HTTP layer's cost is HTTP − MemoryClient.
+- writes: `POST /v1/events` from `clients` concurrent clients (threads, one keep-alive connection
+  each), one event per request and batches, next to `MemoryClient.publish` from as many threads (the
+  same XADDs without HTTP). They publish to a prefix no stage reads, so the figure is the API's own
+  capacity, not the pipeline's; the CPU seconds the serve process spent per request say what limits it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from memflow.bench.perf import AT, NAMES, NOUNS, _search_in_process, bulk_load, machine, pct_ms, say, timed
+from memflow.pipeline.models import SearchRequest
+from memflow.shared.apikeys import KeyStore
+from memflow.shared.client import MemoryClient
+from memflow.shared.settings import Settings, to_env
+from memflow.workers.embedded import Embedded, embedded
+from memflow.workers.query import search as search_in_process
+
+SUBJECT = "bench-search"
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[tuple[str, int]]:
+    """A real `memflow serve` for `settings` on a free port: its URL and pid."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port)],
+                               env={**os.environ, **to_env(settings), "MEMFLOW_LOG_LEVEL": "WARNING"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("memflow serve did not start")
+            time.sleep(0.05)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def bench_search(system: Embedded, http: httpx.Client, size: int, queries: int) -> dict[str, Any]:
+    bulk_load(system, SUBJECT, size)
+    rng = random.Random(size)
+    texts = [f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}" for _ in range(queries)]
+    when = AT + timedelta(days=1)
+    ways: dict[str, Callable[[str], object]] = {
+        "store_limit": lambda t: _search_in_process(system, SUBJECT, t),
+        "in_process": lambda t: search_in_process(system.ctx, SearchRequest(subject=SUBJECT, query=t, k=5, now=when)),
+        "client": lambda t: system.client.search(SUBJECT, t, 5, now=when),
+        "http": lambda t: _http_search(http, t, when),
+    }
+    for t in texts[:20]:  # warm every path (connections, caches) before counting
+        for way in ways.values():
+            way(t)
+    took: dict[str, list[float]] = {name: [] for name in ways}
+    for t in texts:
+        for name, way in ways.items():
+            took[name].append(timed(lambda w=way, t=t: w(t)))  # type: ignore[misc]
+    out: dict[str, Any] = {"memories": size, "queries": queries}
+    for name, values in took.items():
+        out[name] = {"p50_ms": pct_ms(values, .5), "p95_ms": pct_ms(values, .95)}
+    out["http_overhead_p50_ms"] = round(out["http"]["p50_ms"] - out["client"]["p50_ms"], 3)
+    out["http_overhead_p95_ms"] = round(out["http"]["p95_ms"] - out["client"]["p95_ms"], 3)
+    return out
+
+
+def _http_search(http: httpx.Client, text: str, when: datetime) -> None:
+    reply = http.post("/v1/search", json={"subject": SUBJECT, "query": text, "k": 5, "now": when.isoformat()})
+    if reply.status_code != 200 or reply.json()["status"] == "failed":
+        raise SystemExit(f"search over HTTP failed: {reply.status_code} {reply.text[:300]}")
+
+
+# -- writes -------------------------------------------------------------------------------------
+
+
+def event(i: int, n: int = 0) -> dict[str, Any]:
+    return {"event_id": f"load-{i}-{n}-{uuid.uuid4().hex[:8]}", "subject": f"load-{i % 50}", "session_id": "s",
+            "kind": "message", "role": "user", "text": f"turn {n}: I moved the meeting to Friday at {n % 12} pm.",
+            "ts": (AT + timedelta(seconds=n)).isoformat()}
+
+
+def concurrently(clients: int, per_client: int, work: Callable[[int, int], object]) -> float:
+    """Run work(client, n) per_client times on each of `clients` threads; the wall seconds taken."""
+    start = threading.Barrier(clients + 1)
+
+    def run(c: int) -> None:
+        start.wait()
+        for n in range(per_client):
+            work(c, n)
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - began
+
+
+def bench_writes(url: str, pid: int, key: str, client: MemoryClient, clients: int, requests: int,
+                 batch: int) -> dict[str, Any]:
+    per = max(1, requests // clients)
+    https = [httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+             for _ in range(clients)]
+
+    def one(c: int, n: int) -> None:
+        if https[c].post("/v1/events", json=event(c, n)).status_code != 202:
+            raise SystemExit("POST /v1/events refused")
+
+    def many(c: int, n: int) -> None:
+        if https[c].post("/v1/events", json=[event(c, n * batch + j) for j in range(batch)]).status_code != 202:
+            raise SystemExit("POST /v1/events (batch) refused")
+    try:
+        concurrently(clients, 20, one)  # warm the connections
+        cpu_before = cpu_s(pid)
+        single_s = concurrently(clients, per, one)
+        cpu_single = cpu_s(pid) - cpu_before
+        batches = max(1, per // 10)
+        batch_s = concurrently(clients, batches, many)
+    finally:
+        for h in https:
+            h.close()
+    sdk_s = concurrently(clients, per, lambda c, n: client.publish(event(c, n)))
+    n = clients * per
+    return {"clients": clients, "requests": n,
+            "http_requests_per_s": round(n / single_s, 1),
+            "serve_cpu_ms_per_request": round(cpu_single / n * 1000, 3),
+            "serve_cpu_share": round(cpu_single / single_s, 2),
+            "http_batch": batch, "http_batched_events_per_s": round(clients * batches * batch / batch_s, 1),
+            "client_publish_per_s": round(n / sdk_s, 1)}
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def run_cli(*, size: int, queries: int, clients: int, requests: int, batch: int, as_json: bool,
+            settings: Settings) -> int:
+    with tempfile.TemporaryDirectory(prefix="memflow-http-") as tmp:
+        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="bench:", qdrant_url=None)
+        with embedded(base) as system:
+            report = measure(system, size=size, queries=queries, clients=clients, requests=requests, batch=batch)
+    if as_json:
+        print(orjson.dumps(report).decode())
+    else:
+        print_report(report)
+    return 0
+
+
+def measure(system: Embedded, *, size: int, queries: int, clients: int, requests: int,
+            batch: int) -> dict[str, Any]:
+    key = KeyStore(system.client.redis, system.client.keys).create("bench", ["*"], read_only=False,
+                                                                   now=datetime.now(UTC))[1]
+    report: dict[str, Any] = {"machine": machine()}
+    with serving(system.settings) as (url, _):
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+            say(f"search at {size} memories, four ways ...")
+            report["search"] = bench_search(system, http, size, queries)
+    # Writes to a prefix no stage reads: the API's capacity alone, not the pipeline's.
+    quiet = system.settings.replace(stream_prefix=f"bench-w{uuid.uuid4().hex[:6]}:")
+    quiet_client = MemoryClient(quiet)
+    write_key = KeyStore(quiet_client.redis, quiet_client.keys).create("bench", ["*"], read_only=False,
+                                                                       now=datetime.now(UTC))[1]
+    with serving(quiet) as (url, pid):
+        say(f"writes from {clients} concurrent clients ...")
+        report["writes"] = bench_writes(url, pid, write_key, quiet_client, clients, requests, batch)
+    return report
+
+
+def print_report(r: dict[str, Any]) -> None:
+    s, w = r["search"], r["writes"]
+    print(f"machine: {r['machine']}")
+    print(f"search @ {s['memories']} memories, {s['queries']} queries (p50 / p95 ms):")
+    for name in ("store_limit", "in_process", "client", "http"):
+        print(f"  {name:<12} {s[name]['p50_ms']:>8} {s[name]['p95_ms']:>8}")
+    print(f"  HTTP layer adds p50 {s['http_overhead_p50_ms']} ms, p95 {s['http_overhead_p95_ms']} ms")
+    print(f"writes, {w['clients']} concurrent clients: POST /v1/events {w['http_requests_per_s']} req/s "
+          f"(serve CPU {w['serve_cpu_ms_per_request']} ms/request, {w['serve_cpu_share']} cores busy); "
+          f"batches of {w['http_batch']}: {w['http_batched_events_per_s']} events/s; "
+          f"MemoryClient.publish {w['client_publish_per_s']}/s")

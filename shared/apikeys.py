@@ -1,9 +1,9 @@
 """API keys: who may call the HTTP API and MCP server, and for which subjects.
 
-A key is `mf_<id>_<secret>`. Redis keeps its record under the id (name, subject patterns,
-read-only flag, created time) and the SHA-256 of the whole key, never the key itself; each
-request looks the hash up (one GET and one HGET), so a revoked key is refused by the very next
-request. The secret is 32 random bytes: a fast hash is enough where guessing is hopeless,
+A key is `mf_<id>_<secret>`. Redis keeps its record (name, subject patterns, read-only flag,
+created time, the SHA-256 of the whole key — never the key itself) twice: in the list of keys
+under its id, and under its hash, so that each request's lookup is one GET and a revoked key is
+refused by the very next request. The secret is 32 random bytes: a fast hash is enough where guessing is hopeless,
 which is why this is not a password hash.
 """
 
@@ -66,18 +66,16 @@ class KeyStore:
         key = ApiKey(id=secrets.token_hex(4), name=name.strip(), subjects=patterns, read_only=read_only,
                      created_at=now.isoformat())
         secret = f"{PREFIX}{key.id}_{secrets.token_urlsafe(32)}"
+        record = orjson.dumps({**key.as_json(), "digest": digest(secret)})
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.api_keys, key.id, orjson.dumps({**key.as_json(), "digest": digest(secret)}))
-            pipe.set(self.keys.api_key_hash(digest(secret)), key.id)
+            pipe.hset(self.keys.api_keys, key.id, record)
+            pipe.set(self.keys.api_key_hash(digest(secret)), record)  # the lookup's one GET
             pipe.execute()
         return key, secret
 
     def lookup(self, secret: str) -> ApiKey | None:
         """The key this secret is, if it exists and is not revoked."""
-        key_id = self.client.get(self.keys.api_key_hash(digest(secret)))
-        if key_id is None:
-            return None
-        raw = self.client.hget(self.keys.api_keys, key_id)
+        raw = self.client.get(self.keys.api_key_hash(digest(secret)))
         return None if raw is None else _key(orjson.loads(raw))
 
     def list(self) -> list[ApiKey]:

@@ -81,7 +81,7 @@ class Keys:
         return f"{self.prefix}apikeys"
 
     def api_key_hash(self, digest: str) -> str:
-        """String: the id of the key whose secret hashes to `digest` (the lookup every request makes)."""
+        """String: the record of the key whose secret hashes to `digest` (the lookup every request makes)."""
         return f"{self.prefix}apikey:{digest}"
 
     @property

@@ -407,3 +407,22 @@ def test_isolation_probe_1000_cross_key_requests_over_50_subjects_leak_nothing(s
             c.close()
     assert asked == 1000 and leaks == []
     assert state() == before  # no use counted, nothing forgotten, nothing planted
+
+
+def test_a_body_streamed_without_a_length_is_cut_off_at_the_limit(served: Served) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"subject": "a", "query": "'
+        for _ in range(1000):
+            yield b"x" * 10_000
+        yield b'"}'
+    with served.http(served.admin) as http:
+        reply = http.post("/v1/search", content=chunks(), headers={"content-type": "application/json"})
+        assert reply.status_code == 413 and error_of(reply) | {"message": ""} == {
+            "code": "invalid_input", "field": "body", "message": ""}
+        assert http.post("/v1/search", json={"subject": subject(), "query": "q"}).status_code == 200
+
+
+def test_an_unknown_route_or_method_answers_in_the_same_error_shape(served: Served) -> None:
+    with served.http(served.admin) as http:
+        assert error_of(http.get("/v1/nothing-here"))["code"] == "not_found"
+        assert http.get("/v1/search").status_code == 405 and error_of(http.get("/v1/search"))["code"] == "invalid_input"

@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Discriminator, Field, Tag
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
@@ -356,6 +357,15 @@ async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
     return _reply(422, "invalid_input", exc.reason, exc.field)
 
 
+_STATUS_CODES: dict[int, ErrorCode] = {401: "unauthorized", 403: "forbidden", 404: "not_found"}
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (no such route, method not allowed) in the same shape as ours."""
+    assert isinstance(exc, StarletteHTTPException)
+    return _reply(exc.status_code, _STATUS_CODES.get(exc.status_code, "invalid_input"), str(exc.detail))
+
+
 async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
     return _reply(503, "store_unavailable", f"Redis did not answer: {exc}")
 
@@ -369,6 +379,7 @@ def _install_errors(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(InvalidInput, _invalid_input)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(redis.RedisError, _redis_down)
     app.add_exception_handler(Exception, _unexpected)
 
@@ -386,18 +397,25 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refuse(send)
-        seen = 0
+        seen, refused = 0, False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
+                refused = True
                 raise _TooLarge()
             return message
+
+        async def unless_refused(message: Message) -> None:
+            if not refused:  # whatever the app makes of the cut-off body is replaced by the 413
+                await send(message)
         try:
-            await self.app(scope, counted, send)
+            await self.app(scope, counted, unless_refused)
         except _TooLarge:
+            pass
+        if refused:
             await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:

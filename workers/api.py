@@ -160,13 +160,16 @@ def allowed(key: ApiKey, subject: str, *, write: bool = False) -> str:
 
 
 def _rpc_failure(exc: RpcError) -> ApiError:
+    """The error a failed call answers with: by what the worker raised, with its message's last line (the
+    error itself, never the worker's traceback)."""
+    said = str(exc).strip().splitlines()[-1]
     if exc.kind == "timeout":
-        return ApiError(504, "timeout", str(exc))
+        return ApiError(504, "timeout", said)
     if exc.kind == "NotFound":
         return ApiError(404, "not_found", "no such memory for this key")
     if exc.kind == "InvalidInput":
-        return ApiError(422, "invalid_input", str(exc).rsplit("InvalidInput: ", 1)[-1])
-    return ApiError(503, "store_unavailable", str(exc))
+        return ApiError(422, "invalid_input", said.rsplit("InvalidInput: ", 1)[-1])
+    return ApiError(503, "store_unavailable", said)
 
 
 def ask(client: MemoryClient, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:

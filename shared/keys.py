@@ -52,6 +52,11 @@ class Keys:
         # everyone's under a key no subject id can produce.
         return f"{self.prefix}llm-all" if subject is None else f"{self.prefix}llm:{subject}"
 
+    @property
+    def search_latency(self) -> str:
+        # Hash: every search's latency by status and bucket, and their sum (shared/metrics.py).
+        return f"{self.prefix}metrics:search-latency"
+
     def forgotten(self, subject: str) -> str:
         # Receipts of forgotten memories: id → {events, sha256 of the content} (workers/forgetting.py).
         return f"{self.prefix}forgotten:{subject}"

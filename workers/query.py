@@ -55,6 +55,7 @@ from memflow.pipeline.score import (
     unscoped,
 )
 from memflow.pipeline.timeref import asked_period
+from memflow.shared import metrics
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
 from memflow.shared.errors import MemflowError, StoreUnavailable
@@ -307,7 +308,11 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
                   chosen=[h.id for h in result.hits], fallback=result.fallback or bool(plan and plan.fallback),
                   status=result.status, error=result.error, latency_ms=result.latency_ms, now=now,
                   plan_error=plan_error, period=plan.period.label if plan and plan.period else None)
-    ctx.trace(trace)
+    # The trace and the latency histogram (GET /metrics) go to Redis in one round trip.
+    pipe = ctx.client.pipeline(transaction=False)
+    ctx.trace(trace, via=pipe)
+    metrics.record_search(pipe, ctx.keys, result.status, result.latency_ms / 1000)
+    pipe.execute()
 
 
 def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:

@@ -89,10 +89,12 @@ class Context:
         """The one writer of the store (shared/applier.py): every change to a memory goes through it."""
         return Applier(self.store, self.client, self.keys, self.settings.limits.changes_maxlen)
 
-    def trace(self, entry: Trace | LLMTrace) -> None:
-        """An entry of the capped `traces` feed: a search, or an LLM call (written by `LLM.ask`)."""
-        self.client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.limits.traces_maxlen,
-                         approximate=True)
+    def trace(self, entry: Trace | LLMTrace, via: redis.Redis | None = None) -> None:
+        """An entry of the capped `traces` feed: a search, or an LLM call (written by `LLM.ask`);
+        `via`: a pipeline the caller sends with more (a search's latency), else it is sent now."""
+        client = self.client if via is None else via
+        client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.limits.traces_maxlen,
+                    approximate=True)
 
     def close(self) -> None:
         if self._llm is not None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -124,10 +125,10 @@ def test_a_password_never_reaches_the_refusal(old_server: str) -> None:
 # -- the second terminal --------------------------------------------------------------------------
 
 
-def memflow(cwd: Path, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    """`memflow ARGS` as a user runs it in `cwd`: no MEMFLOW_* variable set."""
+def memflow(cwd: Path, *args: str, env_set: dict[str, str] | None = None, **kwargs: object) -> subprocess.Popen[str]:
+    """`memflow ARGS` as a user runs it in `cwd`: no MEMFLOW_* variable set (but `env_set`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMFLOW_")}
-    env |= {"PYTHONPATH": str(REPO), "MEMFLOW_LOG_LEVEL": "WARNING"}
+    env |= {"PYTHONPATH": str(REPO), "MEMFLOW_LOG_LEVEL": "WARNING", **(env_set or {})}
     if "MEMFLOW_REDIS_SERVER" in os.environ:  # the suite's chosen server (a second CI pass)
         env["MEMFLOW_REDIS_SERVER"] = os.environ["MEMFLOW_REDIS_SERVER"]
     return subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", *args], cwd=cwd, env=env, text=True,
@@ -149,7 +150,10 @@ def test_with_nothing_running_a_command_says_so_in_one_line(tmp_path: Path) -> N
 
 @pytest.mark.timeout(300)
 def test_a_second_terminal_finds_the_running_up_by_itself(tmp_path: Path) -> None:
-    up = memflow(tmp_path, "up")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        http_port = sock.getsockname()[1]
+    up = memflow(tmp_path, "up", "--serve", env_set={"MEMFLOW_HTTP_PORT": str(http_port)})
     try:
         record = tmp_path / ".memflow" / RUNNING_FILE
         wait_for(lambda: record.exists() or up.poll() is not None, timeout_s=120, what="memflow up to start")
@@ -162,6 +166,15 @@ def test_a_second_terminal_finds_the_running_up_by_itself(tmp_path: Path) -> Non
         code, out, err = run(tmp_path, "search", "alice", "green tea")
         assert code == 0 and out.startswith("ok:") and "green tea" in out, (out, err)
 
+        # `up --serve`: the HTTP API answers over the same system, with a key made in another terminal.
+        code, out, err = run(tmp_path, "keys", "create", "--name", "t", "--subjects", "alice")
+        assert code == 0, err
+        key, url = out.strip().splitlines()[-1], f"http://127.0.0.1:{http_port}"
+        assert httpx.get(f"{url}/healthz", timeout=30).json()["status"] == "ok"
+        found = httpx.post(f"{url}/v1/search", json={"subject": "alice", "query": "green tea"}, timeout=30,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+        assert found["status"] == "ok" and "green tea" in found["hits"][0]["content"]
+
         code, out, err = run(tmp_path, "status", "--sample", "0.2", "--json")
         assert code == 0, err
         assert all(s["read_per_s"] is not None for s in orjson.loads(out)["stages"])
@@ -173,6 +186,7 @@ def test_a_second_terminal_finds_the_running_up_by_itself(tmp_path: Path) -> Non
         up.communicate(timeout=60)
     assert not record.exists(), "a stopped up leaves no record behind"
     assert not is_listening(port), "a stopped up stops its server"
+    assert not is_listening(http_port), "and its HTTP server"
 
 
 def port_of(url: str) -> int:

@@ -16,6 +16,7 @@ source; Starlette alone would have us write all three by hand.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -33,9 +34,10 @@ from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, Sear
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
-from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import Settings
 from memflow.shared.status import recent_traces
+from memflow.workers.system import Part
 
 log = logging.getLogger("memflow.api")
 
@@ -448,4 +450,25 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.include_router(ops)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
     return app
+
+
+def http_part(settings: Settings, *, auth: bool) -> Part:
+    """The server as a part of `memflow up --serve`: uvicorn in a thread of the runner, stopped with the
+    rest; a server that cannot listen (the port taken) dies like any part, and the runner says so."""
+    import uvicorn
+
+    def run(stop: threading.Event) -> None:
+        server = uvicorn.Server(uvicorn.Config(create_app(settings, auth=auth), host=settings.http.host,
+                                               port=settings.http.port, access_log=False,
+                                               log_level=settings.log_level.lower()))
+        def stop_with_the_rest() -> None:
+            stop.wait()
+            server.should_exit = True
+        threading.Thread(target=stop_with_the_rest, daemon=True, name="memflow-http-stop").start()
+        try:
+            server.run()
+        except SystemExit as exc:  # uvicorn's way of saying it could not start
+            raise MemflowError(f"the HTTP server could not listen on {settings.http.host}:{settings.http.port}"
+                               ) from exc
+    return Part("http", run)
 

@@ -35,6 +35,7 @@ from memflow.shared.settings import Settings, get_settings
 from memflow.shared.status import PipelineStatus, read_status
 from memflow.shared.store import Catalog, catalog_for
 from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
+from memflow.workers.system import Part
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -86,19 +87,26 @@ def query_worker() -> None:
 
 
 @app.command()
-def up() -> None:
+def up(serve: Annotated[bool, typer.Option("--serve", help="Also serve the HTTP API, /mcp and the inspector "
+                                           "(as `memflow serve`, on MEMFLOW_HTTP_HOST:MEMFLOW_HTTP_PORT).")] = False,
+       no_auth: Annotated[bool, typer.Option("--no-auth", help="With --serve: no API keys (local use only).")] = False,
+       ) -> None:
     """Run the whole system on this machine: Redis (started if MEMFLOW_REDIS_URL is unset), every stage,
-    the query worker, the scheduler. The stages that hold the store share this process (an Edge shard has
-    one owner); the scheduler runs in a thread of it."""
+    the query worker, the scheduler (and with --serve the HTTP server). The stages that hold the store share
+    this process (an Edge shard has one owner); the scheduler and the HTTP server run in threads of it."""
+    if no_auth and serve:
+        _warn_no_auth(get_settings().http.host)
     with own_redis(_settings()) as settings:
         jobs = _build_scheduler(settings, BackgroundScheduler)
         typer.echo(f"memflow up: redis {settings.redis.url}, prefix {settings.redis.stream_prefix}, "
-                   f"store {settings.store.qdrant_url or settings.store.data_dir}")
+                   f"store {settings.store.qdrant_url or settings.store.data_dir}"
+                   + (f", http://{settings.http.host}:{settings.http.port}" if serve else ""))
         _print_schedule(settings, jobs)
         try:
             jobs.start()
             # trigger and extract in child processes of their own, supervised like the threads.
-            run_stages(settings, ["resolve", "upsert", QUERY], children=[("trigger",), ("extract",)])
+            run_stages(settings, ["resolve", "upsert", QUERY], children=[("trigger",), ("extract",)],
+                       also=[_http_part(settings, auth=not no_auth)] if serve else [])
         finally:
             if jobs.running:
                 jobs.shutdown()
@@ -120,6 +128,11 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
     typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}")
     uvicorn.run(create_app(settings, auth=not no_auth), host=host, port=port, access_log=False,
                 log_level=settings.log_level.lower())
+
+
+def _http_part(settings: Settings, *, auth: bool) -> Part:
+    from memflow.workers.api import http_part  # FastAPI is loaded by the commands that serve only
+    return http_part(settings, auth=auth)
 
 
 def _warn_no_auth(host: str) -> None:

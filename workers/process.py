@@ -31,15 +31,17 @@ __all__ = ["QUERY", "ChildProcess", "own_redis", "run_stages", "spawn_stage", "s
 log = logging.getLogger(__name__)
 
 
-def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[Sequence[str]] = ()) -> None:
-    """Run `stages` here, and each of `children` (a list of stages) as a child process, until stopped."""
+def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[Sequence[str]] = (),
+               also: Sequence[Part] = ()) -> None:
+    """Run `stages` here, each of `children` (a list of stages) as a child process, and the parts `also`
+    (the HTTP server of `up --serve`), supervised alike, until stopped."""
     ctx = Context.from_settings(settings)
     if set(stages) & {*STORE_STAGES, QUERY}:
         # Opened (and its model checked) before any stage consumes: a ModelMismatch stops the process
         # with its one line, instead of failing every message it would have read.
         ctx.store  # noqa: B018
     try:
-        run(ctx, stages, also=[ChildProcess(settings, tuple(c)).part() for c in children],
+        run(ctx, stages, also=[*(ChildProcess(settings, tuple(c)).part() for c in children), *also],
             query_log_level=settings.log_level)
     finally:
         ctx.close()

@@ -79,8 +79,8 @@ def resolve_caller(key: ApiKey, named: str | None, *, where: str) -> Caller:
     subjects (and --no-auth, over all) must name one; none comes from a tool argument."""
     subject = named or single_subject(key.subjects)
     if subject is None:
-        raise Refused(400, "invalid_input", f"name the subject this client speaks for with {where}: "
-                      "the key covers more than one", where)
+        raise Refused(400, "invalid_input", f"name the subject this client speaks for with {where} "
+                      "(the key does not name exactly one)", where)
     if not SUBJECT_ID.fullmatch(subject):
         raise Refused(400, "invalid_input", f"{subject!r} is no subject id (letters, digits, . _ : / -)", where)
     if not key.may_see(subject):

@@ -37,6 +37,7 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import Settings
 from memflow.shared.status import recent_traces
+from memflow.workers.mcp import http_endpoint
 from memflow.workers.system import Part
 
 log = logging.getLogger("memflow.api")
@@ -440,14 +441,18 @@ async def _nothing() -> Message:
 
 def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | None = None) -> FastAPI:
     """The API over the running system `settings` names (its Redis; its query workers answer reads)."""
+    client = client or MemoryClient(settings)
+    keystore = KeyStore(client.redis, client.keys)
+    mcp = http_endpoint(client, keystore, auth=auth)
     app = FastAPI(title="memflow", version="1", summary="Long-term memory for LLM agents: the HTTP API.",
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
-    app.state.client = client or MemoryClient(settings)
-    app.state.keystore = KeyStore(app.state.client.redis, app.state.client.keys)
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=mcp.lifespan)
+    app.state.client = client
+    app.state.keystore = keystore
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)
     app.include_router(ops)
+    app.add_route("/mcp", mcp.app, include_in_schema=False)  # type: ignore[arg-type]  # an ASGI app: every method
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
     return app
 
@@ -461,6 +466,7 @@ def http_part(settings: Settings, *, auth: bool) -> Part:
         server = uvicorn.Server(uvicorn.Config(create_app(settings, auth=auth), host=settings.http.host,
                                                port=settings.http.port, access_log=False,
                                                log_level=settings.log_level.lower()))
+
         def stop_with_the_rest() -> None:
             stop.wait()
             server.should_exit = True

@@ -135,6 +135,15 @@ def _http_part(settings: Settings, *, auth: bool) -> Part:
     return http_part(settings, auth=auth)
 
 
+@app.command("mcp")
+def mcp_stdio(subject: Annotated[str | None, typer.Option(envvar="MEMFLOW_MCP_SUBJECT", help=(
+        "The subject the client speaks for; default: the one subject of the MEMFLOW_API_KEY key."))] = None) -> None:
+    """The MCP server over stdio, for desktop clients (Claude Desktop, Cursor), over the running system."""
+    from memflow.workers.mcp import run_stdio
+
+    run_stdio(_settings(), subject)  # stdout is the protocol's: nothing else is printed there
+
+
 def _warn_no_auth(host: str) -> None:
     exposed = host not in ("127.0.0.1", "localhost", "::1")
     typer.secho("\n".join([

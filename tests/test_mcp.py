@@ -1,0 +1,246 @@
+"""`memflow mcp` through the SDK's own client: over stdio (a real `memflow mcp` process) and over
+streamable HTTP (`/mcp` of a real `memflow serve`), on the real pipeline of tests/test_api.py's
+module system. Plus how the subject is found: from the key or the server's configuration, never
+from a tool argument.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
+
+from memflow.pipeline.models import Role
+from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.settings import Settings, to_env
+from memflow.workers.mcp import SUBJECT_HEADER, Caller, Refused, TurnIn, resolve_caller, turn_events
+from tests import test_api
+from tests.test_api import Served, subject
+
+served = test_api.served  # the fixture: this module's system and `memflow serve`
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = {"remember", "recall", "context", "forget", "publish_turns"}
+
+
+# -- who is asking (no services) -------------------------------------------------------------------
+
+
+def key(*patterns: str, read_only: bool = False) -> ApiKey:
+    return ApiKey(id="k", name="k", subjects=patterns, read_only=read_only, created_at="")
+
+
+def test_the_subject_is_the_keys_own_or_one_it_covers_and_nothing_else() -> None:
+    assert resolve_caller(key("alice"), None, where="h") == Caller("alice", read_only=False)
+    assert resolve_caller(key("team-a/*"), "team-a/bob", where="h") == Caller("team-a/bob", read_only=False)
+    assert resolve_caller(key("alice", read_only=True), None, where="h").read_only
+    assert resolve_caller(OPEN, "anyone", where="h") == Caller("anyone", read_only=False)
+    for given, named, status in [(key("alice"), "bob", 403),        # another subject than the key's
+                                 (key("team-a/*"), "team-b/x", 403),  # outside its patterns
+                                 (key("team-a/*"), None, 400),        # many subjects, none named
+                                 (OPEN, None, 400),                   # --no-auth: the header is required
+                                 (OPEN, "a b", 400)]:                 # no subject id
+        with pytest.raises(Refused) as refused:
+            resolve_caller(given, named, where=SUBJECT_HEADER)
+        assert refused.value.status == status and refused.value.field == SUBJECT_HEADER, (given, named)
+
+
+def test_a_batch_of_turns_reported_again_makes_the_same_events() -> None:
+    now = datetime(2026, 3, 2, 9, tzinfo=UTC)
+    turns = [TurnIn(role=Role.user, text="ok", ts=now), TurnIn(role=Role.assistant, text="ok", ts=now),
+             TurnIn(role=Role.user, text="ok")]
+    first = turn_events("alice", "s1", turns, end_session=True, now=now + timedelta(minutes=1))
+    again = turn_events("alice", "s1", turns, end_session=True, now=now + timedelta(minutes=1))
+    assert [e["event_id"] for e in first] == [e["event_id"] for e in again]
+    assert len({e["event_id"] for e in first}) == 4  # the same words twice are two turns
+    assert first[-1]["kind"] == "session_end" and first[-1]["ts"] == now + timedelta(minutes=1)
+    assert {e["subject"] for e in first} == {"alice"}
+    other = turn_events("bob", "s1", turns, end_session=True, now=now + timedelta(minutes=1))
+    assert not {e["event_id"] for e in first} & {e["event_id"] for e in other}
+
+
+# -- through the SDK's client ------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def stdio(settings: Settings, *args: str, **env: str) -> AsyncIterator[Client]:
+    """A client of a `memflow mcp` process, its stderr in `mcp.log` of the data dir (a pipe nobody reads
+    would stop it once full)."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "memflow.workers.cli", "mcp", *args],
+                                   env={**os.environ, **to_env(settings), **env}, cwd=ROOT)
+    with (settings.store.data_dir / "mcp.log").open("a") as errlog:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            yield client
+
+
+@asynccontextmanager
+async def over_http(served: Served, headers: dict[str, str]) -> AsyncIterator[Client]:
+    """A client of `/mcp` of the module's `memflow serve`, sending `headers` with every request."""
+    async with (httpx2.AsyncClient(headers=headers) as http,
+                Client(streamable_http_client(f"{served.url}/mcp", http_client=http)) as client):
+        yield client
+
+
+def run(connect: AbstractAsyncContextManager[Client], body: Callable[[Client], Awaitable[Any]]) -> Any:
+    async def session() -> Any:
+        async with connect as client:
+            return await body(client)
+    return anyio.run(session)
+
+
+def text_of(result: CallToolResult) -> str:
+    return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    return dict(result.structured_content)
+
+
+def schemas_name(schema: Any, field: str) -> bool:
+    """Whether a JSON schema names `field` as a property anywhere (nested models included)."""
+    if isinstance(schema, dict):
+        properties = schema.get("properties", {})
+        return field in properties or any(schemas_name(v, field) for v in schema.values())
+    if isinstance(schema, list):
+        return any(schemas_name(v, field) for v in schema)
+    return False
+
+
+async def round_trip(client: Client, served: Served, subj: str) -> None:
+    """List the tools, remember, recall it, forget it, recall nothing."""
+    tools = (await client.list_tools()).tools
+    assert {t.name for t in tools} == TOOLS
+    for tool in tools:
+        assert not schemas_name(tool.input_schema, "subject"), tool.name
+        assert tool.description and len(tool.description) > 60, tool.name
+    written = structured(await client.call_tool("remember", {"content": "I prefer tea over coffee in the morning."}))
+    assert written["event_id"].startswith("mcp-") and "searchable" in written["note"]
+    assert await anyio.to_thread.run_sync(served.system.client.wait_idle, 30.0)
+
+    found = structured(await client.call_tool("recall", {"query": "what do I drink in the morning?", "k": 10}))
+    assert found["status"] == "ok" and "tea" in found["memories"][0]["content"]
+    assert {"id", "content", "type", "date"} == set(found["memories"][0])
+    packed = structured(await client.call_tool("context", {"task": "offer the user a drink"}))
+    assert "tea" in packed["text"] and packed["memory_ids"]
+
+    every = [m["id"] for m in found["memories"]]
+    gone = structured(await client.call_tool("forget", {"memory_ids": every}))
+    assert set(every) == set(gone["ids"]) and gone["proof"]["verified"] and gone["proof"]["in_store"] == []
+    after = structured(await client.call_tool("recall", {"query": "what do I drink in the morning?"}))
+    assert after == {"status": "empty", "note": "nothing remembered matches this query", "memories": []}
+
+
+def test_over_stdio_remember_recall_forget_recall_nothing(served: Served) -> None:
+    subj = subject()
+    connect = stdio(served.settings, "--subject", subj)
+
+    async def body(c: Client) -> None:
+        await round_trip(c, served, subj)
+    run(connect, body)
+
+
+def test_over_streamable_http_remember_recall_forget_recall_nothing(served: Served) -> None:
+    subj = subject()
+    connect = over_http(served, {"Authorization": f"Bearer {served.key(subj)}"})
+
+    async def body(c: Client) -> None:
+        await round_trip(c, served, subj)
+    run(connect, body)
+
+
+def test_recall_that_could_not_look_says_memory_unavailable_not_nothing(served: Served) -> None:
+    # A prefix no query worker serves: the search times out.
+    lonely = served.settings.replace(stream_prefix=f"t{uuid.uuid4().hex[:10]}:", search_timeout_s=1.0,
+                                     rpc_timeout_s=1.0)
+
+    async def body(c: Client) -> list[CallToolResult]:
+        return [await c.call_tool("recall", {"query": "anything"}), await c.call_tool("context", {"task": "x"})]
+    for result in run(stdio(lonely, "--subject", subject()), body):
+        assert result.is_error and "memory unavailable" in text_of(result), text_of(result)
+        assert "nothing remembered" not in text_of(result)
+
+
+def test_a_turn_reported_by_the_client_is_remembered(served: Served) -> None:
+    subj = subject()
+    connect = over_http(served, {"Authorization": f"Bearer {served.key('team-z/*')}", SUBJECT_HEADER: f"team-z/{subj}"})
+    turns = [{"role": "user", "text": "My sister Anna lives in Lyon.", "ts": "2026-03-02T09:00:00+00:00"},
+             {"role": "assistant", "text": "Noted!"}]
+
+    async def body(c: Client) -> tuple[dict[str, Any], dict[str, Any]]:
+        published = structured(await c.call_tool("publish_turns", {"turns": turns, "session_id": "chat-1",
+                                                                   "end_session": True}))
+        assert await anyio.to_thread.run_sync(served.system.client.wait_idle, 30.0)
+        return published, structured(await c.call_tool("recall", {"query": "where does my sister live?"}))
+    published, found = run(connect, body)
+    assert len(published["ids"]) == len(published["event_ids"]) == 3
+    assert found["status"] == "ok" and "Lyon" in found["memories"][0]["content"]
+    assert served.system.client.search(f"team-z/{subj}", "sister").status == "ok"  # the header's subject
+    assert served.system.client.search(subj, "sister").status == "empty"
+
+
+def test_a_key_may_not_name_another_subject_and_a_revoked_key_is_refused_at_once(served: Served) -> None:
+    mine, theirs = subject(), subject()
+    secret = served.key(mine)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                             "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {secret}"}
+    for headers, status, code in [({**accept, SUBJECT_HEADER: theirs}, 403, "forbidden"),
+                                  ({**accept, "Authorization": "Bearer mf_nothing_here"}, 401, "unauthorized"),
+                                  ({k: v for k, v in accept.items() if k != "Authorization"}, 401, "unauthorized")]:
+        reply = httpx.post(f"{served.url}/mcp", json=initialize, headers=headers, timeout=30)
+        assert reply.status_code == status and test_api.error_of(reply)["code"] == code, reply.text
+    assert httpx.post(f"{served.url}/mcp", json=initialize, headers=accept, timeout=30).status_code == 200
+    assert KeyStore(served.system.client.redis, served.system.client.keys).revoke(secret.split("_")[1])
+    assert httpx.post(f"{served.url}/mcp", json=initialize, headers=accept, timeout=30).status_code == 401
+
+
+def test_a_read_only_key_recalls_and_never_writes(served: Served) -> None:
+    subj = subject()
+    connect = over_http(served, {"Authorization": f"Bearer {served.key(subj, read_only=True)}"})
+
+    async def body(c: Client) -> dict[str, CallToolResult]:
+        return {"recall": await c.call_tool("recall", {"query": "anything"}),
+                "remember": await c.call_tool("remember", {"content": "planted"}),
+                "forget": await c.call_tool("forget", {"contains": "planted"}),
+                "publish_turns": await c.call_tool("publish_turns", {"turns": [{"role": "user", "text": "planted"}],
+                                                                     "session_id": "s"})}
+    results = run(connect, body)
+    assert structured(results.pop("recall"))["status"] == "empty"
+    for name, result in results.items():
+        assert result.is_error and "read-only" in text_of(result), (name, text_of(result))
+    assert served.system.client.search(subj, "planted").status == "empty"
+
+
+def test_over_stdio_the_subject_must_be_inside_the_keys_scope(served: Served) -> None:
+    secret = served.key("team-y/*")
+    env = {**os.environ, **to_env(served.settings), "MEMFLOW_API_KEY": secret}
+    memflow = [sys.executable, "-m", "memflow.workers.cli", "mcp"]
+    outside = subprocess.run([*memflow, "--subject", "team-x/alice"], env=env, text=True, capture_output=True,
+                             timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert outside.returncode == 1 and "may not touch subject 'team-x/alice'" in outside.stderr
+    assert outside.stdout == ""  # stdout is the protocol's
+    unnamed = subprocess.run(memflow, env=env, text=True, capture_output=True, timeout=60, cwd=ROOT,
+                             stdin=subprocess.DEVNULL)
+    assert unnamed.returncode == 1 and "--subject" in unnamed.stderr
+
+    async def body(c: Client) -> dict[str, Any]:
+        return structured(await c.call_tool("recall", {"query": "anything"}))
+    env_subject = run(stdio(served.settings, MEMFLOW_API_KEY=secret, MEMFLOW_MCP_SUBJECT="team-y/bob"), body)
+    assert env_subject["status"] == "empty"

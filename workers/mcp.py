@@ -1,0 +1,365 @@
+"""The MCP server (`memflow mcp`): memory as tools for Claude Desktop and Code, Cursor, the OpenAI Agents
+SDK, LangGraph — over stdio for desktop clients, and over streamable HTTP at `/mcp` of `memflow serve`.
+
+Five tools, each a thin call of `MemoryClient`: `remember` (an explicit write), `recall` (search),
+`context` (pack for a task), `forget` (with its proof) and `publish_turns` (a client reporting its
+conversation). No tool takes a subject: a model can be talked into any argument, so the subject comes
+from what it cannot touch — the server's configuration over stdio (`--subject`, MEMFLOW_MCP_SUBJECT, or
+the one subject of the MEMFLOW_API_KEY key), the request's key and its `X-Memflow-Subject` header over
+HTTP — and `resolve_caller` checks it against the key's patterns, the rule the HTTP API applies.
+
+Over HTTP the SDK runs stateless, with JSON replies: every POST stands alone, so the key and subject are
+resolved per request by `Gate` (a revoked key is refused by the next request) and any number of `serve`
+processes can share the load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import anyio.to_thread
+import redis
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MType, Role
+from memflow.pipeline.scopes import single_subject
+from memflow.shared import rpc
+from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.client import MemoryClient
+from memflow.shared.errors import InvalidInput, MemflowError, RpcError
+from memflow.shared.settings import Settings
+
+log = logging.getLogger("memflow.mcp")
+
+SUBJECT_HEADER = "X-Memflow-Subject"
+STDIO_SUBJECT = "--subject (or MEMFLOW_MCP_SUBJECT)"
+# Where Gate leaves the caller it resolved, in the ASGI scope the SDK hands each tool call as its request.
+CALLER_SCOPE = "memflow.caller"
+SUBJECT_ID = re.compile(SUBJECT_PATTERN)
+
+
+# -- who is asking --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The subject a client speaks for, and whether its key may change anything."""
+
+    subject: str
+    read_only: bool
+
+
+class Refused(MemflowError):
+    """No caller: what the HTTP API would answer (its status and stable error code)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+def resolve_caller(key: ApiKey, named: str | None, *, where: str) -> Caller:
+    """The caller a key and a named subject make: the subject named (`where` says how: the stdio flag or
+    the HTTP header), which the key's patterns must cover, else the key's only subject. A key over many
+    subjects (and --no-auth, over all) must name one; none comes from a tool argument."""
+    subject = named or single_subject(key.subjects)
+    if subject is None:
+        raise Refused(400, "invalid_input", f"name the subject this client speaks for with {where} "
+                      "(the key does not name exactly one)", where)
+    if not SUBJECT_ID.fullmatch(subject):
+        raise Refused(400, "invalid_input", f"{subject!r} is no subject id (letters, digits, . _ : / -)", where)
+    if not key.may_see(subject):
+        raise Refused(403, "forbidden", f"this key may not touch subject {subject!r}", where)
+    return Caller(subject, key.read_only)
+
+
+def key_of(keystore: KeyStore, secret: str | None) -> ApiKey:
+    """The key `secret` is (looked up each time: a revoked key is refused at once); 401 otherwise."""
+    if not secret:
+        raise Refused(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
+    key = keystore.lookup(secret)
+    if key is None:
+        raise Refused(401, "unauthorized", "unknown or revoked API key")
+    return key
+
+
+def bearer(authorization: str | None) -> str | None:
+    scheme, _, secret = (authorization or "").partition(" ")
+    return secret.strip() or None if scheme.lower() == "bearer" else None
+
+
+class StdioCaller:
+    """The caller of a stdio server: its configured subject, under the MEMFLOW_API_KEY key when one is set
+    (without one, whoever reaches Redis may touch every subject anyway). Resolved again for each call."""
+
+    def __init__(self, keystore: KeyStore, secret: str | None, subject: str | None) -> None:
+        self.keystore, self.secret, self.subject = keystore, secret, subject
+
+    def resolve(self) -> Caller:
+        key = OPEN if self.secret is None else key_of(self.keystore, self.secret)
+        return resolve_caller(key, self.subject, where=STDIO_SUBJECT)
+
+    def __call__(self, ctx: Context) -> Caller:
+        return self.resolve()
+
+
+def from_request(ctx: Context) -> Caller:
+    """The caller `Gate` resolved for the HTTP request this tool call came in."""
+    request = ctx.request_context.request
+    caller = None if request is None else request.scope.get(CALLER_SCOPE)
+    if not isinstance(caller, Caller):
+        raise Refused(401, "unauthorized", "this request passed no key check")
+    return caller
+
+
+# -- what the tools answer -------------------------------------------------------------------------
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Remembered(Reply):
+    event_id: str = Field(description="The id of the write; the memory's id is given by recall once written.")
+    note: str
+
+
+class Recollection(Reply):
+    id: str = Field(description="Pass it to forget to remove this memory.")
+    content: str
+    type: MType = Field(description="What kind of memory: preference, fact, rule, event, ...")
+    date: datetime = Field(description="When it was remembered.")
+
+
+class Recalled(Reply):
+    status: Literal["ok", "empty"] = Field(description="empty: nothing remembered matches (the search did look).")
+    note: str
+    memories: list[Recollection] = Field(description="Best first.")
+
+
+class Packed(Reply):
+    text: str = Field(description="The memories that matter for the task, ready to put in a prompt.")
+    tokens: int
+    memory_ids: list[str]
+    note: str
+
+
+class Forgotten(rpc.ForgetReport):
+    """What was forgotten, and the proof (`verify_forgotten`) that nothing of it is left."""
+
+    proof: rpc.ForgetProof
+
+
+class TurnIn(Reply):
+    role: Role
+    text: str = Field(min_length=1)
+    ts: datetime | None = Field(default=None, description="When it was said (with its offset); default now.")
+
+
+class Published(Reply):
+    ids: list[str] = Field(description="The stream ids, in order.")
+    event_ids: list[str]
+    note: str
+
+
+# -- the tools -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def told() -> Iterator[None]:
+    """Failures a model can act on, as a tool error in words it reads (never an empty answer)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        raise ToolError(f"invalid {exc.field}: {exc.reason}") from exc
+    except Refused as exc:
+        raise ToolError(exc.message) from exc
+    except (RpcError, redis.RedisError) as exc:
+        raise ToolError(f"memory unavailable: {exc}") from exc
+
+
+class MemoryTools:
+    """The tools (their docstrings are what a model reads to decide when to call them), for the caller
+    `caller_of` finds for each call."""
+
+    def __init__(self, client: MemoryClient, caller_of: Callable[[Context], Caller]) -> None:
+        self.client, self.caller_of = client, caller_of
+
+    def _writer(self, ctx: Context) -> Caller:
+        caller = self.caller_of(ctx)
+        if caller.read_only:
+            raise Refused(403, "forbidden", "this key is read-only: it may recall and get context, not remember, "
+                          "forget or publish")
+        return caller
+
+    def remember(self, content: Annotated[str, Field(min_length=1, description="One self-contained statement.")],
+                 ctx: Context) -> Remembered:
+        """Remember one thing about the user for later conversations: a preference, a fact, a decision, a rule.
+        Use it when the user asks you to remember something, or says something that will matter again."""
+        with told():
+            subject, event_id = self._writer(ctx).subject, f"mcp-{uuid.uuid4()}"
+            self.client.write(subject, content, session_id="mcp", event_id=event_id)
+        return Remembered(event_id=event_id, note="accepted: it will be searchable in a few seconds, once written")
+
+    def recall(self, query: Annotated[str, Field(min_length=1, description="What you want to know, in words.")],
+               ctx: Context, k: Annotated[int, Field(ge=1, le=50, description="At most this many.")] = 5) -> Recalled:
+        """Search what is remembered about the user. Use it before answering anything that may depend on
+        their preferences, past decisions or facts about them, or when they ask what you remember."""
+        with told():
+            result = self.client.search(self.caller_of(ctx).subject, query, k=k)
+        if result.status == "failed":
+            raise ToolError(f"memory unavailable: the search could not look ({result.error}); this does not "
+                            "mean nothing is remembered")
+        found = [Recollection(id=h.id, content=h.content, type=h.mtype, date=h.created_at) for h in result.hits]
+        note = f"{len(found)} memories, best first" if found else "nothing remembered matches this query"
+        return Recalled(status="ok" if found else "empty", note=note, memories=found)
+
+    def context(self, task: Annotated[str, Field(min_length=1, description="The task or question at hand.")],
+                ctx: Context, budget_tokens: Annotated[int, Field(ge=50, le=8000)] = 800) -> Packed:
+        """The memories that matter for a task, packed into prompt text within a token budget. Use it at the
+        start of a task or conversation to bring in the user's preferences, rules and relevant facts."""
+        with told():
+            packed = self.client.pack(self.caller_of(ctx).subject, task, budget_tokens)
+        note = "ready to use" if packed.used_ids else "nothing remembered bears on this task"
+        return Packed(text=packed.system, tokens=packed.tokens, memory_ids=packed.used_ids, note=note)
+
+    def forget(self, ctx: Context,
+               memory_ids: Annotated[list[str] | None, Field(description="Ids from recall.")] = None,
+               contains: Annotated[str | None, Field(description="Forget every memory holding this.")] = None,
+               ) -> Forgotten:
+        """Forget memories for good: by id (from recall) or every one whose content holds a phrase. Use it when
+        the user asks you to forget something or says a memory is wrong. Returns the proof nothing is left."""
+        if not memory_ids and not contains:
+            raise ToolError("name what to forget: memory_ids (from recall) or contains (a phrase)")
+        with told():
+            subject = self._writer(ctx).subject
+            report = self.client.call(rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
+            proof = self.client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
+        return Forgotten(**report.model_dump(), proof=proof)
+
+    def publish_turns(self, turns: list[TurnIn],
+                      session_id: Annotated[str, Field(min_length=1, max_length=200, description=(
+                          "This conversation's id, the same in every call for it."))],
+                      ctx: Context, end_session: bool = False) -> Published:
+        """Report turns of this conversation so memory can learn from them (it picks what is worth keeping).
+        Use it after each exchange, or in batches; set end_session when the conversation is over."""
+        with told():
+            subject = self._writer(ctx).subject
+            events = turn_events(subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
+            ids = self.client.publish_many(events)
+        return Published(ids=ids, event_ids=[e["event_id"] for e in events],
+                         note=f"{len(ids)} events accepted; what is worth keeping is searchable in a few seconds")
+
+
+def turn_events(subject: str, session_id: str, turns: Sequence[TurnIn], *, end_session: bool,
+                now: datetime) -> list[dict[str, Any]]:
+    """The events a batch of turns makes. An event's id is a digest of what it says and where, so a client
+    that reports the same batch again (a retry) rewrites the same turns instead of adding copies."""
+    events = [{"event_id": _digest("turn", subject, session_id, str(i), t.role.value, (t.ts or now).isoformat(),
+                                   t.text),
+               "subject": subject, "session_id": session_id, "kind": Kind.message, "role": t.role, "text": t.text,
+               "ts": t.ts or now, "meta": {"via": "mcp"}} for i, t in enumerate(turns)]
+    if end_session:
+        last = max([now, *(t.ts for t in turns if t.ts is not None)])
+        events.append({"event_id": _digest("end", subject, session_id), "subject": subject,
+                       "session_id": session_id, "kind": Kind.session_end, "ts": last, "meta": {"via": "mcp"}})
+    return events
+
+
+def _digest(*parts: str) -> str:
+    return "mcp-" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+
+
+READS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+ERASES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
+
+INSTRUCTIONS = ("Long-term memory of the user you are talking with (memflow). Call context at the start of a task, "
+                "recall before answers that may depend on what you know of them, remember what they ask you to "
+                "keep, forget what they ask you to drop, and publish_turns to let memory learn from the conversation.")
+
+
+def build_server(tools: MemoryTools) -> MCPServer:
+    server: MCPServer = MCPServer("memflow", version="1", instructions=INSTRUCTIONS, log_level="WARNING")
+    for fn, hints in ((tools.remember, WRITES), (tools.recall, READS), (tools.context, READS),
+                      (tools.forget, ERASES), (tools.publish_turns, WRITES)):
+        server.add_tool(fn, description=inspect.getdoc(fn), annotations=hints, structured_output=True)
+    return server
+
+
+# -- over stdio ------------------------------------------------------------------------------------
+
+
+def run_stdio(settings: Settings, subject: str | None) -> None:
+    """Serve the tools on stdin/stdout until the client closes them. A subject or key that cannot be used
+    is told at once, in one line (MemflowError), rather than at the model's first call."""
+    client = MemoryClient(settings)
+    secret = settings.http.api_key.get_secret_value() if settings.http.api_key else None
+    caller_of = StdioCaller(KeyStore(client.redis, client.keys), secret, subject)
+    caller = caller_of.resolve()
+    log.info("memflow mcp over stdio: subject %s%s", caller.subject, " (read-only)" if caller.read_only else "")
+    build_server(MemoryTools(client, caller_of)).run("stdio")
+
+
+# -- over streamable HTTP ---------------------------------------------------------------------------
+
+
+class Gate:
+    """In front of the SDK at /mcp: the request's key and subject, resolved before MCP sees the request;
+    a refusal is the API's JSON error (`{"error": {code, message, field}}`) with its status."""
+
+    def __init__(self, inner: ASGIApp, keystore: KeyStore, *, auth: bool) -> None:
+        self.inner, self.keystore, self.auth = inner, keystore, auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        try:
+            # The key store is blocking Redis: off the event loop, like the API's sync routes.
+            scope[CALLER_SCOPE] = await anyio.to_thread.run_sync(self.resolve, Headers(scope=scope))
+        except Refused as exc:
+            return await refusal(exc)(scope, receive, send)
+        await self.inner(scope, receive, send)
+
+    def resolve(self, headers: Headers) -> Caller:
+        key = key_of(self.keystore, bearer(headers.get("authorization"))) if self.auth else OPEN
+        return resolve_caller(key, headers.get(SUBJECT_HEADER), where=SUBJECT_HEADER)
+
+
+def refusal(exc: Refused) -> JSONResponse:
+    challenge = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message, "field": exc.field}},
+                        status_code=exc.status, headers=challenge)
+
+
+@dataclass(frozen=True)
+class HttpEndpoint:
+    """The ASGI app to route `/mcp` to, and the lifespan that runs the SDK's session manager."""
+
+    app: ASGIApp
+    lifespan: Callable[[Any], AbstractAsyncContextManager[None]]
+
+
+def http_endpoint(client: MemoryClient, keystore: KeyStore, *, auth: bool) -> HttpEndpoint:
+    server = build_server(MemoryTools(client, from_request))
+    # Host/Origin checks off: the key is what admits a request here, as everywhere in `serve`, which may
+    # listen on any address.
+    server.streamable_http_app(stateless_http=True, json_response=True,
+                               transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    manager = server.session_manager
+    return HttpEndpoint(Gate(manager.handle_request, keystore, auth=auth), lambda _app: manager.run())

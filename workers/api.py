@@ -425,6 +425,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     _install_errors(app)
     app.include_router(v1)
     app.include_router(ops)
+    from memflow.workers.inspector import pages  # here: the inspector's pages are built on this module
+    app.include_router(pages)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
     return app
 

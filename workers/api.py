@@ -453,6 +453,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.include_router(v1)
     app.include_router(ops)
     app.add_route("/mcp", mcp.app, include_in_schema=False)  # type: ignore[arg-type]  # an ASGI app: every method
+    from memflow.workers.inspector import pages  # here: the inspector's pages are built on this module
+    app.include_router(pages)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
     return app
 

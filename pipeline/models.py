@@ -28,6 +28,10 @@ META_TEXT_KEYS = ("speaker", "external_ref", "outcome")
 EVENT_YEARS = range(1900, 3000)
 
 Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
+# A memory's id is a UUID (pipeline/ids.py; the store takes no other point id): anything else is
+# refused where it comes in, naming the field, instead of failing in the store.
+MEMORY_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+MemoryId = Annotated[str, Field(pattern=MEMORY_ID_PATTERN, examples=["8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"])]
 Extractor = Literal["rules", "llm"]
 
 

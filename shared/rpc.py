@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, PlainSerializer, field_validator
 from memflow.pipeline.models import (
     DEFAULT_MAX_TEXT_BYTES,
     Memory,
+    MemoryId,
     MType,
     PackedPrompt,
     Revision,
@@ -76,18 +77,18 @@ class PackRequest(Wire):
 
 class ForgetRequest(Wire):
     subject: Subject
-    memory_ids: list[str] | None = None
+    memory_ids: list[MemoryId] | None = None
     contains: str | None = None
 
 
 class VerifyRequest(Wire):
     subject: Subject
-    memory_ids: list[str]
+    memory_ids: list[MemoryId]
 
 
 class FeedbackRequest(Wire):
     subject: Subject
-    memory_ids: list[str]
+    memory_ids: list[MemoryId]
     at: datetime | None = None
 
     _aware = field_validator("at")(aware)
@@ -112,12 +113,12 @@ class RunJobRequest(Wire):
 
 
 class HistoryRequest(Wire):
-    memory_id: str
+    memory_id: MemoryId
     subject: Subject | None = None
 
 
 class RollbackRequest(Wire):
-    memory_id: str
+    memory_id: MemoryId
     to_version: int
     subject: Subject | None = None
     at: datetime | None = None
@@ -138,7 +139,7 @@ class SubjectsRequest(Wire):
 
 
 class ReviewDecideRequest(Wire):
-    memory_id: str
+    memory_id: MemoryId
     accept: bool
     subject: Subject | None = None
     at: datetime | None = None

@@ -331,7 +331,7 @@ def test_a_read_only_key_reads_and_never_writes(served: Served) -> None:
         assert http.post("/v1/search", json={"subject": subj, "query": "allergy"}).json()["status"] == "ok"
         for method, path, body in [("POST", "/v1/events", event(subj, "x")),
                                    ("POST", "/v1/memories", {"subject": subj, "content": "x"}),
-                                   ("POST", "/v1/feedback", {"subject": subj, "memory_ids": ["x"]}),
+                                   ("POST", "/v1/feedback", {"subject": subj, "memory_ids": [str(uuid.uuid4())]}),
                                    ("DELETE", f"/v1/subjects/{subj}/memories", {"contains": "peanuts"})]:
             assert http.request(method, path, json=body).status_code == 403, path
 

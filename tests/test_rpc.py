@@ -75,15 +75,16 @@ def test_the_worker_refuses_a_job_that_is_no_call_or_no_request(system: System) 
     with pytest.raises(RpcError, match="no RPC"):
         system.client._call("drop_everything", "ann")
     with pytest.raises(RpcError, match="history takes at most 2"):
-        system.client._call("history", "m1", None, "extra")
+        system.client._call("history", "00000000-0000-4000-8000-000000000000", None, "extra")
     with pytest.raises(RpcError, match="memory_ids"):
         system.client._call("feedback", fields={"subject": "ann", "memory_ids": "not a list"})
 
 
 def test_a_handlers_error_reaches_the_client_as_rpc_error(system: System) -> None:
     nowhere = "00000000-0000-4000-8000-000000000000"
-    with pytest.raises(RpcError, match=f"MemflowError: no memory {nowhere} for subject ann"):
+    with pytest.raises(RpcError, match=f"NotFound: no memory {nowhere} for subject ann") as raised:
         system.client.history(nowhere, subject="ann")
+    assert raised.value.kind == "NotFound"
 
 
 def test_the_cli_prints_typed_replies_as_json(system: System, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
+from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
@@ -101,7 +101,7 @@ class SearchFailed(SearchResult):
 
 
 class ForgetBody(Wire):
-    memory_ids: list[str] | None = None
+    memory_ids: list[MemoryId] | None = None
     contains: str | None = None
 
 
@@ -186,8 +186,11 @@ def ask(client: MemoryClient, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorReply, "description": what} for status, what in (
+        (400, "The body is not JSON (`invalid_input`)."),
         (401, "No key, or an unknown or revoked one (`unauthorized`)."),
         (403, "The key may not touch this subject, or is read-only (`forbidden`)."),
+        (404, "No such memory for this key (`not_found`)."),
+        (413, "The body is over the limit, or a batch too long (`invalid_input`)."),
         (422, "A field is invalid (`invalid_input`, naming the field)."),
         (503, "The store or the query worker failed (`store_unavailable`)."),
         (504, "No query worker answered in time (`timeout`)."))}
@@ -261,7 +264,7 @@ def traces(key: Caller, client: Client, subject: Subject,
 
 
 @v1.get("/memories/{memory_id}/history", response_model=rpc.History, tags=["read"])
-def history(key: Caller, client: Client, memory_id: str, subject: Subject | None = None) -> rpc.History:
+def history(key: Caller, client: Client, memory_id: MemoryId, subject: Subject | None = None) -> rpc.History:
     """Every version of a memory and why each changed. A memory of a subject the key may not see is
     answered 404, as one that does not exist."""
     if subject is not None:
@@ -281,7 +284,7 @@ def feedback(key: Caller, client: Client, body: rpc.FeedbackRequest) -> rpc.Adop
 
 @v1.delete("/subjects/{subject:path}/memories", response_model=Forgotten, tags=["write"])
 def forget(key: Caller, client: Client, subject: Subject, body: Annotated[ForgetBody | None, Body()] = None,
-           ids: Annotated[list[str] | None, Query(description="Memory ids (or `memory_ids` in the body).")] = None,
+           ids: Annotated[list[MemoryId] | None, Query(description="Memory ids (or `memory_ids` in the body).")] = None,
            contains: Annotated[str | None, Query(description="Every memory whose content holds this.")] = None,
            ) -> Forgotten:
     """Forget memories by id or by `contains`, and prove it: no point left, no Redis entry naming them."""

@@ -37,7 +37,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MType, Role
+from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role
 from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
@@ -239,7 +239,7 @@ class MemoryTools:
         return Packed(text=packed.system, tokens=packed.tokens, memory_ids=packed.used_ids, note=note)
 
     def forget(self, ctx: Context,
-               memory_ids: Annotated[list[str] | None, Field(description="Ids from recall.")] = None,
+               memory_ids: Annotated[list[MemoryId] | None, Field(description="Ids from recall.")] = None,
                contains: Annotated[str | None, Field(description="Forget every memory holding this.")] = None,
                ) -> Forgotten:
         """Forget memories for good: by id (from recall) or every one whose content holds a phrase. Use it when

@@ -81,7 +81,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "retry_base_s", "retry_max_s", "review_after_hours", "rpc_timeout_s", "scheduler_job_timeout_s",
     "scheduler_misfire_grace_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
     "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
-    "type_quotas", "whole_subject_weight")}
+    "type_quotas", "whole_subject_weight",
+    # issue 16: `memflow serve` and `memflow mcp`
+    "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key")}
 
 
 def every_name_set() -> Settings:
@@ -89,7 +91,7 @@ def every_name_set() -> Settings:
     return Settings(redis_url="redis://127.0.0.1:1/0", redis_server="/bin/valkey", qdrant_url="http://q:6333",
                     qdrant_api_key=SecretStr("qk"), embedder="openai", embedder_url="http://e/v1",
                     embedder_api_key=SecretStr("ek"), embedder_dim=8, llm_base_url="http://l/v1",
-                    llm_api_key=SecretStr("lk"), dense_floor=0.1)
+                    llm_api_key=SecretStr("lk"), dense_floor=0.1, api_key=SecretStr("mf_x"))
 
 
 def test_every_flat_name_is_still_a_variable_of_the_environment() -> None:

@@ -28,7 +28,8 @@ from mcp_types import CallToolResult
 from memflow.pipeline.models import Role
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.settings import Settings, to_env
-from memflow.workers.mcp import SUBJECT_HEADER, Caller, Refused, TurnIn, resolve_caller, turn_events
+from memflow.workers.front import ApiError
+from memflow.workers.mcp import SUBJECT_HEADER, Caller, TurnIn, resolve_caller, turn_events
 from tests import test_api
 from tests.test_api import Served, subject
 
@@ -54,7 +55,7 @@ def test_the_subject_is_the_keys_own_or_one_it_covers_and_nothing_else() -> None
                                  (key("team-a/*"), None, 400),        # many subjects, none named
                                  (OPEN, None, 400),                   # --no-auth: the header is required
                                  (OPEN, "a b", 400)]:                 # no subject id
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(ApiError) as refused:
             resolve_caller(given, named, where=SUBJECT_HEADER)
         assert refused.value.status == status and refused.value.field == SUBJECT_HEADER, (given, named)
 

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,30 +37,11 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import Settings
 from memflow.shared.status import recent_traces
+from memflow.workers.front import ApiError, ErrorCode, ErrorReply, Forgotten, allowed, authenticate, forget_proven
 from memflow.workers.mcp import http_endpoint
 from memflow.workers.system import Part
 
 log = logging.getLogger("memflow.api")
-
-ErrorCode = Literal["invalid_input", "unauthorized", "forbidden", "not_found", "store_unavailable", "timeout",
-                    "internal"]
-
-
-class ErrorBody(BaseModel):
-    code: ErrorCode
-    message: str
-    field: str | None = None
-
-
-class ErrorReply(BaseModel):
-    error: ErrorBody
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: ErrorCode, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
-
 
 # -- bodies and replies (the SDK's models where it has them) ------------------------------
 
@@ -105,12 +86,6 @@ class ForgetBody(Wire):
     contains: str | None = None
 
 
-class Forgotten(rpc.ForgetReport):
-    """What was forgotten, and the proof (`verify_forgotten`) that nothing of it is left."""
-
-    proof: rpc.ForgetProof
-
-
 class Health(Wire):
     status: Literal["ok", "degraded"]
     redis: Literal["ok", "unavailable"]
@@ -134,14 +109,8 @@ def principal(request: Request,
     # The inspector page's cookie counts for reads only: a page elsewhere cannot make a browser
     # write or forget with it (and it is SameSite=Strict besides).
     cookie = request.cookies.get("memflow_key") if request.method == "GET" else None
-    secret = credentials.credentials if credentials else cookie
-    if not secret:
-        raise ApiError(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
     keystore: KeyStore = request.app.state.keystore
-    key = keystore.lookup(secret)
-    if key is None:
-        raise ApiError(401, "unauthorized", "unknown or revoked API key")
-    return key
+    return authenticate(keystore, credentials.credentials if credentials else cookie)
 
 
 def client_of(request: Request) -> MemoryClient:
@@ -151,15 +120,6 @@ def client_of(request: Request) -> MemoryClient:
 
 Caller = Annotated[ApiKey, Depends(principal)]
 Client = Annotated[MemoryClient, Depends(client_of)]
-
-
-def allowed(key: ApiKey, subject: str, *, write: bool = False) -> str:
-    """`subject`, if the key may touch it (and write, when asked); 403 otherwise."""
-    if not key.may_see(subject):
-        raise ApiError(403, "forbidden", f"this key may not touch subject {subject!r}", "subject")
-    if write and key.read_only:
-        raise ApiError(403, "forbidden", "this key is read-only")
-    return subject
 
 
 def _rpc_failure(exc: RpcError) -> ApiError:
@@ -293,9 +253,10 @@ def forget(key: Caller, client: Client, subject: Subject, body: Annotated[Forget
     contains = (body.contains if body else None) or contains
     if not memory_ids and not contains:
         raise ApiError(422, "invalid_input", "name the memories: `memory_ids` or `contains`", "memory_ids")
-    report = ask(client, rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
-    proof = ask(client, rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
-    return Forgotten(**report.model_dump(), proof=proof)
+    try:
+        return forget_proven(client, subject, memory_ids, contains)
+    except RpcError as exc:
+        raise _rpc_failure(exc) from exc
 
 
 # -- health and metrics ----------------------------------------------------------------------
@@ -338,8 +299,7 @@ def metrics(key: Caller, client: Client) -> PlainTextResponse:
 
 
 def _reply(status: int, code: ErrorCode, message: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse(ErrorReply(error=ErrorBody(code=code, message=message, field=field)).model_dump(),
-                        status_code=status)
+    return ApiError(status, code, message, field).response()
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -358,7 +318,7 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return _reply(exc.status, exc.code, exc.message, exc.field)
+    return exc.response()
 
 
 async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:

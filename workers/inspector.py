@@ -41,10 +41,11 @@ from memflow.shared.apikeys import ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput
 from memflow.shared.status import StageStatus, read_status, recent_traces
-from memflow.workers.api import ApiError, Client, allowed, ask, principal
+from memflow.workers.api import Client, ask, principal
 from memflow.workers.api import history as history_of
 from memflow.workers.api import inspect as inspect_of
 from memflow.workers.api import subjects as subjects_of
+from memflow.workers.front import ApiError, allowed
 
 COOKIE = "memflow_key"
 SEARCH_K = 10

@@ -34,16 +34,15 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role
 from memflow.pipeline.scopes import single_subject
-from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
-from memflow.shared.errors import InvalidInput, MemflowError, RpcError
+from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.settings import Settings
+from memflow.workers.front import ApiError, Forgotten, allowed, authenticate, bearer, forget_proven
 
 log = logging.getLogger("memflow.mcp")
 
@@ -65,42 +64,17 @@ class Caller:
     read_only: bool
 
 
-class Refused(MemflowError):
-    """No caller: what the HTTP API would answer (its status and stable error code)."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
-
-
 def resolve_caller(key: ApiKey, named: str | None, *, where: str) -> Caller:
     """The caller a key and a named subject make: the subject named (`where` says how: the stdio flag or
     the HTTP header), which the key's patterns must cover, else the key's only subject. A key over many
     subjects (and --no-auth, over all) must name one; none comes from a tool argument."""
     subject = named or single_subject(key.subjects)
     if subject is None:
-        raise Refused(400, "invalid_input", f"name the subject this client speaks for with {where} "
-                      "(the key does not name exactly one)", where)
+        raise ApiError(400, "invalid_input", f"name the subject this client speaks for with {where} "
+                       "(the key does not name exactly one)", where)
     if not SUBJECT_ID.fullmatch(subject):
-        raise Refused(400, "invalid_input", f"{subject!r} is no subject id (letters, digits, . _ : / -)", where)
-    if not key.may_see(subject):
-        raise Refused(403, "forbidden", f"this key may not touch subject {subject!r}", where)
-    return Caller(subject, key.read_only)
-
-
-def key_of(keystore: KeyStore, secret: str | None) -> ApiKey:
-    """The key `secret` is (looked up each time: a revoked key is refused at once); 401 otherwise."""
-    if not secret:
-        raise Refused(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
-    key = keystore.lookup(secret)
-    if key is None:
-        raise Refused(401, "unauthorized", "unknown or revoked API key")
-    return key
-
-
-def bearer(authorization: str | None) -> str | None:
-    scheme, _, secret = (authorization or "").partition(" ")
-    return secret.strip() or None if scheme.lower() == "bearer" else None
+        raise ApiError(400, "invalid_input", f"{subject!r} is no subject id (letters, digits, . _ : / -)", where)
+    return Caller(allowed(key, subject, field=where), key.read_only)
 
 
 class StdioCaller:
@@ -111,7 +85,7 @@ class StdioCaller:
         self.keystore, self.secret, self.subject = keystore, secret, subject
 
     def resolve(self) -> Caller:
-        key = OPEN if self.secret is None else key_of(self.keystore, self.secret)
+        key = OPEN if self.secret is None else authenticate(self.keystore, self.secret)
         return resolve_caller(key, self.subject, where=STDIO_SUBJECT)
 
     def __call__(self, ctx: Context) -> Caller:
@@ -123,7 +97,7 @@ def from_request(ctx: Context) -> Caller:
     request = ctx.request_context.request
     caller = None if request is None else request.scope.get(CALLER_SCOPE)
     if not isinstance(caller, Caller):
-        raise Refused(401, "unauthorized", "this request passed no key check")
+        raise ApiError(401, "unauthorized", "this request passed no key check")
     return caller
 
 
@@ -159,12 +133,6 @@ class Packed(Reply):
     note: str
 
 
-class Forgotten(rpc.ForgetReport):
-    """What was forgotten, and the proof (`verify_forgotten`) that nothing of it is left."""
-
-    proof: rpc.ForgetProof
-
-
 class TurnIn(Reply):
     role: Role
     text: str = Field(min_length=1)
@@ -187,7 +155,7 @@ def told() -> Iterator[None]:
         yield
     except InvalidInput as exc:
         raise ToolError(f"invalid {exc.field}: {exc.reason}") from exc
-    except Refused as exc:
+    except ApiError as exc:
         raise ToolError(exc.message) from exc
     except (RpcError, redis.RedisError) as exc:
         raise ToolError(f"memory unavailable: {exc}") from exc
@@ -203,7 +171,7 @@ class MemoryTools:
     def _writer(self, ctx: Context) -> Caller:
         caller = self.caller_of(ctx)
         if caller.read_only:
-            raise Refused(403, "forbidden", "this key is read-only: it may recall and get context, not remember, "
+            raise ApiError(403, "forbidden", "this key is read-only: it may recall and get context, not remember, "
                           "forget or publish")
         return caller
 
@@ -247,10 +215,7 @@ class MemoryTools:
         if not memory_ids and not contains:
             raise ToolError("name what to forget: memory_ids (from recall) or contains (a phrase)")
         with told():
-            subject = self._writer(ctx).subject
-            report = self.client.call(rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
-            proof = self.client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
-        return Forgotten(**report.model_dump(), proof=proof)
+            return forget_proven(self.client, self._writer(ctx).subject, memory_ids, contains)
 
     def publish_turns(self, turns: list[TurnIn],
                       session_id: Annotated[str, Field(min_length=1, max_length=200, description=(
@@ -332,19 +297,13 @@ class Gate:
         try:
             # The key store is blocking Redis: off the event loop, like the API's sync routes.
             scope[CALLER_SCOPE] = await anyio.to_thread.run_sync(self.resolve, Headers(scope=scope))
-        except Refused as exc:
-            return await refusal(exc)(scope, receive, send)
+        except ApiError as exc:
+            return await exc.response()(scope, receive, send)
         await self.inner(scope, receive, send)
 
     def resolve(self, headers: Headers) -> Caller:
-        key = key_of(self.keystore, bearer(headers.get("authorization"))) if self.auth else OPEN
+        key = authenticate(self.keystore, bearer(headers.get("authorization"))) if self.auth else OPEN
         return resolve_caller(key, headers.get(SUBJECT_HEADER), where=SUBJECT_HEADER)
-
-
-def refusal(exc: Refused) -> JSONResponse:
-    challenge = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse({"error": {"code": exc.code, "message": exc.message, "field": exc.field}},
-                        status_code=exc.status, headers=challenge)
 
 
 @dataclass(frozen=True)

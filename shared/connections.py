@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import redis
+import redis.asyncio
 
 from memflow.shared.errors import MemflowError
 from memflow.shared.settings import Settings
@@ -62,6 +63,14 @@ def connect(url: str, *, socket_timeout_s: float | None = None) -> redis.Redis:
     if url not in _checked:
         _check_version(client, url)
     return client
+
+
+def connect_async(url: str) -> redis.asyncio.Redis:
+    """An asyncio client with `connect`'s options, for a front door's per-request reads on its event loop
+    (the server's version is checked by the sync client every process also makes)."""
+    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, socket_keepalive=True,
+                                        socket_keepalive_options=_keepalive_options(),
+                                        health_check_interval=HEALTH_CHECK_S)
 
 
 def stage_socket_timeout_s(block_ms: int) -> float:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -34,10 +36,19 @@ from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchReq
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
+from memflow.shared.connections import connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import Settings
 from memflow.shared.status import recent_traces
-from memflow.workers.front import ApiError, ErrorCode, ErrorReply, Forgotten, allowed, authenticate, forget_proven
+from memflow.workers.front import (
+    ApiError,
+    ErrorCode,
+    ErrorReply,
+    Forgotten,
+    allowed,
+    authenticate_async,
+    forget_proven,
+)
 from memflow.workers.mcp import http_endpoint
 from memflow.workers.system import Part
 
@@ -101,8 +112,8 @@ class Health(Wire):
 _bearer = HTTPBearer(auto_error=False, description="An API key: `memflow keys create --name N --subjects 'team-a/*'`")
 
 
-def principal(request: Request,
-              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> ApiKey:
+async def principal(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> ApiKey:
     """The key the request names (looked up on every request: a revoked key is refused at once)."""
     if not request.app.state.auth:
         return OPEN
@@ -110,10 +121,12 @@ def principal(request: Request,
     # write or forget with it (and it is SameSite=Strict besides).
     cookie = request.cookies.get("memflow_key") if request.method == "GET" else None
     keystore: KeyStore = request.app.state.keystore
-    return authenticate(keystore, credentials.credentials if credentials else cookie)
+    return await authenticate_async(keystore, request.app.state.redis, credentials.credentials if credentials
+                                    else cookie)
 
 
-def client_of(request: Request) -> MemoryClient:
+async def client_of(request: Request) -> MemoryClient:
+    # async: it does no I/O, and a sync dependency costs a hop to the thread pool per request
     client: MemoryClient = request.app.state.client
     return client
 
@@ -407,10 +420,17 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     client = client or MemoryClient(settings)
     keystore = KeyStore(client.redis, client.keys)
     mcp = http_endpoint(client, keystore, auth=auth)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with mcp.lifespan(app):  # the MCP SDK's session manager
+            yield
+        await app.state.redis.aclose()
     app = FastAPI(title="memflow", version="1", summary="Long-term memory for LLM agents: the HTTP API.",
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=mcp.lifespan)
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=lifespan)
     app.state.client = client
     app.state.keystore = keystore
+    app.state.redis = connect_async(require_url(settings))  # the key lookups, on the event loop
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)

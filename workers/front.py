@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import redis.asyncio
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
@@ -53,9 +54,21 @@ def bearer(authorization: str | None) -> str | None:
 
 def authenticate(keystore: KeyStore, secret: str | None) -> ApiKey:
     """The key `secret` is, looked up now; 401 when there is none, or none by that secret."""
+    return _known(keystore.lookup(_given(secret)))
+
+
+async def authenticate_async(keystore: KeyStore, client: redis.asyncio.Redis, secret: str | None) -> ApiKey:
+    """`authenticate` on the server's event loop."""
+    return _known(await keystore.lookup_async(client, _given(secret)))
+
+
+def _given(secret: str | None) -> str:
     if not secret:
         raise ApiError(401, "unauthorized", "no API key: send `Authorization: Bearer <key>`")
-    key = keystore.lookup(secret)
+    return secret
+
+
+def _known(key: ApiKey | None) -> ApiKey:
     if key is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key")
     return key

@@ -249,12 +249,12 @@ def _invalid(exc: RequestValidationError | InvalidInput) -> str:
 _bearer = HTTPBearer(auto_error=False)
 
 
-def visitor(request: Request,
-            credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> ApiKey | None:
+async def visitor(request: Request,
+                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> ApiKey | None:
     """The caller's key (the cookie, as the API reads it); None when a browser came with no key at all."""
     if request.app.state.auth and credentials is None and COOKIE not in request.cookies:
         return None
-    return principal(request, credentials)
+    return await principal(request, credentials)
 
 
 Visitor = Annotated[ApiKey | None, Depends(visitor)]

@@ -6,8 +6,8 @@
   (RPC over RQ), and `POST /v1/search` on a real `memflow serve` (a uvicorn process, a key checked
   on every request). The HTTP layer's cost is HTTP − MemoryClient.
 - writes: `POST /v1/events` from `clients` concurrent clients (threads, one keep-alive connection
-  each), one event per request and batches, next to `MemoryClient.publish` from as many threads (the
-  same XADDs without HTTP). They publish to a prefix no stage reads, so the figure is the API's own
+  each), one event per request and batches, with one server process and with two (`--workers 2`),
+  next to `MemoryClient.publish` from as many threads (the same XADDs without HTTP). They publish to a prefix no stage reads, so the figure is the API's own
   capacity, not the pipeline's; the CPU seconds the serve process spent per request say what limits it.
 """
 
@@ -42,13 +42,14 @@ SUBJECT = "bench-search"
 
 
 @contextmanager
-def serving(settings: Settings) -> Iterator[tuple[str, int]]:
-    """A real `memflow serve` for `settings` on a free port: its URL and pid."""
+def serving(settings: Settings, workers: int = 1) -> Iterator[tuple[str, int]]:
+    """A real `memflow serve` for `settings` on a free port (`workers` processes): its URL and pid."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port)],
+    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port),
+                                "--workers", str(workers)],
                                env={**os.environ, **to_env(settings), "MEMFLOW_LOG_LEVEL": "WARNING"},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -70,9 +71,19 @@ def serving(settings: Settings) -> Iterator[tuple[str, int]]:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds a process and its children (the server processes of --workers) have used."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 # -- search ------------------------------------------------------------------------------------
@@ -200,20 +211,24 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
     quiet_client = MemoryClient(quiet)
     write_key = KeyStore(quiet_client.redis, quiet_client.keys).create("bench", ["*"], read_only=False,
                                                                        now=datetime.now(UTC))[1]
-    with serving(quiet) as (url, pid):
-        say(f"writes from {clients} concurrent clients ...")
-        report["writes"] = bench_writes(url, pid, write_key, quiet_client, clients, requests, batch)
+    for workers in (1, 2):
+        with serving(quiet, workers) as (url, pid):
+            say(f"writes from {clients} concurrent clients, {workers} server process(es) ...")
+            report["writes" if workers == 1 else f"writes_{workers}_processes"] = bench_writes(
+                url, pid, write_key, quiet_client, clients, requests, batch)
     return report
 
 
 def print_report(r: dict[str, Any]) -> None:
-    s, w = r["search"], r["writes"]
+    s = r["search"]
     print(f"machine: {r['machine']}")
     print(f"search @ {s['memories']} memories, {s['queries']} queries (p50 / p95 ms):")
     for name in ("store_limit", "in_process", "client", "http"):
         print(f"  {name:<12} {s[name]['p50_ms']:>8} {s[name]['p95_ms']:>8}")
     print(f"  HTTP layer adds p50 {s['http_overhead_p50_ms']} ms, p95 {s['http_overhead_p95_ms']} ms")
-    print(f"writes, {w['clients']} concurrent clients: POST /v1/events {w['http_requests_per_s']} req/s "
-          f"(serve CPU {w['serve_cpu_ms_per_request']} ms/request, {w['serve_cpu_share']} cores busy); "
-          f"batches of {w['http_batch']}: {w['http_batched_events_per_s']} events/s; "
-          f"MemoryClient.publish {w['client_publish_per_s']}/s")
+    for name in ("writes", "writes_2_processes"):
+        w = r[name]
+        print(f"{name}, {w['clients']} concurrent clients: POST /v1/events {w['http_requests_per_s']} req/s "
+              f"(serve CPU {w['serve_cpu_ms_per_request']} ms/request, {w['serve_cpu_share']} cores busy); "
+              f"batches of {w['http_batch']}: {w['http_batched_events_per_s']} events/s; "
+              f"MemoryClient.publish {w['client_publish_per_s']}/s")

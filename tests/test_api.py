@@ -426,3 +426,21 @@ def test_an_unknown_route_or_method_answers_in_the_same_error_shape(served: Serv
     with served.http(served.admin) as http:
         assert error_of(http.get("/v1/nothing-here"))["code"] == "not_found"
         assert http.get("/v1/search").status_code == 405 and error_of(http.get("/v1/search"))["code"] == "invalid_input"
+
+
+def test_several_server_processes_share_the_port_and_the_keys(served: Served) -> None:
+    url, process = start_serve(served.settings, "--workers", "2")
+    subj = subject()
+    key = served.key(subj)
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+            ids = [http.post("/v1/events", json=event(subj, f"turn {i}", i)).json()["ids"][0] for i in range(20)]
+            assert len(set(ids)) == 20
+            assert all(http.post("/v1/search", json={"subject": subj, "query": "turn"}).status_code == 200
+                       for _ in range(10))
+            assert KeyStore(served.system.client.redis, served.system.client.keys).revoke(key.split("_")[1])
+            # Whichever process answers, the next request is refused.
+            assert {http.post("/v1/search", json={"subject": subj, "query": "turn"}).status_code
+                    for _ in range(10)} == {401}
+    finally:
+        stop(process)

@@ -16,6 +16,7 @@ source; Starlette alone would have us write all three by hand.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -38,7 +39,7 @@ from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
-from memflow.shared.settings import Settings
+from memflow.shared.settings import Settings, get_settings
 from memflow.shared.status import recent_traces
 from memflow.workers.front import (
     ApiError,
@@ -440,6 +441,15 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.include_router(pages)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
     return app
+
+
+# How `memflow serve --workers N` tells its processes whether keys are checked ("off": --no-auth).
+AUTH_VARIABLE = "MEMFLOW_SERVE_AUTH"
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one process of `memflow serve --workers N` (uvicorn's factory): settings from MEMFLOW_*."""
+    return create_app(get_settings(), auth=os.environ.get(AUTH_VARIABLE, "on") != "off")
 
 
 def http_part(settings: Settings, *, auth: bool) -> Part:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -31,7 +32,7 @@ from memflow.shared.errors import InvalidInput, MemflowError
 from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.reindex import DEFAULT_BATCH, Report, Step, reindex
 from memflow.shared.rpc import Rep
-from memflow.shared.settings import Settings, get_settings
+from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.shared.status import PipelineStatus, read_status
 from memflow.shared.store import Catalog, catalog_for
 from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
@@ -115,19 +116,28 @@ def up(serve: Annotated[bool, typer.Option("--serve", help="Also serve the HTTP 
 @app.command()
 def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HOST (127.0.0.1).")] = None,
           port: Annotated[int | None, typer.Option(help="Default MEMFLOW_HTTP_PORT (8765).")] = None,
+          workers: Annotated[int, typer.Option(min=1, help="Server processes sharing the port: one uses one "
+                                               "core (see `memflow bench http`).")] = 1,
           no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every subject to anyone who can "
                                                 "connect. For local use only.")] = False) -> None:
     """The HTTP API, the MCP endpoint (/mcp) and the inspector page (/), over the running system."""
     import uvicorn
 
-    from memflow.workers.api import create_app
+    from memflow.workers.api import AUTH_VARIABLE, create_app
     settings = _settings()
     host, port = host or settings.http.host, settings.http.port if port is None else port
     if no_auth:
         _warn_no_auth(host)
-    typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}")
-    uvicorn.run(create_app(settings, auth=not no_auth), host=host, port=port, access_log=False,
-                log_level=settings.log_level.lower())
+    typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}"
+               + (f", {workers} processes" if workers > 1 else ""))
+    common: dict[str, Any] = {"host": host, "port": port, "access_log": False, "log_level": settings.log_level.lower()}
+    if workers == 1:
+        uvicorn.run(create_app(settings, auth=not no_auth), **common)
+        return
+    # Each process builds its own app from the environment: the settings resolved here, and the auth switch.
+    os.environ.update({**to_env(settings.replace(redis_url=require_url(settings))),
+                       AUTH_VARIABLE: "off" if no_auth else "on"})
+    uvicorn.run("memflow.workers.api:app_from_environment", factory=True, workers=workers, **common)
 
 
 def _http_part(settings: Settings, *, auth: bool) -> Part:

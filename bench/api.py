@@ -44,33 +44,43 @@ from memflow.workers.query import search as search_in_process
 SUBJECT = "bench-search"
 
 
-@contextmanager
-def serving(settings: Settings, workers: int = 1) -> Iterator[tuple[str, int]]:
-    """A real `memflow serve` for `settings` on a free port (`workers` processes): its URL and pid."""
+def free_port() -> int:
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port),
-                                "--workers", str(workers)],
-                               env={**os.environ, **to_env(settings), "MEMFLOW_LOG_LEVEL": "WARNING"},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def listening(args: list[str], probe: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    """A server process (`python -m ARGS`), once `probe` answers: its pid; stopped at the end."""
+    process = subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200:
-                    break
+                httpx.get(probe, timeout=1)
+                break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("memflow serve did not start")
+                raise SystemExit(f"{' '.join(args)} did not start")
             time.sleep(0.05)
-        yield url, process.pid
+        yield process.pid
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+@contextmanager
+def serving(settings: Settings, workers: int = 1) -> Iterator[tuple[str, int]]:
+    """A real `memflow serve` for `settings` on a free port (`workers` processes): its URL and pid."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with listening(["memflow.workers.cli", "serve", "--port", str(port), "--workers", str(workers)],
+                   f"{url}/openapi.json", {**os.environ, **to_env(settings), "MEMFLOW_LOG_LEVEL": "WARNING"}) as pid:
+        yield url, pid
 
 
 def cpu_s(pid: int) -> float:
@@ -133,6 +143,43 @@ def _http_search(http: httpx.Client, text: str, when: datetime, subject: str = S
     reply = http.post("/v1/search", json={"subject": subject, "query": text, "k": 5, "now": when.isoformat()})
     if reply.status_code != 200 or reply.json()["status"] == "failed":
         raise SystemExit(f"search over HTTP failed: {reply.status_code} {reply.text[:300]}")
+
+
+# -- the floor of an HTTP round trip ---------------------------------------------------------------
+
+
+async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An ASGI app that reads the body and answers 202 with a constant: uvicorn and httpx alone."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 202, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"ids": ["0-1"]}'})
+
+
+@contextmanager
+def bare_server() -> Iterator[str]:
+    port = free_port()
+    with listening(["uvicorn", "memflow.bench.api:bare_app", "--port", str(port), "--log-level", "warning"],
+                   f"http://127.0.0.1:{port}/"):
+        yield f"http://127.0.0.1:{port}"
+
+
+def bench_round_trip(url: str, key: str, client: MemoryClient, n: int) -> dict[str, Any]:
+    """One event at a time, p50: `MemoryClient.publish`, `POST /v1/events`, and the same POST to a bare
+    uvicorn app (the floor: what HTTP costs here before memflow does anything)."""
+    with bare_server() as bare, httpx.Client(base_url=bare) as floor, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
+        ways: dict[str, Callable[[int], object]] = {
+            "client_publish": lambda i: client.publish(event(0, i)),
+            "http": lambda i: http.post("/v1/events", json=event(0, i)),
+            "bare_http_floor": lambda i: floor.post("/", json=event(0, i))}
+        took: dict[str, list[float]] = {name: [] for name in ways}
+        for i in range(n):
+            for name, way in ways.items():
+                took[name].append(timed(lambda w=way, i=i: w(i)))  # type: ignore[misc]
+    return {name: pct_ms(values, .5) for name, values in took.items()}
 
 
 # -- writes -------------------------------------------------------------------------------------
@@ -225,6 +272,9 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
     quiet_client = MemoryClient(quiet)
     write_key = KeyStore(quiet_client.redis, quiet_client.keys).create("bench", ["*"], read_only=False,
                                                                        now=datetime.now(UTC))[1]
+    with serving(quiet) as (url, _):
+        say("one write at a time, next to a bare uvicorn ...")
+        report["write_round_trip_p50_ms"] = bench_round_trip(url, write_key, quiet_client, 500)
     for workers in (1, 2):
         with serving(quiet, workers) as (url, pid):
             say(f"writes from {clients} concurrent clients, {workers} server process(es) ...")
@@ -242,6 +292,9 @@ def print_report(r: dict[str, Any]) -> None:
     e = s["empty_subject"]
     print(f"  HTTP layer adds (median of paired differences) {s['http_overhead_p50_ms']} ms; on an empty subject "
           f"{e['http_overhead_p50_ms']} ms (client p50 {e['client']['p50_ms']}, http p50 {e['http']['p50_ms']})")
+    rt = r["write_round_trip_p50_ms"]
+    print(f"one write at a time, p50 ms: MemoryClient.publish {rt['client_publish']}, POST /v1/events {rt['http']}, "
+          f"the same POST to a bare uvicorn app {rt['bare_http_floor']}")
     for name in ("writes", "writes_2_processes"):
         w = r[name]
         print(f"{name}, {w['clients']} concurrent clients: POST /v1/events {w['http_requests_per_s']} req/s "

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
+from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
@@ -180,9 +181,7 @@ def publish_events(key: Caller, client: Client, events: Annotated[Events, Body()
     if len(batch) > client.settings.http.max_batch:
         raise ApiError(413, "invalid_input", f"at most {client.settings.http.max_batch} events per request", "body")
     for i, event in enumerate(batch):
-        if not key.may_see(event.subject) or key.read_only:
-            raise ApiError(403, "forbidden", f"this key may not write subject {event.subject!r}",
-                           f"{i}.subject" if isinstance(events, list) else "subject")
+        allowed(key, event.subject, write=True, field=f"{i}.subject" if isinstance(events, list) else "subject")
     return Published(ids=client.publish_many(batch))
 
 
@@ -245,7 +244,9 @@ def history(key: Caller, client: Client, memory_id: MemoryId, subject: Subject |
     answered 404, as one that does not exist."""
     if subject is not None:
         allowed(key, subject)
-    found = ask(client, rpc.HISTORY, memory_id=memory_id, subject=subject)
+    # A key for one subject looks there only; otherwise the worker looks in every subject, and the
+    # answer is checked against the key below.
+    found = ask(client, rpc.HISTORY, memory_id=memory_id, subject=subject or single_subject(key.subjects))
     if not key.may_see(found.subject):
         raise ApiError(404, "not_found", "no such memory for this key")
     return found

@@ -20,7 +20,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -31,14 +30,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
-from memflow.bench.perf import AT, NAMES, NOUNS, _search_in_process, bulk_load, machine, pct_ms, say, timed
+from memflow.bench.perf import (
+    AT,
+    NAMES,
+    NOUNS,
+    _search_in_process,
+    bulk_load,
+    machine,
+    pct_ms,
+    run_embedded,
+    say,
+    timed,
+)
 from memflow.pipeline.models import SearchRequest
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.settings import Settings, to_env
-from memflow.workers.embedded import Embedded, embedded
+from memflow.workers.embedded import Embedded
 from memflow.workers.query import search as search_in_process
 
 SUBJECT = "bench-search"
@@ -247,15 +256,8 @@ def bench_writes(url: str, pid: int, key: str, client: MemoryClient, clients: in
 
 def run_cli(*, size: int, queries: int, clients: int, requests: int, batch: int, as_json: bool,
             settings: Settings) -> int:
-    with tempfile.TemporaryDirectory(prefix="memflow-http-") as tmp:
-        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="bench:", qdrant_url=None)
-        with embedded(base) as system:
-            report = measure(system, size=size, queries=queries, clients=clients, requests=requests, batch=batch)
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return run_embedded(settings, "http", lambda system: measure(
+        system, size=size, queries=queries, clients=clients, requests=requests, batch=batch), print_report, as_json)
 
 
 def measure(system: Embedded, *, size: int, queries: int, clients: int, requests: int,

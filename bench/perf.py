@@ -208,12 +208,19 @@ def peak_rss_mb(pids: dict[str, int]) -> dict[str, float]:
 
 def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
             settings: Settings) -> int:
-    with tempfile.TemporaryDirectory(prefix="memflow-perf-") as tmp:
-        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="perf:",
-                                qdrant_url=None)
+    return run_embedded(settings, "perf", lambda system: measure(
+        system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes),
+        print_report, as_json)
+
+
+def run_embedded(settings: Settings, name: str, measure: Callable[[Embedded], dict[str, Any]],
+                 print_report: Callable[[dict[str, Any]], None], as_json: bool) -> int:
+    """Measure on a fresh embedded system in a temp dir (its own Redis and store), then print the report:
+    JSON, or for a person."""
+    with tempfile.TemporaryDirectory(prefix=f"memflow-{name}-") as tmp:
+        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix=f"{name}:", qdrant_url=None)
         with embedded(base) as system:
-            report = measure(system, events=events, queries=queries, probes=probes, publishes=publishes,
-                             sizes=sizes)
+            report = measure(system)
     if as_json:
         print(orjson.dumps(report).decode())
     else:

@@ -135,12 +135,16 @@ def traces(system: System) -> list[str]:
     return [fields[FIELD.encode()].decode() for _, fields in system.ctx.client.xrange(system.ctx.keys.traces)]
 
 
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def leaks(secret: str, text: str) -> bool:
     """Whether `secret` is in `text`. A short one (a PIN, a CVV) counts only as a token of its own,
-    so that "482" inside a score (0.482) or a stream id is not taken for it."""
+    so that "482" inside a score (0.482), a stream id or a UUID (an RQ job id in a log line:
+    "4d88fd7e-cf51-4821-…" was once taken for the PIN 4821) is not taken for it."""
     if len(secret) >= 8:
         return secret in text
-    return re.search(rf"(?<![0-9A-Za-z.]){re.escape(secret)}(?![0-9A-Za-z])", text) is not None
+    return re.search(rf"(?<![0-9A-Za-z.]){re.escape(secret)}(?![0-9A-Za-z])", UUID.sub("", text)) is not None
 
 
 def benign_outcome(system: System, sent: Sent) -> str | None:

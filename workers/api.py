@@ -49,6 +49,7 @@ from memflow.workers.front import (
     Forgotten,
     allowed,
     authenticate_async,
+    error_line,
     forget_proven,
 )
 from memflow.workers.mcp import http_endpoint
@@ -140,7 +141,7 @@ Client = Annotated[MemoryClient, Depends(client_of)]
 def _rpc_failure(exc: RpcError) -> ApiError:
     """The error a failed call answers with: by what the worker raised, with its message's last line (the
     error itself, never the worker's traceback)."""
-    said = str(exc).strip().splitlines()[-1]
+    said = error_line(exc)
     if exc.kind == "timeout":
         return ApiError(504, "timeout", said)
     if exc.kind == "NotFound":

@@ -46,6 +46,13 @@ class ApiError(MemflowError):
         return JSONResponse(body.model_dump(), status_code=self.status, headers=challenge)
 
 
+def error_line(error: Exception | str) -> str:
+    """An error as one line: a failed call's message ends with the worker's traceback, and only its
+    last line (the error itself) is for a caller to read."""
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else "unknown error"
+
+
 def bearer(authorization: str | None) -> str | None:
     """The key of an `Authorization: Bearer <key>` header."""
     scheme, _, secret = (authorization or "").partition(" ")

@@ -42,7 +42,7 @@ from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.settings import Settings
-from memflow.workers.front import ApiError, Forgotten, allowed, authenticate, bearer, forget_proven
+from memflow.workers.front import ApiError, Forgotten, allowed, authenticate, bearer, error_line, forget_proven
 
 log = logging.getLogger("memflow.mcp")
 
@@ -158,7 +158,7 @@ def told() -> Iterator[None]:
     except ApiError as exc:
         raise ToolError(exc.message) from exc
     except (RpcError, redis.RedisError) as exc:
-        raise ToolError(f"memory unavailable: {exc}") from exc
+        raise ToolError(f"memory unavailable: {error_line(exc)}") from exc
 
 
 class MemoryTools:
@@ -191,8 +191,8 @@ class MemoryTools:
         with told():
             result = self.client.search(self.caller_of(ctx).subject, query, k=k)
         if result.status == "failed":
-            raise ToolError(f"memory unavailable: the search could not look ({result.error}); this does not "
-                            "mean nothing is remembered")
+            raise ToolError(f"memory unavailable: the search could not look ({error_line(result.error or '')}); "
+                            "this does not mean nothing is remembered")
         found = [Recollection(id=h.id, content=h.content, type=h.mtype, date=h.created_at) for h in result.hits]
         note = f"{len(found)} memories, best first" if found else "nothing remembered matches this query"
         return Recalled(status="ok" if found else "empty", note=note, memories=found)

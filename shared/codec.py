@@ -58,7 +58,11 @@ def decode(raw: bytes | str | None, model: type[M], context: dict[str, Any] | No
     """Parse one message, or raise DecodeError saying exactly what is wrong with it."""
     if raw is None:
         raise DecodeError("message has no payload field")
-    data = json_object(raw)
+    return validated(json_object(raw), model, context)
+
+
+def validated(data: dict[str, Any], model: type[M], context: dict[str, Any] | None = None) -> M:
+    """A message already read as JSON (`json_object`), checked for its schema version and validated."""
     version = data.pop("v", None)
     if version != SCHEMA_VERSION:
         raise DecodeError(f"schema version {version!r} is not {SCHEMA_VERSION}")

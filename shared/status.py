@@ -8,12 +8,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis
 from rq import Queue, Worker
 
 from memflow.pipeline.models import Trace
-from memflow.shared.codec import decode
+from memflow.shared.codec import json_object, validated
 from memflow.shared.dlq import server_now_ms
 from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.streams import backlog
@@ -154,9 +153,9 @@ def recent_traces(client: redis.Redis, keys: Keys, subject: str, count: int, sca
     while len(found) < count and scan > 0:
         page: list[Any] = client.xrevrange(keys.traces, max=last, count=min(_TRACE_PAGE, scan)) or []
         for entry_id, fields in page:
-            record = orjson.loads(fields[FIELD.encode()])
+            record = json_object(fields[FIELD.encode()])  # read once: the feed also holds LLM calls
             if record.get("kind") == "search" and record.get("subject") == subject:
-                found.append(decode(fields[FIELD.encode()], Trace))
+                found.append(validated(record, Trace))
             last = f"({_text(entry_id)}"
         scan -= len(page)
         if len(page) < _TRACE_PAGE:

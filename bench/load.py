@@ -23,6 +23,7 @@ import orjson
 from memflow.bench.perf import AT, SESSION_TURNS, message, peak_rss_mb, realistic_turns, say
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import MType, Role
+from memflow.shared import dlq
 from memflow.shared.client import MemoryClient
 from memflow.shared.keys import STAGES
 from memflow.shared.settings import Settings
@@ -79,7 +80,7 @@ def account(system: Embedded, events: Sequence[dict[str, Any]]) -> dict[str, int
             stored.update(m.source_event_ids)
     # The gate drops filler ("Thanks!") on purpose: those are expected to leave no record.
     messages = {e["event_id"] for e in events if e["kind"] == "message" and gate(e["text"], Role.user).keep}
-    dead = sum(int(system.client.redis.xlen(system.client.keys.dlq(stage))) for stage in STAGES)
+    dead = sum(dlq.count(system.client.redis, system.client.keys, stage) for stage in STAGES)
     missing = len(messages - stored)
     return {"messages": len(messages), "stored": len(messages & stored), "dead_letters": dead,
             "lost": max(0, missing - dead)}

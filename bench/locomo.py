@@ -40,7 +40,7 @@ from memflow.bench.llm_echo import echo
 from memflow.bench.llm_stub import ScriptedLLM
 from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from memflow.pipeline.models import Hit
-from memflow.shared import sparse
+from memflow.shared import dlq, sparse
 from memflow.shared.embedder import Embedder
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import usage as llm_usage
@@ -195,7 +195,7 @@ def ingest(system: Embedded, convs: Sequence[Conversation], progress: Progress, 
     lifecycle = run_lifecycle(system, convs, progress) if jobs else None
     found = [m for conv in convs for m in system.ctx.store.get(MemoryFilter(conv.sample_id))]
     kinds = Counter(m.mtype.value for m in found)
-    dead = sum(int(system.client.redis.xlen(system.client.keys.dlq(stage))) for stage in STAGES)
+    dead = sum(dlq.count(system.client.redis, system.client.keys, stage) for stage in STAGES)
     return {"events": len(events), "seconds": round(seconds, 1), "events_per_s": round(len(events) / seconds, 1),
             "memories": sum(kinds.values()), "memories_by_type": dict(kinds.most_common()), "dead_letters": dead,
             "by_status": dict(Counter(m.status.value for m in found).most_common()), "lifecycle": lifecycle,

@@ -22,7 +22,6 @@ from memflow.pipeline.models import Tier
 from memflow.scheduler.firings import Entry, enqueue_firing, last_fire_time
 from memflow.shared.connections import connect, require_url
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import Keys
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,7 @@ def build_scheduler(settings: Settings, kind: type[SchedulerT]) -> SchedulerT:
     holding one job per SCHEDULE entry; not started."""
     timezone = zone(settings.scheduler.timezone)
     scheduler: SchedulerT = kind(timezone=timezone)
-    queue = Queue(Keys(settings.redis.stream_prefix).jobs_queue, connection=connect(require_url(settings)),
+    queue = Queue(settings.keys.jobs_queue, connection=connect(require_url(settings)),
                   serializer=JSONSerializer)  # the query worker reads its queues with this serializer
     for entry in SCHEDULE:
         # A trigger built without a timezone would read its fields in the host's zone, not the scheduler's.

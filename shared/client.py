@@ -25,7 +25,7 @@ from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, R
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect, require_url
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.keys import FIELD, STAGES
 from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
@@ -50,7 +50,7 @@ from memflow.shared.streams import backlog
 class MemoryClient:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
-        self.keys = Keys(self.settings.redis.stream_prefix)
+        self.keys = self.settings.keys
         self.redis = connect(require_url(self.settings))
         self._queue = Queue(self.keys.query_queue, connection=self.redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.redis, serializer=JSONSerializer)
@@ -70,7 +70,7 @@ class MemoryClient:
     def publish(self, event: ChatEvent | dict[str, Any]) -> str:
         """Append one event to the `events` stream; returns its stream id. Does not wait for processing."""
         checked = self.validate(event)
-        entry_id = self.redis.xadd(self.keys.stream("events"), {FIELD: encode(checked)})
+        entry_id = self.redis.xadd(self.keys.work("events", checked.subject), {FIELD: encode(checked)})
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     def publish_many(self, events: Sequence[ChatEvent | dict[str, Any]]) -> list[str]:
@@ -84,7 +84,7 @@ class MemoryClient:
                 raise InvalidInput(f"{i}.{exc.field}", exc.reason) from exc
         with self.redis.pipeline(transaction=False) as pipe:
             for event in checked:
-                pipe.xadd(self.keys.stream("events"), {FIELD: encode(event)})
+                pipe.xadd(self.keys.work("events", event.subject), {FIELD: encode(event)})
             ids = pipe.execute()
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 

@@ -6,6 +6,7 @@ age), both (an entry must be named and match), or — with neither — the whole
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class DeadLetter:
     payload: bytes
     # The subject inside the payload; None when the payload is not a JSON object naming one.
     subject: str | None = None
+    # The dead-letter stream it is in: its stage's, of its subject's partition.
+    stream: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,13 @@ def matches(letter: DeadLetter, where: Where, now_ms: int) -> bool:
 # -- reading ------------------------------------------------------------------------------
 
 
-def _decode(entry_id: Any, fields: Any) -> DeadLetter:
+def _decode(stream: str, entry_id: Any, fields: Any) -> DeadLetter:
     def text(name: str) -> str:
         return str(fields.get(name.encode(), b"").decode(errors="replace"))
 
     payload = fields.get(b"payload", b"")
     return DeadLetter(entry_id.decode(), text("stage"), text("error"), int(text("attempts") or 0),
-                      text("source"), text("source_id"), payload, subject_of(payload))
+                      text("source"), text("source_id"), payload, subject_of(payload), stream)
 
 
 def server_now_ms(client: redis.Redis) -> int:
@@ -125,30 +128,47 @@ def _scan(client: redis.Redis, stream: str) -> Iterator[DeadLetter]:
     start = "-"
     while True:
         page: Any = client.xrange(stream, min=start, max="+", count=_PAGE)
-        yield from (_decode(eid, f) for eid, f in page)
+        yield from (_decode(stream, eid, f) for eid, f in page)
         if len(page) < _PAGE:
             return
         start = "(" + page[-1][0].decode()
 
 
-def _named(client: redis.Redis, stream: str, ids: Iterable[str]) -> list[DeadLetter]:
-    """The named entries still in the DLQ; an id that is gone, or no entry id at all, names nothing."""
-    wanted = [i for i in dict.fromkeys(ids) if _ENTRY_ID.fullmatch(i)]
+def _named(client: redis.Redis, streams: Sequence[str], ids: Iterable[str]) -> list[DeadLetter]:
+    """The named entries still in the DLQs; an id that is gone, or no entry id at all, names nothing.
+
+    Each partition's DLQ numbers its own entries: two partitions could each hold an entry of the same
+    id (written in the same millisecond), and that id then names both."""
+    wanted = [(stream, i) for i in dict.fromkeys(ids) if _ENTRY_ID.fullmatch(i) for stream in streams]
     pipe = client.pipeline(transaction=False)
-    for entry_id in wanted:
+    for stream, entry_id in wanted:
         pipe.xrange(stream, min=entry_id, max=entry_id)
-    return [_decode(*found[0]) for found in pipe.execute() if found]
+    return sorted((_decode(stream, *found[0]) for (stream, _), found in zip(wanted, pipe.execute(), strict=True)
+                   if found), key=lambda letter: entry_key(letter.id))
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """An entry id as a number pair, to order the entries of several streams by time."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def select(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | None = None,
            where: Where = Where()) -> Iterator[DeadLetter]:
-    """The dead letters of `stage` that are named in `ids` (all when None) and match `where`."""
-    stream = keys.dlq(stage)
-    found = _scan(client, stream) if ids is None else iter(_named(client, stream, ids))
+    """The dead letters of `stage` (all its partitions', oldest first) that are named in `ids` (all when
+    None) and match `where`."""
+    streams = keys.dlqs(stage)
+    found = (heapq.merge(*(_scan(client, s) for s in streams), key=lambda letter: entry_key(letter.id))
+             if ids is None else iter(_named(client, streams, ids)))
     if where.is_empty:
         return found
     now_ms = server_now_ms(client)
     return (letter for letter in found if matches(letter, where, now_ms))
+
+
+def count(client: redis.Redis, keys: Keys, stage: str) -> int:
+    """How many dead letters `stage` holds, over its partitions."""
+    return sum(int(client.xlen(stream)) for stream in keys.dlqs(stage))
 
 
 def list_dead(client: redis.Redis, keys: Keys, stage: str, count: int = 100,
@@ -182,13 +202,16 @@ def replay(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | Non
     script = client.register_script(_REPLAY_ONE)
     replayed = 0
     for letter in list(select(client, keys, stage, ids, where)):
-        source = letter.source or keys.input_of(stage)
-        replayed += int(script(keys=[keys.dlq(stage), source], args=[letter.id, FIELD, letter.payload]))
+        # The source is a stream of the DLQ's partition (same slot): where the entry failed.
+        source = letter.source or keys.input_of(stage, keys.partition_in(letter.stream))
+        replayed += int(script(keys=[letter.stream, source], args=[letter.id, FIELD, letter.payload]))
     return replayed
 
 
 def drop(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | None = None,
          where: Where = Where()) -> int:
     """Delete the selected dead letters; how many were still there to delete."""
-    doomed = [letter.id for letter in select(client, keys, stage, ids, where)]
-    return int(client.xdel(keys.dlq(stage), *doomed)) if doomed else 0
+    doomed: dict[str, list[str]] = {}
+    for letter in select(client, keys, stage, ids, where):
+        doomed.setdefault(letter.stream, []).append(letter.id)
+    return sum(int(client.xdel(stream, *found)) for stream, found in doomed.items())

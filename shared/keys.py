@@ -2,10 +2,18 @@
 
 All of them hang off one prefix so that two deployments, or two test runs, can share
 a Redis without seeing each other's data.
+
+Partitions. Each stage's work stream is split into `partitions` streams by a hash of the subject:
+all of one subject's work goes through one partition, in order, and one consumer owns a partition
+at a time (shared/leases.py). Every key of a partition — its four work streams, their dead-letter
+streams, their lease, reclaim cursor and error hash — carries the partition's hash tag `{p<n>}`, so
+that in a Redis Cluster they live in one slot: the MULTI and the scripts that move an entry from one
+stage to the next (XADD downstream + XACK upstream) stay atomic there too.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 STAGES = ("trigger", "extract", "resolve", "upsert")
@@ -14,29 +22,72 @@ STAGES = ("trigger", "extract", "resolve", "upsert")
 INPUT_STREAM = {"trigger": "events", "extract": "extract", "resolve": "resolve", "upsert": "upsert"}
 # The field of a stream entry that holds the orjson message.
 FIELD = "m"
+DEFAULT_PARTITIONS = 4
+
+
+def partition_of(subject: str, partitions: int) -> int:
+    """The partition of a subject's work: CRC-32, the same in every process and every version."""
+    return zlib.crc32(subject.encode()) % partitions
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "memflow:"
+    partitions: int = DEFAULT_PARTITIONS
 
     def stream(self, name: str) -> str:
+        """An unpartitioned stream (the capped feeds, a benchmark's scratch)."""
         return f"{self.prefix}{name}"
 
-    def input_of(self, stage: str) -> str:
-        return self.stream(INPUT_STREAM[stage])
+    def partition(self, subject: str) -> int:
+        return partition_of(subject, self.partitions)
+
+    def tagged(self, partition: int, name: str) -> str:
+        """A key of one partition: its hash tag puts every key of the partition in one cluster slot."""
+        return f"{self.prefix}{{p{partition}}}:{name}"
+
+    def partition_in(self, key: str) -> int:
+        """The partition a partition's key belongs to (its hash tag)."""
+        return int(key[key.index("{p") + 2:key.index("}", key.index("{p"))])
+
+    def work(self, name: str, subject: str) -> str:
+        """The partition stream `name` ("events", "extract", "resolve", "upsert") that carries `subject`'s work."""
+        return self.tagged(self.partition(subject), name)
+
+    def input_of(self, stage: str, partition: int) -> str:
+        return self.tagged(partition, INPUT_STREAM[stage])
+
+    def inputs_of(self, stage: str) -> list[str]:
+        """Every partition's input stream of `stage`, by partition."""
+        return [self.input_of(stage, p) for p in range(self.partitions)]
 
     def group(self, stage: str) -> str:
         # One consumer group per stage; its name is the stage's.
         return stage
 
-    def dlq(self, stage: str) -> str:
-        return f"{self.prefix}dlq:{stage}"
+    def dlq(self, stage: str, partition: int) -> str:
+        # Beside its partition's input, so that dead-lettering (XADD here + XACK there) is one MULTI.
+        return self.tagged(partition, f"dlq:{stage}")
 
-    def autoclaim_cursor(self, stage: str) -> str:
+    def dlqs(self, stage: str) -> list[str]:
+        return [self.dlq(stage, p) for p in range(self.partitions)]
+
+    def autoclaim_cursor(self, stage: str, partition: int) -> str:
         # XAUTOCLAIM is a scan: keeping the cursor lets every consumer continue where
         # the last sweep stopped instead of re-reading the head of the PEL.
-        return f"{self.prefix}autoclaim:{stage}"
+        return self.tagged(partition, f"autoclaim:{stage}")
+
+    def errors(self, stage: str, partition: int) -> str:
+        # The last error of each pending entry, so the DLQ can say why it finally gave up.
+        return self.tagged(partition, f"errors:{stage}")
+
+    def lease(self, stage: str, partition: int) -> str:
+        """String: the consumer that owns this partition of `stage`, expiring unless renewed (shared/leases.py)."""
+        return self.tagged(partition, f"lease:{stage}")
+
+    def consumers(self, stage: str) -> str:
+        """Sorted set: the live consumers of `stage` by their last heartbeat (server time, ms)."""
+        return f"{self.prefix}consumers:{stage}"
 
     def session_buffer(self, subject: str, session_id: str) -> str:
         # \x1f (unit separator) can be in no subject: with ":" subject "a" + session "b:c" and subject
@@ -67,7 +118,8 @@ class Keys:
 
     def announced(self, mutation_id: str) -> str:
         # Which ops of one mutation the `changes` feed has heard of: a retry announces each once (shared/applier.py).
-        return f"{self.prefix}announced:{mutation_id}"
+        # Beside the feed (one slot): the announcement checks the ledger and appends in one script.
+        return f"{self.prefix}{{changes}}:announced:{mutation_id}"
 
     def write_lock(self, subject: str) -> str:
         # Held while one subject's points are read, checked and written: revision checks hold across processes.
@@ -78,16 +130,16 @@ class Keys:
 
     @property
     def changes(self) -> str:
-        return self.stream("changes")
+        return f"{self.prefix}{{changes}}"
 
     @property
     def api_keys(self) -> str:
         """Hash: key id → the key's record (its name, patterns, read-only flag and secret's hash)."""
-        return f"{self.prefix}apikeys"
+        return f"{self.prefix}{{apikeys}}"
 
     def api_key_hash(self, digest: str) -> str:
         """String: the record of the key whose secret hashes to `digest` (the lookup every request makes)."""
-        return f"{self.prefix}apikey:{digest}"
+        return f"{self.prefix}{{apikeys}}:{digest}"
 
     @property
     def traces(self) -> str:

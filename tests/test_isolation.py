@@ -295,7 +295,6 @@ def test_a_session_buffer_belongs_to_one_subject_whatever_the_separators(system:
 
 
 def test_refused_subject_ids_never_reach_a_stream(system: System) -> None:
-    events = system.ctx.keys.stream("events")
     for subject in REFUSED_SUBJECTS:
         with pytest.raises(InvalidInput) as refused:
             say(system, subject, "s1", 0, "I prefer short answers.")
@@ -306,7 +305,7 @@ def test_refused_subject_ids_never_reach_a_stream(system: System) -> None:
             end(system, subject, "s1")
         with pytest.raises(InvalidInput):
             system.client.search(subject, "what is my project called")
-    assert system.ctx.client.xlen(events) == 0
+    assert sum(system.ctx.client.xlen(s) for s in system.ctx.keys.inputs_of("trigger")) == 0
     assert system.ctx.store.subjects() == []
 
 
@@ -314,8 +313,8 @@ def test_an_event_that_skips_the_client_with_a_refused_subject_goes_to_the_dlq(s
     """The trigger stage validates again: a raw XADD with a bad subject is dead-lettered, never stored."""
     raw = {"v": 1, "event_id": "raw-1", "subject": "a b", "session_id": "s1", "kind": "message", "role": "user",
            "text": "Remember: my project is called Atlas.", "ts": T0.isoformat(), "agent_id": None, "meta": {}}
-    system.ctx.client.xadd(system.ctx.keys.stream("events"), {FIELD: orjson.dumps(raw)})
-    dlq = system.ctx.keys.dlq("trigger")
+    system.ctx.client.xadd(system.ctx.keys.input_of("trigger", 0), {FIELD: orjson.dumps(raw)})
+    dlq = system.ctx.keys.dlq("trigger", 0)
     wait_for(lambda: system.ctx.client.xlen(dlq) == 1, what="the bad event in dlq:trigger")
     assert system.client.wait_idle(timeout_s=30)
     assert system.ctx.store.subjects() == []

@@ -95,7 +95,7 @@ def test_a_search_sends_its_trace_and_its_latency_in_one_round_trip(served: Serv
 def test_a_dead_letter_shows_in_its_stage_and_the_stage_gauges_are_there(served: Served) -> None:
     client = served.system.client
     before = scrape(served)
-    client.redis.xadd(client.keys.input_of("extract"), {FIELD: b"{poisoned"})
+    client.redis.xadd(client.keys.input_of("extract", 0), {FIELD: b"{poisoned"})
     wait_for(lambda: value(scrape(served), "memflow_stage_dead_letters", stage="extract")
              == value(before, "memflow_stage_dead_letters", stage="extract") + 1, what="the dead letter")
     after = scrape(served)

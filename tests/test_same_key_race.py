@@ -34,7 +34,7 @@ from memflow.pipeline.models import (
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import connect
 from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.keys import FIELD, STAGES
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
 from memflow.shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, per_item
@@ -146,17 +146,17 @@ def test_a_send_back_landing_between_two_stage_reads_is_never_counted_idle(setti
     """Upsert holds a stale batch; the instant resolve's backlog has been read, upsert (the real
     consumer loop) sends it back to resolve and acknowledges it, in one MULTI. The snapshot must
     still count it: at upsert (before the hand-over) or at resolve (after), never nowhere."""
-    url, keys = settings.redis.url or "", Keys(settings.redis.stream_prefix)
+    url, keys = settings.redis.url or "", settings.keys
     client = connect(url)
-    send_back = per_item(lambda note: [Emit(keys.input_of("resolve"), note)])
+    send_back = per_item(lambda note: [Emit(keys.input_of("resolve", 0), note)])
     stage = StreamConsumer(client, keys, "upsert", Note, send_back, ConsumerConfig(block_ms=10, reclaim_idle_ms=60_000))
     stage.ensure_group()
-    client.xgroup_create(keys.input_of("resolve"), keys.group("resolve"), id="0", mkstream=True)
-    client.xadd(keys.input_of("upsert"), {FIELD: encode(Note(n=1))})
-    reader = ThenAfterReading(url, keys.input_of("resolve"), then=stage.step)
+    client.xgroup_create(keys.input_of("resolve", 0), keys.group("resolve"), id="0", mkstream=True)
+    client.xadd(keys.input_of("upsert", 0), {FIELD: encode(Note(n=1))})
+    reader = ThenAfterReading(url, keys.input_of("resolve", 0), then=stage.step)
 
     seen = backlog(reader, keys, STAGES)
 
-    assert reader.fired and client.xlen(keys.input_of("resolve")) == 1  # the hand-over did happen mid-read
+    assert reader.fired and client.xlen(keys.input_of("resolve", 0)) == 1  # the hand-over did happen mid-read
     assert sum(lag + pending for lag, pending in seen.values()) == 1, seen
     assert backlog(client, keys, STAGES)["resolve"] == (1, 0)

@@ -39,7 +39,7 @@ def test_lag_shows_while_stopped_then_drains_and_a_poisoned_message_counts_in_th
 
     system = start_system(settings, embedder)
     try:
-        client.xadd(keys.input_of("trigger"), {FIELD: b"{poisoned"})
+        client.xadd(keys.input_of("trigger", 0), {FIELD: b"{poisoned"})
         assert system.client.wait_idle(timeout_s=60)
         # The query worker registers with RQ once its loop has started.
         report = wait_for(lambda: (r := read_status(client, keys)).query_workers == 1 and r, what="query worker")
@@ -53,18 +53,21 @@ def test_lag_shows_while_stopped_then_drains_and_a_poisoned_message_counts_in_th
         assert (report.query_queue, report.jobs_queue, report.throughput) == (0, 0, "window")
 
         printed = orjson.loads(run_cli(system, monkeypatch, "status", "--json"))
-        assert printed["stages"][0] == {"stage": "trigger", "length": 4, "lag": 0, "pending": 0, "dead": 1,
-                                        "read_per_s": pytest.approx(4 / 60)}
+        trigger = printed["stages"][0]
+        assert trigger.pop("memory_bytes") > 0
+        assert trigger == {"stage": "trigger", "length": 4, "lag": 0, "pending": 0, "dead": 1,
+                           "read_per_s": pytest.approx(4 / 60)}
         table = run_cli(system, monkeypatch, "status").splitlines()
-        assert table[0].split() == ["stage", "length", "lag", "pending", "dlq", "read/s"]
-        assert table[1].split()[:5] == ["trigger", "4", "0", "0", "1"]
+        assert table[0].split() == ["stage", "length", "memory", "lag", "pending", "dlq", "read/s"]
+        row = table[1].split()
+        assert row[:2] == ["trigger", "4"] and row[3] in ("B", "KiB") and row[4:7] == ["0", "0", "1"]
         assert "query workers 1" in table[5]
     finally:
         system.shutdown()
 
 
 def test_a_sample_measures_what_a_group_reads_meanwhile(client: redis.Redis, keys: Keys) -> None:
-    stream = keys.input_of("extract")
+    stream = keys.input_of("extract", 0)
     for n in range(500):
         client.xadd(stream, {FIELD: b"{}", "n": n})
     client.xgroup_create(stream, keys.group("extract"), id="0")

@@ -31,7 +31,7 @@ def config(**overrides: object) -> ConsumerConfig:
 
 def send(client: redis.Redis, keys: Keys, *values: int) -> None:
     for n in values:
-        client.xadd(keys.input_of("extract"), {FIELD: encode(Note(n=n))})
+        client.xadd(keys.input_of("extract", 0), {FIELD: encode(Note(n=n))})
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def run(consumer: StreamConsumer[Note], started: list[tuple[threading.Event, thr
 
 
 def test_success_emits_and_acks_together(client, keys, running) -> None:
-    out = keys.stream("resolve")
+    out = keys.tagged(0, "resolve")
     consumer = StreamConsumer(client, keys, "extract", Note, per_item(lambda m: [Emit(out, Note(n=m.n * 10))]),
                               config())
     run(consumer, running)
@@ -76,7 +76,7 @@ def test_transient_failure_is_retried_then_succeeds(client, keys, running) -> No
     send(client, keys, 7)
     wait_for(lambda: attempts[7] == 3 and backlog(client, keys, ["extract"])["extract"] == (0, 0),
              what="third delivery acknowledged")
-    assert client.xlen(keys.dlq("extract")) == 0
+    assert client.xlen(keys.dlq("extract", 0)) == 0
 
 
 def test_poison_message_goes_to_dlq_after_budget_and_stream_keeps_flowing(client, keys, running) -> None:
@@ -91,7 +91,7 @@ def test_poison_message_goes_to_dlq_after_budget_and_stream_keeps_flowing(client
     run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config(max_deliveries=3)), running)
     send(client, keys, 13, 1)
     wait_for(lambda: 1 in seen, what="the message after the poison one")
-    wait_for(lambda: client.xlen(keys.dlq("extract")) == 1, what="dead letter")
+    wait_for(lambda: client.xlen(keys.dlq("extract", 0)) == 1, what="dead letter")
     [letter] = dlq.list_dead(client, keys, "extract")
     assert letter.attempts == 3
     assert "cannot handle 13" in letter.error
@@ -104,10 +104,10 @@ def test_permanent_errors_and_bad_json_skip_the_retries(client, keys, running) -
         raise Permanent("this can never work")
 
     run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config(max_deliveries=50)), running)
-    client.xadd(keys.input_of("extract"), {FIELD: b"{not json"})
-    client.xadd(keys.input_of("extract"), {FIELD: b'{"v": 1, "n": 1, "extra": 2}'})
+    client.xadd(keys.input_of("extract", 0), {FIELD: b"{not json"})
+    client.xadd(keys.input_of("extract", 0), {FIELD: b'{"v": 1, "n": 1, "extra": 2}'})
     send(client, keys, 5)
-    wait_for(lambda: client.xlen(keys.dlq("extract")) == 3, what="three dead letters")
+    wait_for(lambda: client.xlen(keys.dlq("extract", 0)) == 3, what="three dead letters")
     errors = [d.error for d in dlq.list_dead(client, keys, "extract")]
     assert "invalid JSON" in errors[0]
     assert "extra" in errors[1]
@@ -126,15 +126,15 @@ def test_replay_puts_dead_letters_back_on_their_stream(client, keys, running) ->
 
     run(StreamConsumer(client, keys, "extract", Note, per_item(handle), config()), running)
     send(client, keys, 4)
-    wait_for(lambda: client.xlen(keys.dlq("extract")) == 1, what="dead letter")
+    wait_for(lambda: client.xlen(keys.dlq("extract", 0)) == 1, what="dead letter")
     fixed.set()
     assert dlq.replay(client, keys, "extract") == 1
     wait_for(lambda: handled == [4], what="replayed message handled")
-    assert client.xlen(keys.dlq("extract")) == 0
+    assert client.xlen(keys.dlq("extract", 0)) == 0
 
 
 def test_entries_of_a_dead_consumer_are_reclaimed(client, keys, running) -> None:
-    stream = keys.input_of("extract")
+    stream = keys.input_of("extract", 0)
     client.xgroup_create(stream, "extract", id="0", mkstream=True)
     send(client, keys, 1, 2)
     # A consumer that read both entries and died before acknowledging them.
@@ -192,7 +192,7 @@ def test_an_outage_is_waited_out_without_spending_the_delivery_budget(client, ke
     send(client, keys, 9)
     wait_for(lambda: calls[9] == 7 and backlog(client, keys, ["extract"])["extract"] == (0, 0),
              what="the message to pass once the store is back")
-    assert client.xlen(keys.dlq("extract")) == 0
+    assert client.xlen(keys.dlq("extract", 0)) == 0
 
 
 def test_a_bug_escaping_a_step_is_logged_and_the_stage_lives_on(client, keys, running, caplog) -> None:
@@ -249,10 +249,10 @@ def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, ke
                             name="other")
     run(second, running)
     wait_for(lambda: time.monotonic() - first_failure[0] > 1.0, what="an outage of ten reclaim periods")
-    pending = client.xpending_range(keys.input_of("extract"), "extract", "-", "+", 10)
+    pending = client.xpending_range(keys.input_of("extract", 0), "extract", "-", "+", 10)
     assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"holder", 1)], seen_by_second
     outage.clear()
     wait_for(lambda: done == [8] and backlog(client, keys, ["extract"])["extract"] == (0, 0),
              what="the entry to pass once the store is back")
     assert seen_by_second == []
-    assert client.xlen(keys.dlq("extract")) == 0
+    assert client.xlen(keys.dlq("extract", 0)) == 0

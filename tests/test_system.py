@@ -42,7 +42,7 @@ def test_a_stated_preference_is_found_after_passing_every_stage(system: System) 
     assert top.status.value == "active"
     # Every stage's group read something and acknowledged all of it.
     for stage in STAGES:
-        [group] = system.ctx.client.xinfo_groups(system.ctx.keys.input_of(stage))
+        [group] = system.ctx.client.xinfo_groups(system.ctx.keys.input_of(stage, system.ctx.keys.partition("alice")))
         assert group["last-delivered-id"] != b"0-0", f"{stage} read nothing"
         assert group["pending"] == 0, stage
     changes = system.ctx.client.xrange(system.ctx.keys.changes)
@@ -80,7 +80,7 @@ def test_a_search_never_crosses_subjects(system: System) -> None:
 
 
 def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system: System) -> None:
-    events = system.ctx.keys.stream("events")
+    events = system.ctx.keys.input_of("trigger", 0)
     redis = system.ctx.client
     redis.xadd(events, {FIELD: b"{this is not json"})
     redis.xadd(events, {FIELD: b'{"v": %d, "event_id": "x1", "session_id": "s", "kind": "message", '
@@ -90,7 +90,7 @@ def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system:
     say(system, "dora", "good-1", "Remember: my favourite tea is genmaicha.")
     assert system.client.wait_idle(timeout_s=60)
 
-    dead = redis.xrange(system.ctx.keys.dlq("trigger"))
+    dead = redis.xrange(system.ctx.keys.dlq("trigger", 0))
     reasons = [fields[b"error"].decode() for _, fields in dead]
     assert len(reasons) == 3
     assert "invalid JSON" in reasons[0]
@@ -100,12 +100,12 @@ def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system:
 
 
 def test_dlq_replay_from_the_command_line(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    system.ctx.client.xadd(system.ctx.keys.stream("events"), {FIELD: b"[1, 2]"})
-    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter")
+    system.ctx.client.xadd(system.ctx.keys.input_of("trigger", 0), {FIELD: b"[1, 2]"})
+    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger", 0)) == 1, what="dead letter")
     assert "expected a JSON object" in run_cli(system, monkeypatch, "dlq", "list", "trigger")
     assert "replayed 1" in run_cli(system, monkeypatch, "dlq", "replay", "trigger")
     # Still malformed, so it comes back, with its reason, and nothing else is stuck.
-    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger")) == 1, what="dead letter again")
+    wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger", 0)) == 1, what="dead letter again")
     assert system.client.wait_idle(timeout_s=30)
 
 
@@ -146,7 +146,7 @@ def test_the_client_refuses_bad_input_naming_the_field(settings, change, field) 
     with pytest.raises(InvalidInput) as caught:
         client.publish(event)
     assert caught.value.field == field
-    assert client.redis.xlen(client.keys.stream("events")) == 0
+    assert not any(client.redis.xlen(stream) for stream in client.keys.inputs_of("trigger"))
 
 
 def test_an_explicit_write_keeps_its_external_ref_and_passes_the_gate(system: System) -> None:

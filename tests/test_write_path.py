@@ -174,7 +174,7 @@ def test_a_batch_cut_short_by_the_store_is_completed_by_its_retry(store_ctx: Con
     with pytest.raises(StoreUnavailable):
         upsert.handle(ctx, batch)
     emits = upsert.handle(ctx, batch)  # the redelivery
-    assert not [e for e in emits if e.stream == ctx.keys.stream("resolve")], "sent back instead of completed"
+    assert not [e for e in emits if e.stream == ctx.keys.work("resolve", "u1")], "sent back instead of completed"
     stored = {m.id: m for m in ctx.store.get(MemoryFilter("u1"))}
     assert stored[newer.id].status is Status.active
     assert all(stored[m.id].status is Status.superseded and stored[m.id].rev == 2 for m in old)

@@ -194,7 +194,7 @@ def _build_scheduler(settings: Settings, kind: type[BaseScheduler]) -> BaseSched
 
 def _print_schedule(settings: Settings, jobs: BaseScheduler) -> None:
     typer.echo(f"scheduler: timezone {settings.scheduler.timezone}, enqueues on "
-               f"{Keys(settings.redis.stream_prefix).jobs_queue}")
+               f"{settings.keys.jobs_queue}")
     for job_id, trigger, next_time in next_fire_times(jobs, datetime.now(UTC)):
         typer.echo(f"  {job_id:<17} {trigger:<30} next {next_time.isoformat() if next_time else 'never'}")
 
@@ -480,7 +480,7 @@ def _reindex_summary(r: Report) -> str:
 
 def _redis_target() -> tuple[Any, Keys]:
     settings = _settings()
-    return connect(require_url(settings)), Keys(settings.redis.stream_prefix)
+    return connect(require_url(settings)), settings.keys
 
 
 def _known_stage(stage: str) -> str:
@@ -527,7 +527,7 @@ def dlq_list(stage: Stage, error: ErrorFilter = None, subject: SubjectFilter = N
     for e in entries:
         age = dead.format_duration(now_ms - dead.entry_ms(e.id))
         typer.echo(f"{e.stage or stage}  {e.id}  {age}  attempts={e.attempts}  subject={e.subject or '-'}  {e.error}")
-    typer.echo(f"{len(entries)} shown of {client.xlen(keys.dlq(stage))} dead letter(s) in {keys.dlq(stage)}")
+    typer.echo(f"{len(entries)} shown of {dead.count(client, keys, stage)} dead letter(s) of {stage}")
 
 
 @dlq_app.command("show")
@@ -539,7 +539,7 @@ def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
     entries = list(islice(dead.select(client, keys, stage, ids or None, where), count))
     if ids and not entries:
         matching = "" if where.is_empty else " that matches the filters"
-        raise typer.BadParameter(f"no dead letter {' '.join(ids)} in {keys.dlq(stage)}{matching}")
+        raise typer.BadParameter(f"no dead letter {' '.join(ids)} of {stage}{matching}")
     now_ms = dead.server_now_ms(client)
     for entry in entries:
         _print_json(_letter_json(entry, now_ms))
@@ -585,15 +585,26 @@ def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SEC
 
 
 def _print_status(report: PipelineStatus) -> None:
-    typer.echo(f"{'stage':<8} {'length':>9} {'lag':>9} {'pending':>9} {'dlq':>9} {'read/s':>9}")
+    typer.echo(f"{'stage':<8} {'length':>9} {'memory':>9} {'lag':>9} {'pending':>9} {'dlq':>9} {'read/s':>9}")
     for s in report.stages:
         rate = "-" if s.read_per_s is None else f"{s.read_per_s:.2f}"
-        typer.echo(f"{s.stage:<8} {s.length:>9} {s.lag:>9} {s.pending:>9} {s.dead:>9} {rate:>9}")
+        typer.echo(f"{s.stage:<8} {s.length:>9} {_bytes(s.memory_bytes):>9} {s.lag:>9} {s.pending:>9} {s.dead:>9} "
+                   f"{rate:>9}")
     typer.echo(f"query queue {report.query_queue}, jobs queue {report.jobs_queue}, "
                f"query workers {report.query_workers}")
     measured = (f"read over {report.sample_s:g} s" if report.sample_s is not None
                 else "arrived in the last 60 s and read")
-    typer.echo(f"read/s: entries {measured}, per second")
+    typer.echo(f"read/s: entries {measured}, per second; length and memory: the input streams, "
+               "acknowledged entries kept for the retention window (MEMFLOW_RETENTION_S)")
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 # -- keys -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
     llm = ctx.llm if ctx.settings.llm.extract else None
     said = llm_statements(ctx, llm, task, rules) if llm is not None else rules
     found = assemble(records, said, episode_context=ctx.settings.write.episode_context)
-    return [Emit(ctx.keys.stream("resolve"), candidate) for candidate in found]
+    return [Emit(ctx.keys.work("resolve", candidate.subject), candidate) for candidate in found]
 
 
 def llm_statements(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate]) -> list[Candidate]:

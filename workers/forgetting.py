@@ -79,7 +79,9 @@ def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory]) -> Non
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
     events = {e for m in memories for e in m.source_event_ids}
     if mapping:
-        pipe = ctx.client.pipeline(transaction=True)
+        # Not one MULTI: the two keys are the subject's, in two cluster slots. Both writes are idempotent
+        # and come before any deletion, so a forget cut short between them is reported failed and redone.
+        pipe = ctx.client.pipeline(transaction=False)
         pipe.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
         pipe.sadd(ctx.keys.forgotten_events(subject), *events)
         pipe.execute()
@@ -97,7 +99,7 @@ def scrub(ctx: Context, subject: str, memories: list[Memory]) -> dict[str, int]:
     """Remove every trace of these memories' words from Redis; the count removed per place."""
     marks = _marks([m.id for m in memories], {e for m in memories for e in m.source_event_ids})
     removed = {"session_buffers": _scrub_buffers(ctx, subject, {e for m in memories for e in m.source_event_ids})}
-    for stream, pending in _streams(ctx):
+    for stream, pending in _streams(ctx, subject):
         removed[stream] = _scrub_stream(ctx, stream, marks, pending)
     return {place: n for place, n in removed.items() if n}
 
@@ -110,7 +112,7 @@ def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
     events = {e for r in receipts for e in r["events"]}
     in_store = [m.id for m in ctx.store.get(MemoryFilter(subject, ids=memory_ids))] if memory_ids else []
     marks = _marks(memory_ids, events)
-    residue = {stream: n for stream, _ in _streams(ctx) if (n := sum(1 for _ in _naming(ctx, stream, marks)))}
+    residue = {stream: n for stream, _ in _streams(ctx, subject) if (n := sum(1 for _ in _naming(ctx, stream, marks)))}
     buffers = _buffered(ctx, subject, events)
     if buffers:
         residue["session_buffers"] = buffers
@@ -135,14 +137,18 @@ def _marks(ids: Iterable[str], events: Iterable[str]) -> list[bytes]:
     return [orjson.dumps(x) for x in (*ids, *events)]
 
 
-def _streams(ctx: Context) -> list[tuple[str, set[str]]]:
-    """Every stream that can hold a memory's words, with the entries still pending in it."""
-    work = [(ctx.keys.input_of(stage), _pending(ctx, stage)) for stage in STAGES]
-    return work + [(ctx.keys.dlq(stage), set()) for stage in STAGES] + [(ctx.keys.changes, set())]
+def _streams(ctx: Context, subject: str) -> list[tuple[str, set[str]]]:
+    """Every stream that can hold the subject's words, with the entries still pending in it: the work
+    and dead-letter streams of its partition (no other one carries its work), and the changes feed.
+    The work streams hold what was acknowledged for the retention window only: what a scrub reads is
+    bounded by that window's traffic in one partition, not by all history."""
+    partition = ctx.keys.partition(subject)
+    work = [(ctx.keys.input_of(stage, partition), _pending(ctx, stage, partition)) for stage in STAGES]
+    return work + [(ctx.keys.dlq(stage, partition), set()) for stage in STAGES] + [(ctx.keys.changes, set())]
 
 
-def _pending(ctx: Context, stage: str) -> set[str]:
-    stream = ctx.keys.input_of(stage)
+def _pending(ctx: Context, stage: str, partition: int) -> set[str]:
+    stream = ctx.keys.input_of(stage, partition)
     if not ctx.client.exists(stream):
         return set()
     found = ctx.client.xpending_range(stream, ctx.keys.group(stage), min="-", max="+", count=1_000_000)

@@ -109,7 +109,7 @@ def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime) -> l
     skipped = ctx.applier.apply(mutation(subject, name, f"{name} job", now, ops), _vectors(ctx, plan.new)).stale \
         if ops else []
     for c in plan.candidates:
-        ctx.client.xadd(ctx.keys.stream("resolve"), {FIELD: encode(c)})
+        ctx.client.xadd(ctx.keys.work("resolve", c.subject), {FIELD: encode(c)})
     return skipped
 
 

@@ -49,7 +49,7 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
         if go == "drop":  # read only from words forgotten while in flight: never written back
             outcomes.append([])
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
-            outcomes.append([Emit(ctx.keys.stream("resolve"), candidate)])
+            outcomes.append([Emit(ctx.keys.work("resolve", candidate.subject), candidate)])
         else:
             outcomes.append(_resolved(ctx, candidate, next(vectors)))
     return outcomes
@@ -104,7 +104,7 @@ def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list
     if not batch.ops:
         return []
     made = {"vector": vector, "vector_model": ctx.embedder.model_id}
-    return [Emit(ctx.keys.stream("upsert"), batch.model_copy(update=made))]
+    return [Emit(ctx.keys.work("upsert", batch.subject), batch.model_copy(update=made))]
 
 
 def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:

@@ -48,7 +48,7 @@ class Context:
     def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:
         """The one way a process builds its context; `embedder`: one already loaded (tests, benchmarks)."""
         client = connect(require_url(settings), socket_timeout_s=stage_socket_timeout_s(settings.consumer.block_ms))
-        return cls(settings, client, Keys(settings.redis.stream_prefix), _embedder=embedder)
+        return cls(settings, client, settings.keys, _embedder=embedder)
 
     @property
     def embedder(self) -> Embedder:

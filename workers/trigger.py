@@ -90,4 +90,4 @@ def _emit(ctx: Context, event: ChatEvent, reason: TriggerReason, turns: list[Tur
           signals: list[str] | None = None, outcome: str | None = None, external_ref: str | None = None) -> Emit:
     task = ExtractTask(subject=event.subject, session_id=event.session_id, reason=reason, signals=signals or [],
                        turns=turns, ts=event.ts, outcome=outcome, external_ref=external_ref)
-    return Emit(ctx.keys.stream("extract"), task)
+    return Emit(ctx.keys.work("extract", task.subject), task)

@@ -47,4 +47,4 @@ def send_back(ctx: Context, batch: WriteBatch) -> list[Emit]:
         raise Permanent(f"candidate {candidate.key!r} kept meeting concurrent writes; gave up after "
                         f"{candidate.retries} re-resolves")
     retry = candidate.model_copy(update={"retries": candidate.retries + 1})
-    return [Emit(ctx.keys.stream("resolve"), retry)]
+    return [Emit(ctx.keys.work("resolve", retry.subject), retry)]

@@ -85,7 +85,10 @@ def _triggered(client: MemoryClient) -> int:
 
     Counted from the group's last-delivered id, which survives a restart from the AOF (its
     `entries-read` counter may not)."""
-    stream = client.keys.input_of("trigger")
+    return sum(_triggered_of(client, stream) for stream in client.keys.inputs_of("trigger"))
+
+
+def _triggered_of(client: MemoryClient, stream: str) -> int:
     if not client.redis.exists(stream):
         return 0
     [group] = client.redis.xinfo_groups(stream)

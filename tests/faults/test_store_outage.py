@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from memflow.pipeline.models import Memory
+from memflow.shared import dlq
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
 from memflow.shared.settings import Settings
@@ -100,7 +101,7 @@ def test_a_store_outage_holds_writes_fails_searches_and_recovers(settings: Setti
         during = system.client.search("outage", "code word zq1x", now=T0)
         assert during.status == "failed" and "StoreUnavailable" in (during.error or ""), during
         threading.Event().wait(OUTAGE_S)  # FAULTS_FULL: hold the outage the 30 s
-        assert system.client.redis.xlen(system.client.keys.dlq("resolve")) == 0
+        assert dlq.count(system.client.redis, system.client.keys, "resolve") == 0
         refused = unplugged.refused
         unplugged.down.clear()
 

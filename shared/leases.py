@@ -1,0 +1,152 @@
+"""Which consumer owns which partition of a stage: leases in Redis.
+
+A stage's work is split into partitions by subject (shared/keys.py). Each partition is owned by one
+consumer at a time, so a subject's work is handled in order and never by two consumers at once, with
+any number of consumer processes per stage:
+
+- a lease is a key holding its owner's name that expires `lease_ms` after its last renewal: a consumer
+  that dies (kill -9, a lost host) stops renewing, and its partitions are free once their leases run
+  out. One that stops cleanly releases them at once;
+- every consumer heartbeats into the stage's registry (a sorted set scored by the server's clock, so
+  hosts whose clocks disagree still agree on who is alive), and takes free partitions while it owns
+  fewer than its fair share, ceil(partitions / live consumers). One that owns more than its share
+  releases the extra between two batches, so a consumer that joins gets work within a refresh or two;
+- renewal runs in a thread of its own, so a batch that takes longer than a lease (a slow LLM) does
+  not lose it. Losing one anyway (a stalled process) is safe: the stream consumer settles a batch only
+  while it holds the partition's lease (checked in the same script as the XACK), so the entries of a
+  batch whose lease was lost stay pending for the new owner.
+
+Every script touches one key: all of them run unchanged on a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+
+from memflow.shared.keys import Keys
+
+log = logging.getLogger(__name__)
+
+# Heartbeat into the registry, drop the dead from it, and count the living: one script, so that the
+# count is of one instant of the server's clock.
+_HEARTBEAT = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZADD', KEYS[1], ms, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2] * 10)
+return redis.call('ZCARD', KEYS[1])
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
+
+
+class Leases:
+    """The partitions of `stage` that the consumer `name` owns."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, stage: str, name: str, lease_ms: int) -> None:
+        self.client, self.keys, self.stage, self.name, self.lease_ms = client, keys, stage, name, lease_ms
+        self._owned: set[int] = set()
+        self._lock = threading.Lock()
+        self._next_refresh = 0.0
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._leave = client.register_script(_LEAVE)
+
+    @property
+    def every_s(self) -> float:
+        """How often leases are renewed and shares recomputed: four times a lease."""
+        return self.lease_ms / 4000
+
+    def owned(self) -> list[int]:
+        with self._lock:
+            return sorted(self._owned)
+
+    def holds(self, partition: int) -> bool:
+        with self._lock:
+            return partition in self._owned
+
+    def lost(self, partition: int) -> None:
+        """The partition's lease turned out not to be ours (found when settling a batch)."""
+        with self._lock:
+            self._owned.discard(partition)
+
+    def refresh(self, *, force: bool = False) -> list[int]:
+        """Between two batches: heartbeat, renew, give up the extra and take free partitions up to our share.
+        Returns the partitions newly taken (their pending entries are the previous owner's to redo)."""
+        now = time.monotonic()
+        if not force and now < self._next_refresh:
+            return []
+        self._next_refresh = now + self.every_s
+        live = max(1, int(self._heartbeat(keys=[self.keys.consumers(self.stage)],
+                                          args=[self.name, self.lease_ms])))
+        self.renew()
+        share = math.ceil(self.keys.partitions / live)
+        with self._lock:
+            extra = sorted(self._owned)[share:]
+        for partition in extra:
+            self._give_up(partition)
+        return self._take(share)
+
+    def renew(self) -> None:
+        """Extend every lease we hold; forget the ones that expired meanwhile (another consumer may hold them)."""
+        for partition in self.owned():
+            if not int(self._renew(keys=[self.keys.lease(self.stage, partition)], args=[self.name, self.lease_ms])):
+                log.warning("consumer %s lost partition %d of %s", self.name, partition, self.stage)
+                self.lost(partition)
+
+    def release_all(self) -> None:
+        """On a clean stop: free our partitions now instead of when their leases run out."""
+        for partition in self.owned():
+            self._give_up(partition)
+        self._leave(keys=[self.keys.consumers(self.stage)], args=[self.name])
+
+    def keep_renewing(self, stop: threading.Event) -> threading.Thread:
+        """Renew in a thread until `stop`, so that a long batch keeps its partitions."""
+        def loop() -> None:
+            while not stop.wait(self.every_s):
+                try:
+                    self.renew()
+                except redis.RedisError as exc:  # an outage: the consumer's own loop waits it out
+                    log.warning("consumer %s cannot renew its leases (%s)", self.name, exc)
+
+        thread = threading.Thread(target=loop, name=f"{self.name}-leases", daemon=True)
+        thread.start()
+        return thread
+
+    def _give_up(self, partition: int) -> None:
+        self._release(keys=[self.keys.lease(self.stage, partition)], args=[self.name])
+        self.lost(partition)
+
+    def _take(self, share: int) -> list[int]:
+        taken: list[int] = []
+        free = [p for p in range(self.keys.partitions) if not self.holds(p)]
+        random.shuffle(free)  # consumers starting together do not all race for partition 0 first
+        for partition in free:
+            if len(self.owned()) >= share:
+                break
+            if self._acquire(partition):
+                taken.append(partition)
+        return taken
+
+    def _acquire(self, partition: int) -> bool:
+        got: Any = self.client.set(self.keys.lease(self.stage, partition), self.name, nx=True, px=self.lease_ms)
+        if got:
+            with self._lock:
+                self._owned.add(partition)
+        return bool(got)

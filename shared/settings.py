@@ -125,6 +125,9 @@ class ConsumerSettings(Group):
     # A partition's owner renews its lease four times a lease; a dead consumer's partitions are taken
     # over once its leases run out (shared/leases.py).
     lease_ms: int = Field(default=10_000, ge=100)
+    # Consumer threads per stream stage in one process (each owns its share of the partitions). More
+    # processes scale further: a thread of a stage that embeds or calls an LLM mostly waits.
+    consumers: int = Field(default=1, ge=1, le=64)
     # Acknowledged entries of the work streams are trimmed once this old (by the slowest group; never
     # an unread or pending one). What they hold (turns, candidates) is in the store or gone by then.
     retention_s: float = Field(default=3600.0, ge=0)

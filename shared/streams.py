@@ -363,17 +363,19 @@ class StreamConsumer(Generic[M]):
         failed: list[tuple[Entry, BaseException]] = []
         todo, rounds = decoded, 0
         while todo:
-            retry = []
+            retry, why = [], ""
             for pair, outcome in zip(todo, self._outcomes([item for _, item in todo]), strict=True):
                 if not isinstance(outcome, BaseException):
                     done.append((pair[0], outcome))
                 elif isinstance(outcome, Retryable) and not self._stop.is_set():
                     retry.append(pair)
+                    why = f"{type(outcome).__name__}: {outcome}"
                 else:
                     failed.append((pair[0], outcome))
             if retry:
                 rounds += 1
-                log.warning("stage %s: %d entries wait out an outage (round %d)", self.stage, len(retry), rounds)
+                log.warning("stage %s: %d entries wait out an outage (round %d; %s)", self.stage, len(retry), rounds,
+                            why[:300])
                 retry = self._wait_holding(retry, backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
             todo = retry
         return done, failed

@@ -177,10 +177,11 @@ def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "
     for stage in stages:
         if stage == QUERY:
             parts.append(Part(QUERY, _query_worker(ctx, query_log_level)))
-        else:
+            continue
+        for i in range(ctx.settings.consumer.consumers):
             consumer = build_consumer(ctx, stage)
             consumer.ensure_group()
-            parts.append(Part(stage, consumer.run))
+            parts.append(Part(stage if i == 0 else f"{stage}-{i + 1}", consumer.run))
     return parts
 
 

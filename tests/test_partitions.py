@@ -1,0 +1,224 @@
+"""Partitioned streams on a real redis-server: routing by subject, leases, take-over, fencing, retention."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+
+from memflow.pipeline.models import Wire
+from memflow.shared.codec import encode
+from memflow.shared.keys import FIELD, Keys, partition_of
+from memflow.shared.settings import Settings
+from memflow.shared.streams import ConsumerConfig, Emit, StreamConsumer, backlog, per_item, trim_acknowledged
+from tests.conftest import wait_for
+
+P = 8
+LEASE_MS = 600
+
+
+class Say(Wire):
+    subject: str
+    n: int
+
+
+class Crashed(BaseException):
+    """A consumer dying mid-batch: not an Exception, so no loop catches it (a kill -9 catches nothing)."""
+
+
+@pytest.fixture
+def pkeys(settings: Settings) -> Keys:
+    return Keys(settings.redis.stream_prefix, P)
+
+
+def config(**overrides: object) -> ConsumerConfig:
+    base = {"max_deliveries": 5, "reclaim_idle_ms": 5_000, "block_ms": 20, "count": 16, "retry_base_s": 0.001,
+            "retry_max_s": 0.01, "lease_ms": LEASE_MS}
+    return ConsumerConfig(**(base | overrides))  # type: ignore[arg-type]
+
+
+def publish(client: redis.Redis, keys: Keys, subject: str, n: int) -> None:
+    client.xadd(keys.work("extract", subject), {FIELD: encode(Say(subject=subject, n=n))})
+
+
+class Consumer:
+    """A consumer driven step by step in a thread, as a process would; `crash()` kills it mid-batch:
+    it stops with its leases held and its batch read but not acknowledged."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, name: str, seen: list[tuple[str, str, int]]) -> None:
+        self.name, self.seen, self.doomed, self.stop = name, seen, False, threading.Event()
+        self.consumer = StreamConsumer(client, keys, "extract", Say, self.handle, config(), name=name)
+        self.consumer.ensure_group()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def handle(self, items: Sequence[Say]) -> list[list[Emit]]:
+        if self.doomed:
+            raise Crashed
+        out = []
+        for item in items:
+            self.seen.append((self.name, item.subject, item.n))
+            out.append([Emit(self.consumer.keys.work("resolve", item.subject), item)])
+        return out  # type: ignore[return-value]
+
+    def loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.consumer._step_surviving()
+        except Crashed:
+            return
+
+    def crash(self) -> None:
+        self.doomed = True
+        self.thread.join(timeout=10)
+
+    def owned(self) -> list[int]:
+        return self.consumer.leases.owned()
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[Consumer]]:
+    made: list[Consumer] = []
+    yield made
+    for c in made:
+        c.stop.set()
+        c.doomed = True
+        c.thread.join(timeout=10)
+
+
+def test_a_subjects_work_goes_through_one_partition_and_subjects_spread_over_all(pkeys: Keys) -> None:
+    subjects = [f"user-{i}" for i in range(400)]
+    assert {pkeys.work("events", s) for s in ["alice"] * 5} == {pkeys.work("events", "alice")}
+    assert {pkeys.partition(s) for s in subjects} == set(range(P))
+    # The same partition in every process and every version: a fixed hash, not Python's salted hash().
+    assert partition_of("alice", 8) == 7 and partition_of("tenant/bob", 16) == 8  # CRC-32, pinned
+    # Every key of one partition shares a hash tag: one slot in a cluster.
+    p = pkeys.partition("alice")
+    tags = {key[key.index("{"):key.index("}") + 1] for key in
+            [pkeys.work("events", "alice"), pkeys.work("upsert", "alice"), pkeys.dlq("resolve", p),
+             pkeys.lease("upsert", p), pkeys.errors("trigger", p), pkeys.autoclaim_cursor("extract", p)]}
+    assert tags == {f"{{p{p}}}"}
+
+
+def test_consumers_share_the_partitions_fairly_and_each_subject_is_handled_in_order(
+        client: redis.Redis, pkeys: Keys, consumers: list[Consumer]) -> None:
+    seen: list[tuple[str, str, int]] = []
+    consumers += [Consumer(client, pkeys, f"c{i}", seen) for i in range(3)]
+    wait_for(lambda: sorted(p for c in consumers for p in c.owned()) == list(range(P)), what="every partition owned")
+    wait_for(lambda: all(len(c.owned()) in (2, 3) for c in consumers), what="a fair share each")
+    subjects = [f"s{i}" for i in range(24)]
+    for n in range(30):
+        for s in subjects:
+            publish(client, pkeys, s, n)
+    wait_for(lambda: len(seen) == 30 * len(subjects), what="everything handled")
+    for s in subjects:
+        assert [n for _, subj, n in seen if subj == s] == list(range(30)), f"{s} out of order"
+        assert len({name for name, subj, _ in seen if subj == s}) == 1, f"{s} handled by two consumers"
+    assert backlog(client, pkeys, ("extract",))["extract"] == (0, 0)
+
+
+def test_a_consumer_that_joins_gets_a_share_and_one_that_stops_cleanly_hands_its_share_over_at_once(
+        client: redis.Redis, pkeys: Keys, consumers: list[Consumer]) -> None:
+    seen: list[tuple[str, str, int]] = []
+    first = Consumer(client, pkeys, "first", seen)
+    consumers.append(first)
+    wait_for(lambda: len(first.owned()) == P, what="the only consumer to own everything")
+    second = Consumer(client, pkeys, "second", seen)
+    consumers.append(second)
+    wait_for(lambda: len(first.owned()) == len(second.owned()) == P // 2, what="the newcomer's share")
+    second.stop.set()
+    second.thread.join(timeout=10)
+    second.consumer.leases.release_all()
+    started = time.monotonic()
+    wait_for(lambda: len(first.owned()) == P, what="the released share taken back")
+    assert time.monotonic() - started < LEASE_MS / 1000, "a clean stop must not wait for the leases to run out"
+
+
+def test_a_crashed_consumers_partitions_and_its_batch_are_taken_over_within_a_lease(
+        client: redis.Redis, pkeys: Keys, consumers: list[Consumer]) -> None:
+    seen: list[tuple[str, str, int]] = []
+    a, b = Consumer(client, pkeys, "a", seen), Consumer(client, pkeys, "b", seen)
+    consumers += [a, b]
+    wait_for(lambda: len(a.owned()) == len(b.owned()) == P // 2, what="two shares")
+    a.doomed = True  # its next batch: read, then the process dies before acknowledging anything
+    victim = next(s for s in (f"v{i}" for i in range(100)) if pkeys.partition(s) in a.owned())
+    for n in range(5):
+        publish(client, pkeys, victim, n)
+    a.thread.join(timeout=10)
+    assert not a.thread.is_alive()
+    died = time.monotonic()
+    wait_for(lambda: len(b.owned()) == P, timeout_s=10, what="the survivor to own every partition")
+    takeover_s = time.monotonic() - died
+    wait_for(lambda: [n for _, s, n in seen if s == victim] == list(range(5)), what="the dead one's batch redone")
+    print(f"take-over after a crash: {takeover_s * 1000:.0f} ms (lease {LEASE_MS} ms)")
+    # At most a lease plus one refresh of the survivor (a quarter lease), with room for a busy machine.
+    assert takeover_s < LEASE_MS / 1000 * 1.25 + 0.5
+    assert backlog(client, pkeys, ("extract",))["extract"] == (0, 0)
+
+
+def test_a_consumer_that_lost_its_lease_settles_nothing(client: redis.Redis, pkeys: Keys) -> None:
+    """A stalled owner whose partition was taken over must not acknowledge, nor emit, what it read."""
+    emitted: list[int] = []
+
+    def handler(items: Sequence[Say]) -> list[list[Emit]]:
+        # While this one works, its lease runs out and another consumer takes the partition.
+        for p in range(P):
+            client.set(pkeys.lease("extract", p), "usurper", px=60_000)
+        emitted.extend(item.n for item in items)
+        return [[Emit(pkeys.work("resolve", item.subject), item)] for item in items]
+
+    stalled = StreamConsumer(client, pkeys, "extract", Say, handler, config(), name="stalled")
+    stalled.ensure_group()
+    publish(client, pkeys, "alice", 1)
+    stalled.step()
+    assert emitted == [1]
+    assert client.xlen(pkeys.work("resolve", "alice")) == 0, "emitted without the lease"
+    assert backlog(client, pkeys, ("extract",))["extract"] == (0, 1), "acknowledged without the lease"
+    assert pkeys.partition("alice") not in stalled.leases.owned()
+
+
+def test_retention_trims_what_was_acknowledged_and_keeps_what_is_unread_or_pending(
+        client: redis.Redis, pkeys: Keys) -> None:
+    stream, group = pkeys.input_of("extract", 0), "extract"
+    client.xgroup_create(stream, group, id="0", mkstream=True)
+    ids = [client.xadd(stream, {FIELD: b"x", "n": n}).decode() for n in range(300)]
+    client.xreadgroup(group, "c", {stream: ">"}, count=200)
+    client.xack(stream, group, *ids[:100])  # 0-99 acknowledged, 100-199 pending, 200-299 unread
+    assert trim_acknowledged(client, stream, retention_ms=3_600_000) == 0, "trimmed inside the window"
+    trim_acknowledged(client, stream, retention_ms=0)
+    left = [e.decode() for e, _ in client.xrange(stream)]
+    assert set(ids[100:]) <= set(left), "trimmed a pending or unread entry"
+    assert len(left) < 300
+    client.xack(stream, group, *ids[100:200])
+    client.xreadgroup(group, "c", {stream: ">"})
+    client.xack(stream, group, *ids[200:])
+    trim_acknowledged(client, stream, retention_ms=0)
+    assert client.xlen(stream) <= 100, "approximate trimming keeps at most one node of acknowledged entries"
+    assert client.xinfo_groups(stream)[0]["lag"] == 0
+
+
+def test_a_slow_second_group_holds_the_trim_back(client: redis.Redis, pkeys: Keys) -> None:
+    stream = pkeys.input_of("extract", 0)
+    client.xgroup_create(stream, "extract", id="0", mkstream=True)
+    client.xgroup_create(stream, "audit", id="0")
+    ids = [client.xadd(stream, {FIELD: b"x"}).decode() for _ in range(250)]
+    client.xreadgroup("extract", "c", {stream: ">"})
+    client.xack(stream, "extract", *ids)
+    trim_acknowledged(client, stream, retention_ms=0)
+    assert client.xlen(stream) == 250, "trimmed what the audit group has not read"
+
+
+def test_the_owner_trims_its_partitions_as_it_goes(client: redis.Redis, pkeys: Keys,
+                                                   consumers: list[Consumer]) -> None:
+    seen: list[tuple[str, str, int]] = []
+    consumers.append(Consumer(client, pkeys, "owner", seen))
+    consumers[0].consumer.config.retention_ms = 0
+    for n in range(400):
+        publish(client, pkeys, "alice", n)
+    wait_for(lambda: len(seen) == 400, what="everything handled")
+    consumers[0].consumer._next_trim = 0.0
+    stream = pkeys.work("extract", "alice")
+    wait_for(lambda: client.xlen(stream) < 400, what="the owner's trim")

@@ -13,7 +13,7 @@ from memflow.pipeline.models import Wire
 from memflow.shared.codec import encode
 from memflow.shared.keys import FIELD, Keys, partition_of
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, Emit, StreamConsumer, backlog, per_item, trim_acknowledged
+from memflow.shared.streams import ConsumerConfig, Emit, StreamConsumer, backlog, trim_acknowledged
 from tests.conftest import wait_for
 
 P = 8

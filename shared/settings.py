@@ -52,6 +52,12 @@ class RedisSettings(Group):
     url: str | None = None
     server: str | None = None
     stream_prefix: str = "memflow:"
+    # A Redis or Valkey cluster: `url` names any one of its nodes (shared/connections.connect).
+    cluster: bool = False
+    # How many replicas must hold a write before it is acknowledged (WAIT; shared/connections.replicated),
+    # and how long to wait for them. 0: acknowledged once the master has it, as Redis does by default.
+    wait_replicas: int = Field(default=0, ge=0)
+    wait_timeout_ms: int = Field(default=1000, ge=1)
 
 
 class StoreSettings(Group):

@@ -83,7 +83,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
     "type_quotas", "whole_subject_weight",
     # issue 16: `memflow serve` and `memflow mcp`
-    "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key")}
+    "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
+    # issue 17: a cluster, and writes acknowledged once replicas hold them
+    "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms")}
 
 
 def every_name_set() -> Settings:

@@ -1,4 +1,5 @@
-"""Redis connections, configured once for how memflow uses them, to a server new enough for it."""
+"""Redis connections, configured once for how memflow uses them, to a server new enough for it — one server,
+or a Redis/Valkey cluster (MEMFLOW_REDIS_CLUSTER) — and writes acknowledged only once replicas hold them."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, TypeAlias, overload
 
 import orjson
 import redis
 import redis.asyncio
+from redis.client import Pipeline
+from redis.cluster import RedisCluster
 
 from memflow.shared.errors import MemflowError
 from memflow.shared.settings import Settings
@@ -29,8 +34,17 @@ SUPPORTED = "Redis ≥ 7.0 or Valkey ≥ 7.2"
 RUNNING_FILE = "running.json"
 
 
+# What `connect` returns: one server's client, or a cluster's (same commands, keys routed by slot).
+Client: TypeAlias = redis.Redis | RedisCluster
+
+
 class ServerTooOld(MemflowError):
     pass
+
+
+class NotReplicated(MemflowError):
+    """Fewer replicas than asked hold a write when its WAIT timed out: were its master to die now, the write
+    could be lost. It is applied on the master all the same (nothing is undone): repeat only what is safe to."""
 
 
 # A server answers a BLOCK that ran out within milliseconds: past the longest blocking read by this
@@ -48,7 +62,15 @@ KEEPALIVE_S = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 HEALTH_CHECK_S = 30
 
 
-def connect(url: str, *, socket_timeout_s: float | None = None) -> redis.Redis:
+@overload
+def connect(url: str, *, socket_timeout_s: float | None = None, cluster: Literal[False] = False) -> redis.Redis: ...
+@overload
+def connect(url: str, *, socket_timeout_s: float | None = None, cluster: Literal[True]) -> RedisCluster: ...
+@overload
+def connect(url: str, *, socket_timeout_s: float | None = None, cluster: bool) -> Client: ...
+
+
+def connect(url: str, *, socket_timeout_s: float | None = None, cluster: bool = False) -> Client:
     """A client to a server checked to be new enough, with TCP keepalive and a health check.
 
     `socket_timeout_s` must be longer than any blocking command the client sends (a stage's
@@ -56,10 +78,14 @@ def connect(url: str, *, socket_timeout_s: float | None = None) -> redis.Redis:
     a read that hears nothing raises redis.TimeoutError (not retried). None: no socket timeout,
     for a client whose blocking waits are as long as its callers ask (the MemoryClient waits up
     to ten minutes for a job's result); keepalive still notices a peer that is gone.
+
+    `cluster`: `url` names any node of a cluster, and the client (a RedisCluster) finds the others and
+    sends each command to the node that owns its keys' slot; every node's version is checked. Unlike
+    the single server's, it connects at once: it raises here when no node answers.
     """
-    client = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
-                                  socket_keepalive=True, socket_keepalive_options=_keepalive_options(),
-                                  health_check_interval=HEALTH_CHECK_S)
+    options: dict[str, Any] = dict(socket_timeout=socket_timeout_s, socket_connect_timeout=5, socket_keepalive=True,
+                                   socket_keepalive_options=_keepalive_options(), health_check_interval=HEALTH_CHECK_S)
+    client: Client = RedisCluster.from_url(url, **options) if cluster else redis.Redis.from_url(url, **options)
     if url not in _checked:
         _check_version(client, url)
     return client
@@ -87,9 +113,9 @@ def _keepalive_options() -> dict[int, int]:
 _checked: set[str] = set()
 
 
-def _check_version(client: redis.Redis, url: str) -> None:
+def _check_version(client: Client, url: str) -> None:
     try:
-        info = client.info("server")
+        info = _oldest(client)
     except (redis.ConnectionError, redis.TimeoutError):
         return  # not up (yet): connections are lazy and the stage loops retry; checked next time
     except redis.ResponseError as exc:  # a managed service that hides INFO
@@ -102,6 +128,14 @@ def _check_version(client: redis.Redis, url: str) -> None:
                            f"{SUPPORTED} (stream consumer-group counters). Upgrade it, or unset "
                            "MEMFLOW_REDIS_URL and memflow starts the Valkey it bundles")
     _checked.add(url)
+
+
+def _oldest(client: Client) -> dict[str, object]:
+    """INFO server of the server, or of the cluster's node that runs the oldest version."""
+    if isinstance(client, redis.Redis):
+        return dict(client.info("server"))
+    infos: dict[str, dict[str, object]] = client.info("server", target_nodes=RedisCluster.ALL_NODES)
+    return min(infos.values(), key=lambda info: server_version(info)[1])
 
 
 def server_version(info: dict[str, object]) -> tuple[str, tuple[int, ...]]:
@@ -122,6 +156,58 @@ def _dotted(version: tuple[int, ...]) -> str:
 def _safe(url: str) -> str:
     """The URL without its password (it goes into error messages and logs)."""
     return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
+
+
+# -- durable acknowledgement ---------------------------------------------------------------------
+
+
+def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *, replicas: int,
+               timeout_ms: int) -> list[Any]:
+    """Send the commands `write` queues (all on `key`'s slot) and then WAIT until `replicas` replicas hold
+    them, in one round trip on one connection to the node that owns the slot; the commands' replies.
+
+    Replication is asynchronous: a write the master acknowledged is lost if the master dies before a
+    replica got it, and a replica takes its place. WAIT closes that window — but it counts the replicas
+    that hold the last write *of the connection it is sent on*: sent on another connection (a pool hands
+    out any; RedisCluster sends a bare WAIT to a default node, not the key's), it proves nothing. So the
+    writes and their WAIT share one pipeline to the owning node, not a MULTI (WAIT inside one does not wait).
+
+    `replicas` 0: no WAIT (the setting's default). Raises NotReplicated when fewer acknowledged within
+    `timeout_ms`; a node that is gone or no longer owns the slot raises redis' own error, after the
+    cluster client has been told to reread the slot map (it is bypassed here, so it would not know).
+    """
+    pipe = _owner(client, key).pipeline(transaction=False)
+    write(pipe)
+    if replicas:
+        pipe.wait(replicas, timeout_ms)
+    try:
+        replies = pipe.execute()
+    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,
+            redis.exceptions.ClusterDownError):
+        _reread_slots(client)
+        raise
+    if replicas and replies[-1] < replicas:
+        raise NotReplicated(f"{replies[-1]} of {replicas} replicas acknowledged the write to {key} within "
+                            f"{timeout_ms} ms (MEMFLOW_REDIS_WAIT_REPLICAS)")
+    return replies[:-1] if replicas else replies
+
+
+def _owner(client: Client, key: str) -> redis.Redis:
+    """A client to the one server that holds `key`: the server itself, or the cluster's node for its slot."""
+    if isinstance(client, redis.Redis):
+        return client
+    node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]  # untyped in redis-py 8.1
+    return client.get_redis_connection(node)
+
+
+def _reread_slots(client: Client) -> None:
+    if isinstance(client, redis.Redis):
+        return
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # No node answered (mid-failover): the next command through the client tries again.
+        log.warning("cannot reread the cluster's slot map: %s", exc)
 
 
 # -- finding the Redis a running `memflow up` started ---------------------------------------

@@ -108,13 +108,15 @@ class RedisServer:
 
 
 def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0,
-                binary: str | None = None) -> RedisServer:
-    """Start a server (`binary`, else find_binary's choice) with AOF on in `data_dir`; return once it answers PING."""
+                binary: str | None = None, extra_args: tuple[str, ...] = ()) -> RedisServer:
+    """Start a server (`binary`, else find_binary's choice) with AOF on in `data_dir`; return once it answers PING.
+
+    `extra_args` (`--name value` pairs) come last: they add settings or override these (a later one wins)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     server = find_binary(binary)
     args = [server.path, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir.resolve()),
-            "--appendonly", "yes", "--save", "", "--daemonize", "no"]
+            "--appendonly", "yes", "--save", "", "--daemonize", "no", *extra_args]
     output = open(data_dir / "redis.log", "ab")
     process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"

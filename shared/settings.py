@@ -57,6 +57,12 @@ class RedisSettings(Group):
     # one consumer at a time: the most consumer processes a stage can keep busy. Change it only with the
     # pipeline drained (`memflow status`): a subject's work moves to another partition.
     partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024)
+    # A Redis or Valkey cluster: `url` names any one of its nodes (shared/connections.connect).
+    cluster: bool = False
+    # How many replicas must hold a write before it is acknowledged (WAIT; shared/connections.replicated),
+    # and how long to wait for them. 0: acknowledged once the master has it, as Redis does by default.
+    wait_replicas: int = Field(default=0, ge=0)
+    wait_timeout_ms: int = Field(default=1000, ge=1)
 
 
 class StoreSettings(Group):

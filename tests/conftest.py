@@ -18,6 +18,7 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect
 from memflow.shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
 from memflow.shared.keys import STAGES, Keys
+from memflow.shared.redis_cluster import LocalCluster, start_cluster
 from memflow.shared.redis_server import RedisServer, find_binary, start_redis
 from memflow.shared.settings import Settings
 
@@ -32,6 +33,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = start_redis(tmp_path_factory.mktemp("redis"), binary=Settings().redis.server)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A Valkey cluster of 3 masters with a replica each, shared by the session's `cluster` tests: isolate
+    with uuid hash tags, never kill its nodes (start_cluster a cluster of the test's own for that)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("cluster"), binary=Settings().redis.server)
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(scope="session")

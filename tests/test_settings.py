@@ -66,7 +66,7 @@ def test_no_llm_unless_a_base_url_is_set(monkeypatch: pytest.MonkeyPatch) -> Non
 # The environment contract (README, docker-compose, child processes): every name as it was when the
 # settings were one flat object. A group may rename its fields; none of these may change.
 ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
-    "archive_below", "block_ms", "bm25_route_weight", "candidate_pool", "changes_maxlen", "collapse_records",
+    "archive_below", "block_ms", "consumers", "lease_ms", "partitions", "retention_s", "bm25_route_weight", "candidate_pool", "changes_maxlen", "collapse_records",
     "collection", "context_smoothing", "data_dir", "decay_floor", "decay_tau_hours", "dense_floor", "dense_weight",
     "dialogue_dense_weight", "dir_scoping", "duplicate_threshold", "embedder", "embedder_api_key", "embedder_dim",
     "embedder_input_type", "embedder_max_retries", "embedder_model", "embedder_passage_prefix",
@@ -83,7 +83,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
     "type_quotas", "whole_subject_weight",
     # issue 16: `memflow serve` and `memflow mcp`
-    "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key")}
+    "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
+    # issue 17: a cluster, and writes acknowledged once replicas hold them
+    "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms")}
 
 
 def every_name_set() -> Settings:

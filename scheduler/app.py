@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import Tier
 from memflow.scheduler.firings import Entry, enqueue_firing, last_fire_time
-from memflow.shared.connections import connect, require_url
+from memflow.shared.connections import connect_queue
 from memflow.shared.errors import MemflowError
 from memflow.shared.settings import Settings
 
@@ -45,7 +45,7 @@ def build_scheduler(settings: Settings, kind: type[SchedulerT]) -> SchedulerT:
     holding one job per SCHEDULE entry; not started."""
     timezone = zone(settings.scheduler.timezone)
     scheduler: SchedulerT = kind(timezone=timezone)
-    queue = Queue(settings.keys.jobs_queue, connection=connect(require_url(settings)),
+    queue = Queue(settings.keys.jobs_queue, connection=connect_queue(settings),
                   serializer=JSONSerializer)  # the query worker reads its queues with this serializer
     for entry in SCHEDULE:
         # A trigger built without a timezone would read its fields in the host's zone, not the scheduler's.

@@ -17,13 +17,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from redis.client import Pipeline
 from rq import Queue, Worker
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.shared.codec import encode
-from memflow.shared.connections import connect, require_url
+from memflow.shared.connections import connect_queue, connect_streams, replicated
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.keys import FIELD, STAGES
 from memflow.shared.rpc import (
@@ -51,9 +52,11 @@ class MemoryClient:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self.keys = self.settings.keys
-        self.redis = connect(require_url(self.settings))
-        self._queue = Queue(self.keys.query_queue, connection=self.redis, serializer=JSONSerializer)
-        self._jobs = Queue(self.keys.jobs_queue, connection=self.redis, serializer=JSONSerializer)
+        self.redis = connect_streams(self.settings)
+        # The RPC queues' server: the streams' own, unless they are on a cluster (RQ runs on none).
+        self.queue_redis = connect_queue(self.settings, self.redis)
+        self._queue = Queue(self.keys.query_queue, connection=self.queue_redis, serializer=JSONSerializer)
+        self._jobs = Queue(self.keys.jobs_queue, connection=self.queue_redis, serializer=JSONSerializer)
 
     # -- writing -----------------------------------------------------------------
 
@@ -70,8 +73,7 @@ class MemoryClient:
     def publish(self, event: ChatEvent | dict[str, Any]) -> str:
         """Append one event to the `events` stream; returns its stream id. Does not wait for processing."""
         checked = self.validate(event)
-        entry_id = self.redis.xadd(self.keys.work("events", checked.subject), {FIELD: encode(checked)})
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return self._append(self.keys.work("events", checked.subject), [checked])[0]
 
     def publish_many(self, events: Sequence[ChatEvent | dict[str, Any]]) -> list[str]:
         """Append a batch in one round trip, all or nothing at validation: InvalidInput names the first bad
@@ -82,10 +84,24 @@ class MemoryClient:
                 checked.append(self.validate(event))
             except InvalidInput as exc:
                 raise InvalidInput(f"{i}.{exc.field}", exc.reason) from exc
-        with self.redis.pipeline(transaction=False) as pipe:
-            for event in checked:
-                pipe.xadd(self.keys.work("events", event.subject), {FIELD: encode(event)})
-            ids = pipe.execute()
+        by_stream: dict[str, list[int]] = {}
+        for i, event in enumerate(checked):
+            by_stream.setdefault(self.keys.work("events", event.subject), []).append(i)
+        ids = [""] * len(checked)
+        for stream, at in by_stream.items():  # one round trip per partition the batch touches
+            for i, entry_id in zip(at, self._append(stream, [checked[i] for i in at]), strict=True):
+                ids[i] = entry_id
+        return ids
+
+    def _append(self, stream: str, events: Sequence[ChatEvent]) -> list[str]:
+        """XADD the events to one partition's stream, and (MEMFLOW_REDIS_WAIT_REPLICAS) wait for its replicas:
+        an event is acknowledged once it would survive its master's death."""
+        def write(pipe: Pipeline) -> None:
+            for event in events:
+                pipe.xadd(stream, {FIELD: encode(event)})
+
+        r = self.settings.redis
+        ids = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms)
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, overload
+from typing import Any, Literal, TypeAlias, cast, overload
 
 import orjson
 import redis
@@ -245,6 +245,25 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process: alive
     return True
+
+
+def connect_streams(settings: Settings, *, socket_timeout_s: float | None = None) -> redis.Redis:
+    """The deployment's stream server: one server, or (MEMFLOW_REDIS_CLUSTER) a cluster client.
+
+    Typed as one server's client: everything memflow sends through it names keys of one slot (a
+    partition's hash tag, or one key), which a cluster client routes by itself."""
+    url = require_url(settings)
+    if settings.redis.cluster:
+        return cast(redis.Redis, connect(url, socket_timeout_s=socket_timeout_s, cluster=True))
+    return connect(url, socket_timeout_s=socket_timeout_s)
+
+
+def connect_queue(settings: Settings, streams: redis.Redis | None = None, *,
+                  socket_timeout_s: float | None = None) -> redis.Redis:
+    """The server of the RPC queues (RQ): MEMFLOW_REDIS_QUEUE_URL, else the streams' own (`streams`, reused)."""
+    if settings.redis.queue_url:
+        return connect(settings.redis.queue_url, socket_timeout_s=socket_timeout_s)
+    return streams if streams is not None else connect(require_url(settings), socket_timeout_s=socket_timeout_s)
 
 
 def require_url(settings: Settings) -> str:

@@ -53,20 +53,20 @@ def record_search(pipe: redis.Redis, keys: Keys, status: str, latency_s: float) 
 
 # -- rendering -------------------------------------------------------------------------------
 
-def render(client: redis.Redis, keys: Keys) -> bytes:
-    """The Prometheus text of the deployment now."""
+def render(client: redis.Redis, keys: Keys, queue: redis.Redis | None = None) -> bytes:
+    """The Prometheus text of the deployment now (`queue`: the RPC queues' server, when not the streams')."""
     registry = CollectorRegistry(auto_describe=False)  # no describe(): registering reads nothing
-    registry.register(_Snapshot(client, keys))
+    registry.register(_Snapshot(client, keys, queue or client))
     return generate_latest(registry)
 
 
 class _Snapshot(Collector):
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.client, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, queue: redis.Redis) -> None:
+        self.client, self.keys, self.queue = client, keys, queue
 
     def collect(self) -> Iterator[Metric]:
         # read_status without `sample_s`: its read rates come from stream ids, a scrape never waits.
-        yield from pipeline_families(read_status(self.client, self.keys))
+        yield from pipeline_families(read_status(self.client, self.keys, queue=self.queue))
         yield search_family(self.client.hgetall(self.keys.search_latency))
         yield from llm_families(self.client.hgetall(self.keys.llm_usage(None)))
 

@@ -63,6 +63,16 @@ class RedisSettings(Group):
     # and how long to wait for them. 0: acknowledged once the master has it, as Redis does by default.
     wait_replicas: int = Field(default=0, ge=0)
     wait_timeout_ms: int = Field(default=1000, ge=1)
+    # Where the RPC queues live (RQ: searches, jobs): a single server. RQ runs on no cluster (its keys
+    # span slots: rq/rq#2021), so a cluster deployment names one here. Unset: the streams' server.
+    queue_url: str | None = None
+
+    @model_validator(mode="after")
+    def _queue_beside_a_cluster(self) -> RedisSettings:
+        if self.cluster and not self.queue_url:
+            raise ValueError("MEMFLOW_REDIS_CLUSTER needs MEMFLOW_REDIS_QUEUE_URL: the RPC queue (RQ) runs on one "
+                             "server, not on a cluster")
+        return self
 
 
 class StoreSettings(Group):

@@ -51,13 +51,15 @@ class PipelineStatus:
     sample_s: float | None = None
 
 
-def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None) -> PipelineStatus:
-    """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits)."""
+def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
+                queue: redis.Redis | None = None) -> PipelineStatus:
+    """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits).
+    `queue`: the RPC queues' server, when it is not the streams' (a cluster deployment)."""
     waiting = backlog(client, keys, STAGES)
     lengths, dead, memory = _stream_sizes(client, keys)
     rates = sampled_rates(client, keys, sample_s) if sample_s else window_rates(client, keys)
     stages = [StageStatus(s, lengths[s], *waiting[s], dead[s], rates[s], memory[s]) for s in STAGES]
-    query, jobs = (Queue(name, connection=client) for name in (keys.query_queue, keys.jobs_queue))
+    query, jobs = (Queue(name, connection=queue or client) for name in (keys.query_queue, keys.jobs_queue))
     return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
                           "sample" if sample_s else "window", sample_s or None)
 

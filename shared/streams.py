@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from redis.cluster import RedisCluster
 
 from memflow.shared.codec import decode, encode
+from memflow.shared.connections import replicated
 from memflow.shared.errors import DecodeError, Permanent, Retryable
 from memflow.shared.keys import FIELD, Keys
 from memflow.shared.leases import Leases
@@ -111,6 +112,9 @@ class ConsumerConfig:
     lease_ms: int = 10_000
     # Acknowledged entries of the work streams are kept this long, then trimmed (0: trimmed at once).
     retention_ms: int = 3_600_000
+    # Replicas that must hold a settled batch before the loop goes on (WAIT; 0: the master's word is enough).
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
     decode_context: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -120,6 +124,7 @@ class ConsumerConfig:
         return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
                    count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
                    lease_ms=s.lease_ms, retention_ms=int(s.retention_s * 1000),
+                   wait_replicas=settings.redis.wait_replicas, wait_timeout_ms=settings.redis.wait_timeout_ms,
                    decode_context={"max_text_bytes": settings.limits.max_text_bytes})
 
 
@@ -454,10 +459,23 @@ class StreamConsumer(Generic[M]):
             args += [outputs.index(stream) + 4, len(fields), *(x for kv in fields.items() for x in kv)]
         keys = [self.keys.lease(self.stage, partition), self.stream(partition),
                 self.keys.errors(self.stage, partition), *outputs]
-        if not int(self._settle_script(keys=keys, args=args)):
+        if not int(self._run_settle(keys, args)):
             log.warning("consumer %s no longer owns partition %d of %s: %d entries left to its new owner",
                         self.name, partition, self.stage, len(ids))
             self.leases.lost(partition)
+
+
+    def _run_settle(self, keys: list[str], args: list[Any]) -> Any:
+        if not self.config.wait_replicas:
+            return self._settle_script(keys=keys, args=args)
+        # Outputs and acknowledgements that a failover could lose would be work lost (the outputs) or
+        # redone (the acknowledgements): the loop goes on once the partition's replicas hold them.
+        def settle(pipe: Any) -> None:
+            self._settle_script(keys=keys, args=args, client=pipe)
+
+        [settled] = replicated(self.client, keys[0], settle, replicas=self.config.wait_replicas,
+                               timeout_ms=self.config.wait_timeout_ms)
+        return settled
 
 
 def _by_partition(entries: Sequence[Entry]) -> dict[int, list[str]]:
@@ -578,7 +596,12 @@ def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str,
 
 
 def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:
-    if isinstance(info, redis.ResponseError) or not info["length"]:
+    if isinstance(info, redis.ResponseError):
+        return 0, 0
+    # A cluster client's MULTI hands back raw replies: bytes keys, a group as a flat [name, value, ...] list.
+    info = _fields(info)
+    groups = [_fields(g) for g in groups]
+    if not info["length"]:
         return 0, 0
     group = next((g for g in groups if _text(g["name"]) == group_name), None)
     if group is None:
@@ -587,3 +610,8 @@ def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:
     if lag is None:  # Redis cannot count it (entries were deleted): compare ids instead
         lag = 0 if _text(group["last-delivered-id"]) == _text(info["last-generated-id"]) else 1
     return int(lag), int(group["pending"])
+
+
+def _fields(reply: Any) -> dict[str, Any]:
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[0::2], reply[1::2], strict=True)
+    return {_text(k): v for k, v in pairs}

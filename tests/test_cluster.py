@@ -80,8 +80,12 @@ def test_connect_checks_the_version_of_every_node(redis_cluster: LocalCluster,
 def test_the_settings_name_a_cluster_and_how_many_replicas_acknowledge(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMFLOW_REDIS_CLUSTER", "true")
     monkeypatch.setenv("MEMFLOW_REDIS_WAIT_REPLICAS", "1")
+    with pytest.raises(ValueError, match="MEMFLOW_REDIS_QUEUE_URL"):  # RQ runs on one server, not on a cluster
+        Settings()
+    monkeypatch.setenv("MEMFLOW_REDIS_QUEUE_URL", "redis://queue:6379/0")
     redis_settings = Settings().redis
     assert (redis_settings.cluster, redis_settings.wait_replicas, redis_settings.wait_timeout_ms) == (True, 1, 1000)
+    assert redis_settings.queue_url == "redis://queue:6379/0"
 
 
 @cluster

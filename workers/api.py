@@ -310,7 +310,7 @@ def healthz(request: Request, client: Client) -> Health | JSONResponse:
 def metrics(key: Caller, client: Client) -> PlainTextResponse:
     """Prometheus text: per stage lag, pending and dead letters; search latency; LLM calls and fallbacks."""
     from memflow.shared.metrics import CONTENT_TYPE, render
-    return PlainTextResponse(render(client.redis, client.keys), media_type=CONTENT_TYPE)
+    return PlainTextResponse(render(client.redis, client.keys, client.queue_redis), media_type=CONTENT_TYPE)
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from memflow.shared import dlq as dead
 from memflow.shared import rpc
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
-from memflow.shared.connections import connect, require_url, running
+from memflow.shared.connections import connect_queue, connect_streams, require_url, running
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.errors import InvalidInput, MemflowError
 from memflow.shared.keys import FIELD, STAGES, Keys
@@ -480,7 +480,7 @@ def _reindex_summary(r: Report) -> str:
 
 def _redis_target() -> tuple[Any, Keys]:
     settings = _settings()
-    return connect(require_url(settings)), settings.keys
+    return connect_streams(settings), settings.keys
 
 
 def _known_stage(stage: str) -> str:
@@ -577,7 +577,7 @@ def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SEC
     """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and
     the live query workers."""
     client, keys = _redis_target()
-    report = read_status(client, keys, sample)
+    report = read_status(client, keys, sample, connect_queue(_settings(), client))
     if as_json:
         _print_json(asdict(report))
         return

@@ -324,7 +324,7 @@ def home(request: Request, key: Visitor, client: Client, subject: str = "") -> R
     if subject.strip():
         return RedirectResponse(subject_url(subject.strip()), status_code=303)
     return frame(request, key, "Subjects", subject_list(key, client), subject_box(),
-                 dead_letters(read_status(client.redis, client.keys).stages))
+                 dead_letters(read_status(client.redis, client.keys, queue=client.queue_redis).stages))
 
 
 def subject_list(key: ApiKey, client: MemoryClient) -> Html:

@@ -485,9 +485,9 @@ def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWork
         log.warning("noise floor not measured at start: %s", exc)
     # Searches first: RQ takes from the first non-empty queue, so a long job never delays a search
     # waiting behind it in the queue (only one already running).
-    queues = [Queue(name, connection=ctx.client, serializer=JSONSerializer)
+    queues = [Queue(name, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer)
               for name in (ctx.keys.query_queue, ctx.keys.jobs_queue)]
     # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
     # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
-    return QueryWorker(queues, connection=ctx.client, serializer=JSONSerializer, worker_ttl=16, stop=stop,
-                       log_job_description=False, job_class=RpcJob.bound_to(ctx))
+    return QueryWorker(queues, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer, worker_ttl=16,
+                       stop=stop, log_job_description=False, job_class=RpcJob.bound_to(ctx))

@@ -20,7 +20,7 @@ from memflow.pipeline.models import LLMTrace, Memory, Trace
 from memflow.pipeline.score import UNRELATED
 from memflow.shared.applier import Applier
 from memflow.shared.codec import encode
-from memflow.shared.connections import connect, require_url, stage_socket_timeout_s
+from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.keys import FIELD, Keys
 from memflow.shared.llm import LLM
@@ -39,6 +39,8 @@ class Context:
     settings: Settings
     client: redis.Redis
     keys: Keys
+    # The RPC queues' server (RQ): `client` itself but in a cluster deployment (MEMFLOW_REDIS_QUEUE_URL).
+    queue_client: redis.Redis | None = None
     _store: Store | None = None
     _embedder: Embedder | None = None
     _llm: LLM | None = None
@@ -47,8 +49,10 @@ class Context:
     @classmethod
     def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:
         """The one way a process builds its context; `embedder`: one already loaded (tests, benchmarks)."""
-        client = connect(require_url(settings), socket_timeout_s=stage_socket_timeout_s(settings.consumer.block_ms))
-        return cls(settings, client, settings.keys, _embedder=embedder)
+        timeout_s = stage_socket_timeout_s(settings.consumer.block_ms)
+        client = connect_streams(settings, socket_timeout_s=timeout_s)
+        return cls(settings, client, settings.keys, _embedder=embedder,
+                   queue_client=connect_queue(settings, client, socket_timeout_s=timeout_s))
 
     @property
     def embedder(self) -> Embedder:

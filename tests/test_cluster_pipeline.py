@@ -1,0 +1,97 @@
+"""The whole pipeline on a real Valkey cluster (issue 17), marked `cluster`: `python -m pytest -m cluster`.
+
+Three masters with two replicas each on localhost, the streams partitioned over them by subject
+(hash tags: a partition's keys in one slot), the RPC queue on a server of its own (RQ runs on no
+cluster), every write acknowledged once a replica holds it (MEMFLOW_REDIS_WAIT_REPLICAS=1). A master is
+killed mid-ingest: its replica takes over and every event whose publish was acknowledged is stored once
+— or dead-lettered with its reason — and every key holds its last value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from memflow.shared.client import MemoryClient
+from memflow.shared.embedder import Embedder
+from memflow.shared.redis_cluster import LocalCluster, start_cluster
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings
+from tests.conftest import start_system, wait_for
+from tests.faults.common import account, events, read_by_groups
+
+pytestmark = pytest.mark.cluster
+SUBJECTS = 6
+PER_SUBJECT = 40
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    # Two replicas per master: once one is promoted, its master still has a replica to WAIT for.
+    cluster = start_cluster(tmp_path / "cluster", replicas=2, binary=Settings().redis.server)
+    yield cluster
+    cluster.stop()
+
+
+def cluster_settings(cluster: LocalCluster, queue: RedisServer, tmp_path: Path, prefix: str) -> Settings:
+    return Settings(redis_url=cluster.url, redis_cluster=True, redis_queue_url=queue.url, redis_wait_replicas=1,
+                    redis_wait_timeout_ms=2000, stream_prefix=prefix, data_dir=tmp_path, partitions=8, lease_ms=1500,
+                    reclaim_idle_ms=2000, block_ms=50, retry_base_s=0.01, retry_max_s=0.5, rpc_timeout_s=120.0)
+
+
+class Publisher(threading.Thread):
+    """Publishes every event, retrying one whose publish failed (a failover) with the same event id;
+    remembers which were acknowledged."""
+
+    def __init__(self, client: MemoryClient, batch: list[dict]) -> None:
+        super().__init__(daemon=True)
+        self.client, self.batch, self.acknowledged, self.refused = client, batch, set(), 0
+
+    def run(self) -> None:
+        for event in self.batch:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    self.client.publish(event)
+                except (redis.RedisError, OSError, Exception):  # noqa: BLE001 - counted, retried: a failover
+                    self.refused += 1
+                    time.sleep(0.05)
+                    continue
+                self.acknowledged.add((event["subject"], event["event_id"]))
+                break
+            time.sleep(0.02)  # paced: the ingest is still being published when the master dies
+
+
+def test_the_pipeline_on_a_cluster_loses_no_acknowledged_event_when_a_master_dies(
+        own_cluster: LocalCluster, redis_server: RedisServer, tmp_path: Path, embedder: Embedder,
+        settings: Settings) -> None:
+    config = cluster_settings(own_cluster, redis_server, tmp_path, settings.redis.stream_prefix)
+    system = start_system(config, embedder)
+    client = system.client
+    try:
+        subjects = [f"tenant-{i}" for i in range(SUBJECTS)]
+        batches = [events(PER_SUBJECT, s) for s in subjects]
+        interleaved = [b[i] for i in range(PER_SUBJECT) for b in batches]
+        publisher = Publisher(client, interleaved)
+        publisher.start()
+        wait_for(lambda: len(publisher.acknowledged) >= len(interleaved) // 3 and read_by_groups(client) > 0,
+                 timeout_s=120, what="a third of the ingest")
+        victim = own_cluster.owner(client.keys.work("events", subjects[0]))
+        failover = own_cluster.kill(victim)
+        publisher.join(timeout=180)
+        assert not publisher.is_alive()
+        assert client.wait_idle(timeout_s=240)
+        for subject in subjects:
+            report = account(client, subject, PER_SUBJECT)
+            acknowledged_missing = [i for i in report["missing"] if (subject, f"f{i}") in publisher.acknowledged]
+            assert acknowledged_missing == [] and report["doubled"] == [] and report["lost_updates"] == [], report
+        assert len(publisher.acknowledged) == len(interleaved), "an event was never acknowledged, even retried"
+        print(f"cluster pipeline: {len(interleaved)} events, {len(publisher.acknowledged)} acknowledged, "
+              f"{publisher.refused} publishes refused during the failover, failover {failover.seconds:.2f} s")
+    finally:
+        system.shutdown()

@@ -10,10 +10,12 @@ reason. Runs embedded, as `memflow up` does.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from memflow.pipeline.models import MType, Role
 from memflow.shared import dlq
 from memflow.shared.client import MemoryClient
 from memflow.shared.keys import STAGES
+from memflow.shared.redis_cluster import start_cluster
+from memflow.shared.redis_server import start_redis
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
 from memflow.shared.streams import backlog
@@ -75,15 +79,41 @@ def account(system: Embedded, events: Sequence[dict[str, Any]]) -> dict[str, int
     """Events whose verbatim record is stored, and dead letters: together they must be every message."""
     subjects = sorted({e["subject"] for e in events})
     stored: set[str] = set()
+    doubled = 0  # events recorded verbatim more than once: a redelivery written twice
     for subject in subjects:
-        for m in system.ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode])):
-            stored.update(m.source_event_ids)
+        said = Counter(e for m in system.ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode]))
+                       for e in m.source_event_ids)
+        stored.update(said)
+        doubled += sum(1 for n in said.values() if n > 1)
     # The gate drops filler ("Thanks!") on purpose: those are expected to leave no record.
     messages = {e["event_id"] for e in events if e["kind"] == "message" and gate(e["text"], Role.user).keep}
     dead = sum(dlq.count(system.client.redis, system.client.keys, stage) for stage in STAGES)
     missing = len(messages - stored)
     return {"messages": len(messages), "stored": len(messages & stored), "dead_letters": dead,
-            "lost": max(0, missing - dead)}
+            "lost": max(0, missing - dead), "doubled": doubled}
+
+
+@contextlib.contextmanager
+def on_local_cluster(settings: Settings) -> Iterator[Settings]:
+    """The settings on a Valkey cluster started here (3 masters with a replica each, every write held by a
+    replica before it is acknowledged), the RPC queue on a server of its own (RQ runs on no cluster), and
+    two consumers per stage: two processes each for trigger and extract, two threads each for resolve and
+    upsert (the Edge shard is one process's; with a Qdrant server they would be processes too)."""
+    data = settings.store.data_dir
+    cluster = start_cluster(data / "cluster", binary=settings.redis.server)
+    queue = start_redis(data / "queue", binary=settings.redis.server)
+    try:
+        yield settings.replace(redis_url=cluster.url, redis_cluster=True, redis_queue_url=queue.url,
+                               redis_wait_replicas=1, partitions=16, consumers=2)
+    finally:
+        queue.stop()
+        cluster.stop()
+
+
+def deployment(settings: Settings, processes: int) -> dict[str, Any]:
+    r = settings.redis
+    return {"cluster": r.cluster, "partitions": r.partitions, "wait_replicas": r.wait_replicas,
+            "light_stage_processes": processes, "store_stage_threads": settings.consumer.consumers}
 
 
 def measure(system: Embedded, n: int, publishers: int) -> dict[str, Any]:
@@ -108,13 +138,19 @@ def measure(system: Embedded, n: int, publishers: int) -> dict[str, Any]:
             "peak_backlog": peaks, "accounting": account(system, events), "rss_mb": peak_rss_mb(system.child_pids)}
 
 
-def run_cli(*, events: int, publishers: int, as_json: bool, settings: Settings) -> int:
+def run_cli(*, events: int, publishers: int, as_json: bool, settings: Settings, cluster: bool = False) -> int:
     with tempfile.TemporaryDirectory(prefix="memflow-load-") as tmp:
         base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix="load:",
                                 qdrant_url=None)
-        with embedded(base) as system:
-            say(f"load: {events} events from {publishers} publishers ...")
+        with contextlib.ExitStack() as stack:
+            processes = 1
+            if cluster:
+                base, processes = stack.enter_context(on_local_cluster(base)), 2
+            system = stack.enter_context(embedded(base, light_processes=processes))
+            say(f"load: {events} events from {publishers} publishers"
+                + (f" on {base.redis.url} (a cluster), {processes} consumers per stage" if cluster else "") + " ...")
             report = measure(system, events, publishers)
+            report["deployment"] = deployment(base, processes)
     if as_json:
         print(orjson.dumps(report).decode())
     else:
@@ -125,6 +161,6 @@ def run_cli(*, events: int, publishers: int, as_json: bool, settings: Settings) 
               f"(total {report['total_s']} s)")
         print(f"peak backlog (unread + pending) per stage: {report['peak_backlog']}")
         print(f"accounting: {acc['stored']}/{acc['messages']} messages stored, {acc['dead_letters']} dead letters, "
-              f"{acc['lost']} lost")
+              f"{acc['lost']} lost, {acc['doubled']} doubled")
         print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in report["rss_mb"].items()))
-    return 0 if report["accounting"]["lost"] == 0 else 1
+    return 0 if report["accounting"]["lost"] == report["accounting"]["doubled"] == 0 else 1

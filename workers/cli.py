@@ -744,11 +744,15 @@ def bench_madial(data: Annotated[Path, typer.Option(help="The folder of the MADi
 
 
 @bench_app.command("load")
-def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = False) -> None:
+def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = False,
+               cluster: Annotated[bool, typer.Option(
+                   "--cluster", help="On a local 3-master Valkey cluster (writes held by a replica), two consumers "
+                   "per stage.")] = False) -> None:
     """A burst from concurrent publishers: accepted and sustained rates, peak lag, drain time, RSS, losses."""
     from memflow.bench.load import run_cli
 
-    raise typer.Exit(run_cli(events=events, publishers=publishers, as_json=as_json, settings=_settings("WARNING")))
+    raise typer.Exit(run_cli(events=events, publishers=publishers, as_json=as_json, settings=_settings("WARNING"),
+                             cluster=cluster))
 
 
 @bench_app.command("http")

@@ -37,14 +37,16 @@ class Embedded:
 
 
 @contextlib.contextmanager
-def embedded(settings: Settings, *, light_in_process: bool = False,
-             embedder: Embedder | None = None) -> Iterator[Embedded]:
+def embedded(settings: Settings, *, light_in_process: bool = False, embedder: Embedder | None = None,
+             light_processes: int = 1) -> Iterator[Embedded]:
     """The running system; PartDied at the end of the block if a part kept dying meanwhile (the
-    runner then stopped every part, workers/system.py)."""
+    runner then stopped every part, workers/system.py). `light_processes`: child processes per light
+    stage (trigger, extract), sharing its partitions."""
     with own_redis(settings) as running:
         ctx = Context.from_settings(running, embedder=embedder)
         ctx.store  # noqa: B018 - open it (and check its model) before any stage consumes
-        children = [] if light_in_process else [ChildProcess(running, (stage,)) for stage in LIGHT_STAGES]
+        children = [] if light_in_process else [ChildProcess(running, (stage,)) for stage in LIGHT_STAGES
+                                                for _ in range(light_processes)]
         stages = (*LIGHT_STAGES, *STORE_STAGES) if light_in_process else STORE_STAGES
         runner = Runner([*stage_parts(ctx, (*stages, QUERY)), *(child.part() for child in children)])
         runner.start()

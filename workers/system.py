@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memflow.shared.errors import MemflowError
+from memflow.shared.migrate import migrate_unpartitioned
 from memflow.shared.streams import StreamConsumer
 from memflow.workers.query import build_worker
 from memflow.workers.runtime import Context
@@ -171,8 +172,11 @@ def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
 
 
 def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "WARNING") -> list[Part]:
-    """A part per stage: a consumer loop, or ("query") the RQ query worker. Every consumer group exists
-    when this returns, so that nothing published from here on is missed."""
+    """A part per stage: its consumer loops (MEMFLOW_CONSUMERS of them), or ("query") the RQ query worker.
+    Every consumer group exists when this returns, so that nothing published from here on is missed; what
+    a deployment from before partitions left in Redis has been moved into them (shared/migrate.py)."""
+    if not ctx.settings.redis.cluster:  # a cluster deployment starts on the partitioned layout
+        migrate_unpartitioned(ctx.client, ctx.keys)
     parts = []
     for stage in stages:
         if stage == QUERY:

@@ -91,12 +91,15 @@ def connect(url: str, *, socket_timeout_s: float | None = None, cluster: bool = 
     return client
 
 
-def connect_async(url: str) -> redis.asyncio.Redis:
+def connect_async(url: str, *, cluster: bool = False) -> redis.asyncio.Redis:
     """An asyncio client with `connect`'s options, for a front door's per-request reads on its event loop
-    (the server's version is checked by the sync client every process also makes)."""
-    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, socket_keepalive=True,
-                                        socket_keepalive_options=_keepalive_options(),
-                                        health_check_interval=HEALTH_CHECK_S)
+    (the server's version is checked by the sync client every process also makes); a cluster's client
+    when `cluster` (typed as one server's: its reads name one key each)."""
+    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_keepalive": True,
+                               "socket_keepalive_options": _keepalive_options()}
+    if cluster:
+        return cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(url, **options))
+    return redis.asyncio.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **options)
 
 
 def stage_socket_timeout_s(block_ms: int) -> float:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
+from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.embedder import Embedder
 from memflow.shared.redis_cluster import LocalCluster, start_cluster
@@ -94,4 +97,33 @@ def test_the_pipeline_on_a_cluster_loses_no_acknowledged_event_when_a_master_die
         print(f"cluster pipeline: {len(interleaved)} events, {len(publisher.acknowledged)} acknowledged, "
               f"{publisher.refused} publishes refused during the failover, failover {failover.seconds:.2f} s")
     finally:
+        system.shutdown()
+
+
+def test_the_http_api_serves_a_cluster_deployment_with_its_keys(
+        redis_cluster: LocalCluster, redis_server: RedisServer, tmp_path: Path, embedder: Embedder,
+        settings: Settings) -> None:
+    """`memflow serve` on a cluster: keys looked up (async cluster client), events published to their
+    partitions, a search answered by the query worker over the queue server."""
+    from tests.test_api import start_serve, stop
+
+    config = cluster_settings(redis_cluster, redis_server, tmp_path, settings.redis.stream_prefix)
+    system = start_system(config, embedder)
+    url, process = start_serve(config)
+    try:
+        key = KeyStore(system.client.redis, system.client.keys).create(
+            "agent", ["team-a/*"], read_only=False, now=datetime.now(UTC))[1]
+        headers = {"Authorization": f"Bearer {key}"}
+        event = {"event_id": "h1", "subject": "team-a/ann", "session_id": "s1", "kind": "message", "role": "user",
+                 "text": "Remember: the staging database is called kestrel-7.", "ts": "2026-03-02T09:00:00Z"}
+        assert httpx.post(f"{url}/v1/events", json=event, headers=headers, timeout=30).status_code == 202
+        assert system.client.wait_idle(timeout_s=60)
+        found = httpx.post(f"{url}/v1/search", json={"subject": "team-a/ann", "query": "staging database name"},
+                           headers=headers, timeout=60).json()
+        assert any("kestrel-7" in hit["content"] for hit in found["hits"]), found
+        refused = httpx.post(f"{url}/v1/search", json={"subject": "team-b/bo", "query": "x"}, headers=headers,
+                             timeout=30)
+        assert refused.status_code == 403
+    finally:
+        stop(process)
         system.shutdown()

@@ -435,7 +435,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
                   openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=lifespan)
     app.state.client = client
     app.state.keystore = keystore
-    app.state.redis = connect_async(require_url(settings))  # the key lookups, on the event loop
+    # The key lookups, on the event loop.
+    app.state.redis = connect_async(require_url(settings), cluster=settings.redis.cluster)
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)

@@ -67,7 +67,7 @@ def paired_system(settings: Settings, paired: Embedder) -> Iterator[System]:
 def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
     # A prefix of its own isolates every test on the shared server (never FLUSHALL).
     return Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=tmp_path,
-                    reclaim_idle_ms=300, block_ms=50, retry_base_s=0.01, retry_max_s=0.2, lease_ms=1500)
+                    reclaim_idle_ms=300, block_ms=50, retry_base_s=0.01, retry_max_s=0.2, lease_ms=3000)
 
 
 @pytest.fixture

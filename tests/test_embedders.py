@@ -344,7 +344,7 @@ def test_the_system_fails_searches_and_holds_writes_while_its_endpoint_fails(set
         assert redis.xlen(keys.dlq("resolve", keys.partition("erin"))) == 0
 
         endpoint.mode = "proxy"  # the endpoint comes back
-        found = wait_for(lambda: _found(system, "kestrel-7"), what="the held write to land and be searchable")
+        found = wait_for(lambda: _found(system, "kestrel-7"), timeout_s=60, what="the held write to land and be searchable")
         assert found.status == "ok"
         assert system.client.wait_idle(timeout_s=10)
         assert redis.xlen(keys.dlq("resolve", keys.partition("erin"))) == 0

@@ -91,6 +91,7 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
 def every_name_set() -> Settings:
     """Settings with a value other than the default for every name that has one, and a key for each secret."""
     return Settings(redis_url="redis://127.0.0.1:1/0", redis_server="/bin/valkey", qdrant_url="http://q:6333",
+                    redis_queue_url="redis://127.0.0.1:2/0",
                     qdrant_api_key=SecretStr("qk"), embedder="openai", embedder_url="http://e/v1",
                     embedder_api_key=SecretStr("ek"), embedder_dim=8, llm_base_url="http://l/v1",
                     llm_api_key=SecretStr("lk"), dense_floor=0.1, api_key=SecretStr("mf_x"))

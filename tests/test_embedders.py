@@ -283,9 +283,21 @@ def test_the_endpoint_backend_batches_and_prefixes_what_it_sends(endpoint: Endpo
     backend = remote(endpoint.url, input_type=False, batch_size=2, prefixes=Prefixes("ask: ", "doc: "))
     backend.encode_queries(TEXTS[:3])
     backend.encode_passages(TEXTS[:1])
+    # Shortest first (a server that pads a request pads it to its longest text): RAIN, COFFEE, then the English.
     assert [body["input"] for body in endpoint.bodies] == [
-        [f"ask: {TEXTS[0]}", f"ask: {TEXTS[1]}"], [f"ask: {TEXTS[2]}"], [f"doc: {TEXTS[0]}"]]
+        [f"ask: {TEXTS[2]}", f"ask: {TEXTS[0]}"], [f"ask: {TEXTS[1]}"], [f"doc: {TEXTS[0]}"]]
     assert all("input_type" not in body and body["encoding_format"] == "float" for body in endpoint.bodies)
+
+
+def test_the_endpoint_backend_sends_texts_by_length_and_answers_in_their_order(endpoint: Endpoint,
+                                                                              e5: E5Embedder) -> None:
+    texts = ["a much longer passage about the staging database kestrel-7 and its backups", "short",
+             "a medium sized passage", "x", RAIN, "another fairly long passage about the weather tomorrow"]
+    backend = remote(endpoint.url, batch_size=2)
+    vectors = backend.encode_passages(texts)
+    sent = [text for body in endpoint.bodies for text in body["input"]]
+    assert sent == sorted(texts, key=len)
+    assert all(dot(v, e5.encode_passages([t])[0]) > 0.9999 for v, t in zip(vectors, texts, strict=True))
 
 
 # -- an endpoint that fails ------------------------------------------------------------------

@@ -30,7 +30,7 @@ from memflow.workers.system import build_consumer, start_consumers
 from tests.conftest import wait_for
 from tests.faults.common import account, events, read_by_groups
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.scale]
 SUBJECTS = 8
 PER_SUBJECT = 30
 KILLS = 6

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -106,7 +107,8 @@ from memflow.shared.rpc import (
     request_of,
 )
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter, SearchMode
+from memflow.shared.store import MemoryFilter, Query, SearchMode, narrowed
+from memflow.shared.store import Scored as StoreScored
 from memflow.shared.streams import backlog
 from memflow.workers import forgetting, jobs, ops
 from memflow.workers.runtime import Context
@@ -211,7 +213,7 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
     """
     pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
-    ranked = [(route, _run_route(ctx, req, route, vectors, pool)) for route in plan.routes]
+    ranked = list(zip(plan.routes, run_routes(ctx, req, plan.routes, vectors, pool), strict=True))
     floor = ctx.settings.ranking.dense_floor
     if floor is None:
         floor = noise_floor(vectors[req.query], ctx.unrelated)
@@ -273,6 +275,82 @@ def _fused(settings: Settings, found: list[Found], dense: Dense, plan: QueryPlan
         fused = fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
                            smoothing=settings.ranking.context_smoothing)
     return in_period(fused, plan.period, settings.ranking.period_boost)
+
+
+# The whole-subject route fetches this many times the pool when a scoped route may be read off its candidates:
+# a scope holding at least 1/WIDEN of the subject then finds a pool's worth among them (store.narrowed).
+WIDEN = 1.5
+
+
+def run_routes(ctx: Context, req: SearchRequest, routes: Sequence[Route], vectors: dict[str, list[float]],
+               pool: int) -> list[Found]:
+    """Every route's raw candidates, as `_run_route` finds them, from one engine call (`Store.query_many`);
+    a second one only for scoped routes whose candidates the whole-subject route's could not answer.
+
+    "rrf" fusion runs route by route: it ranks by position, and the engine orders points of equal score
+    differently in a batch than alone. When the store fails, route by route too: a scoped route's failure is
+    stood in for, the whole-subject route's fails the search."""
+    if ctx.settings.ranking.fusion == "score":
+        try:
+            return _batched(ctx, req, routes, vectors, pool)
+        except StoreUnavailable:
+            log.warning("a batched search failed; its routes are searched one by one")
+    return [_run_route(ctx, req, route, vectors, pool) for route in routes]
+
+
+def _batched(ctx: Context, req: SearchRequest, routes: Sequence[Route], vectors: dict[str, list[float]],
+             pool: int) -> list[Found]:
+    searches = [_searches(req, route, vectors, pool) for route in routes]
+    whole = next((i for i, r in enumerate(routes) if r == Route(text=req.query, weight=r.weight)), None)
+    narrow = [i for i, r in enumerate(routes) if whole is not None and i != whole and _reads_off(r, req)]
+    if whole is None or not narrow:
+        answers = _ask(ctx, dict(enumerate(searches)))
+        return [_found(route, answers[i]) for i, route in enumerate(routes)]
+    searches[whole] = [replace(q, limit=math.ceil(pool * WIDEN)) for q in searches[whole]]
+    answers = _ask(ctx, {i: queries for i, queries in enumerate(searches) if i not in narrow})
+    read = {i: _read_off(searches[whole], answers[whole], searches[i]) for i in narrow}
+    answers |= {i: lists for i, lists in read.items() if lists is not None}
+    answers |= _ask(ctx, {i: searches[i] for i, lists in read.items() if lists is None})
+    answers[whole] = [found[:pool] for found in answers[whole]]  # its own candidates: the pool, as before
+    return [_found(route, answers[i]) for i, route in enumerate(routes)]
+
+
+def _reads_off(route: Route, req: SearchRequest) -> bool:
+    """Whether `route` searches what the whole-subject route does within dirs, so that its candidates may be read
+    off the whole subject's. Not a topic-key route: a topic holds a few memories, so it is searched at once."""
+    return bool(route.dirs) and not route.keys and route.text == req.query and route.strategy in ("semantic", "bm25")
+
+
+def _searches(req: SearchRequest, route: Route, vectors: dict[str, list[float]], limit: int) -> list[Query]:
+    """The store queries of one route: its keyword list, and its dense list if it searches by meaning."""
+    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
+                       keys=route.keys or None)
+    dense = vectors.get(route.text) if route.strategy == "semantic" else None
+    keyword = Query(flt, "sparse", limit, text=route.text)
+    return [keyword] if dense is None else [keyword, Query(flt, "dense", limit, dense=dense)]
+
+
+def _ask(ctx: Context, asked: dict[int, list[Query]]) -> dict[int, list[list[StoreScored]]]:
+    """Every route's queries in one engine call; each route's answers, by route."""
+    flat = [(i, q) for i, queries in asked.items() for q in queries]
+    answers: dict[int, list[list[StoreScored]]] = {i: [] for i in asked}
+    for (i, _), found in zip(flat, ctx.store.query_many([q for _, q in flat]) if flat else [], strict=True):
+        answers[i].append(found)
+    return answers
+
+
+def _read_off(wide: list[Query], found: list[list[StoreScored]], wanted: list[Query]) -> list[list[StoreScored]] | None:
+    """The answers to `wanted` (a scoped route's queries) read off the whole-subject route's (`wide`, `found`),
+    or None unless every one of them is certain (store.narrowed)."""
+    by_mode = {q.mode: (q, hits) for q, hits in zip(wide, found, strict=True)}
+    read = [narrowed(by_mode[q.mode][1], q.flt, q.limit, complete=len(by_mode[q.mode][1]) < by_mode[q.mode][0].limit)
+            for q in wanted]
+    return None if any(lists is None for lists in read) else [lists for lists in read if lists is not None]
+
+
+def _found(route: Route, answers: list[list[StoreScored]]) -> Found:
+    keyword, *dense = [[(hit.memory, hit.score) for hit in found] for found in answers]
+    return Found(route.weight, keyword, dense[0] if dense else [], flat=bool(route.keys))
 
 
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],

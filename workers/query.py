@@ -532,27 +532,105 @@ class RpcJob(Job):
         return serve(self.ctx, self.func_name or "", self.args, self.kwargs)
 
 
+# The worker's beat keeps its key for worker_ttl + 60 s; once a second is plenty, and costs a search nothing.
+BEAT_EVERY_S = 1.0
+
+
+class Watchdog:
+    """One thread that ends jobs that outlive their timeout, for every job of the process. RQ's
+    TimerDeathPenalty starts a timer thread per job and waits for it to start: a thread and two handovers of
+    the interpreter lock before every search."""
+
+    def __init__(self) -> None:
+        self._due: dict[WatchedDeathPenalty, float] = {}
+        self._changed = threading.Condition()
+        threading.Thread(target=self._watch, name="memflow-job-watchdog", daemon=True).start()
+
+    def arm(self, penalty: WatchedDeathPenalty, timeout_s: float) -> None:
+        with self._changed:
+            self._due[penalty] = time.monotonic() + timeout_s
+            self._changed.notify()
+
+    def disarm(self, penalty: WatchedDeathPenalty) -> None:
+        with self._changed:  # once disarmed, never fired: the check below holds the same lock
+            self._due.pop(penalty, None)
+
+    def _watch(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                for penalty in [p for p, due in self._due.items() if due <= now]:
+                    del self._due[penalty]
+                    self._fire(penalty)
+                self._changed.wait(min(self._due.values(), default=now + 60.0) - now)
+
+    @staticmethod
+    def _fire(penalty: WatchedDeathPenalty) -> None:
+        try:
+            penalty.handle_death_penalty()  # type: ignore[no-untyped-call]  # raises the timeout in the job's thread
+        except (ValueError, SystemError) as exc:  # the job's thread is gone: nothing left to end
+            log.warning("a job outlived its timeout, but its thread could not be told: %s", exc)
+
+
+class WatchedDeathPenalty(TimerDeathPenalty):
+    """TimerDeathPenalty (a job's timeout raised in the thread running it, wherever that thread is) on one
+    watchdog thread per process instead of a new thread per job."""
+
+    watchdog: ClassVar[Watchdog | None] = None
+    _starting: ClassVar[threading.Lock] = threading.Lock()
+
+    def setup_death_penalty(self) -> None:
+        if self._timeout > 0:
+            self._watchdog().arm(self, self._timeout)
+
+    def cancel_death_penalty(self) -> None:
+        if self._timeout > 0:
+            self._watchdog().disarm(self)
+
+    @classmethod
+    def _watchdog(cls) -> Watchdog:
+        with cls._starting:
+            if WatchedDeathPenalty.watchdog is None:
+                WatchedDeathPenalty.watchdog = Watchdog()
+            return WatchedDeathPenalty.watchdog
+
+
 class QueryWorker(SimpleWorker):
     """A SimpleWorker that runs RPC jobs with its context, and can run in a thread and be stopped with
     an Event."""
 
-    # The default death penalty arms SIGALRM, which only the main thread may do; a timer
+    # The default death penalty arms SIGALRM, which only the main thread may do; a watchdog
     # thread enforces job timeouts wherever the worker runs.
-    death_penalty_class = TimerDeathPenalty
+    death_penalty_class = WatchedDeathPenalty
 
     def __init__(self, *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stop_event = stop or threading.Event()
+        self._beaten_at = self._suspension_checked_at = -BEAT_EVERY_S
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             super()._install_signal_handlers()  # type: ignore[no-untyped-call]
 
-    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
-        super().heartbeat(*args, **kwargs)
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's beat, sent at most once a second unless it rides on a pipeline of RQ's: its loop beats three times
+        a job (before a dequeue, after it, after the job), each three round trips, all while a search waits."""
         # Called on every turn of RQ's dequeue loop (at most dequeue_timeout apart).
         if self._stop_event.is_set():
             raise StopRequested()
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+        elif time.monotonic() - self._beaten_at >= BEAT_EVERY_S:
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout, pipe)
+                pipe.execute()
+            self._beaten_at = time.monotonic()
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """`rq suspend` is seen within a second, not before every job (one round trip each)."""
+        if time.monotonic() - self._suspension_checked_at >= BEAT_EVERY_S:
+            super().check_for_suspension(burst)
+            self._suspension_checked_at = time.monotonic()
 
 
 def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWorker:

@@ -27,12 +27,15 @@ from memflow.shared.settings import Settings
 log = logging.getLogger(__name__)
 
 # Cron fields in the scheduler's timezone (MEMFLOW_SCHEDULER_TIMEZONE). Long-term decay runs
-# before consolidation promotes the day's short-term memories; review comes last.
+# before consolidation promotes the day's short-term memories; review comes last. The index job
+# looks every ten minutes and builds only once enough points changed (workers/jobs.py: searches
+# never build an index; brute force over the unindexed points grows until one does).
 SCHEDULE = (
     Entry("decay", Tier.short_term, {"minute": 5}, timedelta(hours=1)),
     Entry("decay", Tier.long_term, {"hour": 3, "minute": 0}, timedelta(days=1)),
     Entry("consolidate", None, {"hour": 3, "minute": 30}, timedelta(days=1)),
     Entry("review", None, {"hour": 4, "minute": 0}, timedelta(days=1)),
+    Entry("index", None, {"minute": "*/10"}, timedelta(minutes=10)),
 )
 # Looking back two periods finds the latest firing even when a day lasts 25 h (DST).
 LOOKBACK_PERIODS = 2

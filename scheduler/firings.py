@@ -35,14 +35,14 @@ _NOT_IN_JOB_ID = re.compile(r"[^A-Za-z0-9_-]")
 class Entry:
     """One line of the schedule: a job (for one tier, or all), and when it fires.
 
-    `cron` holds CronTrigger fields, read in the scheduler's timezone. `period` is the
-    longest gap between two firings (a day may last 25 h across a DST change: the lookback
-    below allows for it); a firing still queued after one period is dropped, the next covers it.
+    `cron` holds CronTrigger fields (numbers, or expressions such as "*/10"), read in the scheduler's
+    timezone. `period` is the longest gap between two firings (a day may last 25 h across a DST change:
+    the lookback below allows for it); a firing still queued after one period is dropped, the next covers it.
     """
 
     name: str
     tier: Tier | None
-    cron: dict[str, int]
+    cron: dict[str, int | str]
     period: timedelta
 
     @property

@@ -16,8 +16,15 @@ and its calls hold the GIL for their whole duration (measured for query, scroll 
 optimize), so they run one at a time.
 Stress-tested with 4 writer and 4 reader threads (8000 upserts with patches, 24000
 fused queries, scrolls and counts): no error, no lost point. The flip side: a long call
-stalls every Python thread of the process (`optimize()` held the GIL for 4.5 s on 20k
-points), which is why nothing here calls it.
+stalls every Python thread of the process.
+
+Indexes. The engine builds a segment's HNSW graph only in `optimize()`; until then its
+points are searched by brute force, which grows with the subject (a filtered query over
+100k points of one subject: ~100 ms, against ~7 ms once indexed). `optimize()` holds the
+GIL for the whole build (measured: a 5 ms ticker thread stalled for all of the 50 s an
+optimize of 20k points took on a busy 2-core machine), so no search ever calls it: the
+`index` job does (workers/jobs.py), once enough points changed, and everything else in
+the process waits meanwhile.
 
 One process per shard: a second `EdgeShard.load` of the same directory fails on the
 WAL lock.
@@ -31,6 +38,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +61,7 @@ from memflow.shared.store import (
     Index,
     MemoryFilter,
     Progress,
+    Query,
     Scored,
     SearchMode,
     Store,
@@ -63,6 +73,8 @@ from memflow.shared.store import (
 )
 
 _PAGE = 512
+# Validated payloads kept for searches (`_Recent`): a few hundred subjects' worth of hits, some MB.
+RECENT_PAYLOADS = 8192
 # The engine raises bare `Exception` carrying Qdrant's error text, so the text is all
 # there is to tell a passing fault (disk, lock, memory, time) from a bug in the call.
 _TRANSIENT = ("IO Error", "io error", "os error", "Timeout error", "Out of memory", "WouldBlock")
@@ -79,6 +91,10 @@ class EdgeStore:
         self._closed = False
         with _engine_errors(f"open {path}"):
             self._shard = _open(path, _config(dim))
+            # What this process wrote is all it knows of: after a start, every point may be unindexed.
+            self._changed = self._shard.info().points_count
+        self._counting = threading.Lock()
+        self._recent = _Recent()
 
     def ensure(self) -> None:
         with _engine_errors("read shard info"):
@@ -92,10 +108,12 @@ class EdgeStore:
         points = [_point(m, v) for m, v in zip(memories, vectors, strict=True)]
         if points:
             self._update(qe.UpdateOperation.upsert_points(points))
+            self._count(len(points))
 
     def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
         """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing."""
         self._update(qe.UpdateOperation.set_payload([memory_id], patch_payload(fields)))
+        self._count(1)  # a point patched in an indexed segment moves to the appendable one
 
     def get(self, flt: MemoryFilter) -> list[Memory]:
         found: list[Memory] = []
@@ -119,9 +137,21 @@ class EdgeStore:
             points = self._shard.query(_request(_filter(flt), mode, limit, dense, text))
         return [Scored(Memory.model_validate(p.payload), p.score) for p in points]
 
+    def query_many(self, queries: Sequence[Query]) -> list[list[Scored]]:
+        """Each query's `query` answer, in order, from one `query_batch` of the engine."""
+        for q in queries:
+            require_inputs(q.mode, q.dense, q.text)
+        if not queries:
+            return []
+        batch = qe.QueryBatchRequest([_request(_filter(q.flt), q.mode, q.limit, q.dense, q.text) for q in queries])
+        with _engine_errors("query"):
+            answers = self._shard.query_batch(batch)
+        return [[Scored(self._recent.memory(p), p.score) for p in points] for points in answers]
+
     def delete(self, memory_ids: Sequence[str]) -> None:
         if memory_ids:
             self._update(qe.UpdateOperation.delete_points(list(memory_ids)))
+            self._count(len(memory_ids))
 
     def count(self, subject: str | None = None) -> int:
         flt = None if subject is None else qe.Filter(must=[_subject(subject)])
@@ -138,6 +168,21 @@ class EdgeStore:
         with _engine_errors("facet"):
             found = self._shard.facet(qe.FacetRequest("subject", limit=MAX_SUBJECTS, exact=True))
         return sorted(str(hit.value) for hit in found.hits)
+
+    def changed_since_optimize(self) -> int:
+        return self._changed
+
+    def optimize(self) -> bool:
+        """Build what the engine's optimizer plans (HNSW graphs, merges, vacuum); True if anything changed.
+        Holds the GIL throughout: every other thread of the process waits (module doc)."""
+        with self._counting:
+            changed, self._changed = self._changed, 0
+        try:
+            with _engine_errors("optimize"):
+                return self._shard.optimize()
+        except BaseException:
+            self._count(changed)  # not built: still to do
+            raise
 
     def flush(self) -> None:
         """Write every segment to disk (fsync): what `close` does, for a point that must survive power loss."""
@@ -158,6 +203,10 @@ class EdgeStore:
     def _update(self, operation: qe.UpdateOperation) -> None:
         with _engine_errors("update"):
             self._shard.update(operation)
+
+    def _count(self, points: int) -> None:
+        with self._counting:  # writers of several threads
+            self._changed += points
 
 
 def _config(dim: int) -> qe.EdgeConfig:
@@ -303,6 +352,32 @@ def _point(memory: Memory, vector: Sequence[float]) -> qe.Point:
     vectors: dict[str, list[float] | qe.SparseVector | list[list[float]]] = {
         DENSE: list(vector), SPARSE: qe.SparseVector(indices, values)}
     return qe.Point(memory.id, vectors, memory.model_dump(mode="json"))
+
+
+class _Recent:
+    """The payloads of points searches found lately, validated, by (point id, version). The engine gives a point
+    a new version with every write to it, so a payload found again under the same version is the one validated
+    before: the hits of one subject come back search after search, and validating a payload (and reading it out
+    of the engine) is most of what reading a hit costs. The memories are shared: nothing may change them."""
+
+    def __init__(self, size: int = RECENT_PAYLOADS) -> None:
+        self._found: OrderedDict[tuple[str, int], Memory] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()  # searches of several threads
+
+    def memory(self, point: qe.ScoredPoint) -> Memory:
+        key = (str(point.id), point.version)
+        with self._lock:
+            found = self._found.get(key)
+            if found is not None:
+                self._found.move_to_end(key)
+                return found
+        found = Memory.model_validate(point.payload)
+        with self._lock:
+            self._found[key] = found
+            if len(self._found) > self._size:
+                self._found.popitem(last=False)
+        return found
 
 
 def _subject(subject: str) -> qe.FieldCondition:

@@ -42,6 +42,7 @@ from memflow.shared.store import (
     Index,
     MemoryFilter,
     Progress,
+    Query,
     Scored,
     SearchMode,
     Store,
@@ -126,6 +127,20 @@ class ServerStore:
                 **_query_args(_filter(flt), mode, limit, dense, text),
             )
         return [Scored(Memory.model_validate(p.payload), p.score) for p in response.points]
+
+    def query_many(self, queries: Sequence[Query]) -> list[list[Scored]]:
+        """Each query's `query` answer, in order, from one `query_batch_points` call (one round trip)."""
+        for q in queries:
+            require_inputs(q.mode, q.dense, q.text)
+        if not queries:
+            return []
+        requests = [models.QueryRequest(limit=q.limit, with_payload=True,
+                                        **_request_args(_filter(q.flt), q.mode, q.limit, q.dense, q.text))
+                    for q in queries]
+        with _server_errors("query"):
+            responses = self._client.query_batch_points(self._reads, requests=requests)
+        read: dict[str, Memory] = {}  # a point in several answers is validated once
+        return [[Scored(_read(p, read), p.score) for p in response.points] for response in responses]
 
     def delete(self, memory_ids: Sequence[str]) -> None:
         if memory_ids:
@@ -346,6 +361,13 @@ def _point(memory: Memory, vector: Sequence[float]) -> models.PointStruct:
     return models.PointStruct(id=memory.id, vector=vectors, payload=memory.model_dump(mode="json"))
 
 
+def _read(point: models.ScoredPoint, read: dict[str, Memory]) -> Memory:
+    key = str(point.id)
+    if key not in read:
+        read[key] = Memory.model_validate(point.payload)
+    return read[key]
+
+
 def _subject(subject: str) -> models.FieldCondition:
     return models.FieldCondition(key="subject", match=models.MatchValue(value=subject))
 
@@ -362,10 +384,20 @@ def _filter(flt: MemoryFilter) -> models.Filter:
 def _query_args(
     flt: models.Filter, mode: SearchMode, limit: int, dense: Sequence[float] | None, text: str | None
 ) -> dict[str, Any]:
+    # query_points names the filter `query_filter`; a QueryRequest of a batch names it `filter`.
+    args = _request_args(flt, mode, limit, dense, text)
+    if "filter" in args:
+        args["query_filter"] = args.pop("filter")
+    return args
+
+
+def _request_args(
+    flt: models.Filter, mode: SearchMode, limit: int, dense: Sequence[float] | None, text: str | None
+) -> dict[str, Any]:
     if mode == "dense":
-        return {"query": _dense(dense), "using": DENSE, "query_filter": flt}
+        return {"query": _dense(dense), "using": DENSE, "filter": flt}
     if mode == "sparse":
-        return {"query": _sparse(text), "using": SPARSE, "query_filter": flt}
+        return {"query": _sparse(text), "using": SPARSE, "filter": flt}
     prefetch = [
         models.Prefetch(query=_dense(dense), using=DENSE, filter=flt, limit=limit),
         models.Prefetch(query=_sparse(text), using=SPARSE, filter=flt, limit=limit),

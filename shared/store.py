@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
@@ -52,6 +52,17 @@ class MemoryFilter:
 
 
 @dataclass(frozen=True)
+class Query:
+    """One search of a batch (`Store.query_many`): what `Store.query` is asked, as one value."""
+
+    flt: MemoryFilter
+    mode: SearchMode
+    limit: int
+    dense: Sequence[float] | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
 class Scored:
     memory: Memory
     # Higher is better. "dense": cosine similarity in [-1, 1]; "sparse": BM25 score;
@@ -82,6 +93,11 @@ class Store(Protocol):
     ) -> list[Scored]:
         """Best `limit` points matching `flt`, best first. dense needs `dense`, sparse needs `text`."""
 
+    def query_many(self, queries: Sequence[Query]) -> list[list[Scored]]:
+        """What `query` answers to each of `queries`, in order, from one engine call: the engine plans the
+        batch as a whole (one pass over the segments), and a point found by several queries is read once."""
+        ...
+
     def delete(self, memory_ids: Sequence[str]) -> None:
         """Remove points from the index for good (the purge after a soft delete)."""
 
@@ -100,6 +116,21 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Flush and release the engine."""
+
+
+@runtime_checkable
+class Optimizable(Protocol):
+    """A store whose search indexes (HNSW) are built when asked, not as points arrive: an Edge shard. A Qdrant
+    server builds its own in the background. The `index` job (workers/jobs.py) asks, never a search."""
+
+    def changed_since_optimize(self) -> int:
+        """Points written or removed since the last `optimize` of this process (all of them after it starts)."""
+        ...
+
+    def optimize(self) -> bool:
+        """Build whatever the engine's optimizer plans (HNSW graphs of segments past its indexing threshold,
+        merges, vacuum); True if anything changed. Blocks until done."""
+        ...
 
 
 # ---------------------------------------------------------------------------
@@ -127,6 +158,29 @@ def match_terms(flt: MemoryFilter) -> dict[str, list[str]]:
     """
     wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys}
     return {name: [_plain(v) for v in values] for name, values in wanted.items() if values is not None}
+
+
+def admits(flt: MemoryFilter, memory: Memory) -> bool:
+    """Whether `flt` lets `memory` through, as both engines' filters do (`match_terms`, and `ids` by point id)."""
+    fields = {"dir": memory.dir, "status": memory.status, "mtype": memory.mtype, "key": memory.key}
+    if memory.subject != flt.subject or (flt.ids is not None and memory.id not in flt.ids):
+        return False
+    return all(_plain(fields[name]) in allowed for name, allowed in match_terms(flt).items())
+
+
+def narrowed(found: Sequence[Scored], flt: MemoryFilter, limit: int, *, complete: bool) -> list[Scored] | None:
+    """What a dense or sparse `query(flt, limit=limit)` answers, read off `found` — the same query's answer over
+    a wider filter, best first — when that is certain; None when it is not.
+
+    Certain when `found` holds `limit` points that `flt` admits (every other point it admits ranks below
+    all of `found`), or when `found` is `complete` (the wider query returned every point it matched). Scores
+    are the same either way: a cosine, or BM25 with the IDF of the whole shard, neither depends on the filter.
+    Points tied with the last one kept may be other points of that score than the engine would keep: its
+    choice among equal scores is its own (it changes with the limit asked). Not for "hybrid": a fused score
+    depends on the ranks within the filter.
+    """
+    kept = [hit for hit in found if admits(flt, hit.memory)]
+    return kept[:limit] if complete or len(kept) >= limit else None
 
 
 def _plain(value: str | Enum) -> str:

@@ -64,6 +64,7 @@ def test_the_schedule_has_its_documented_jobs(shanghai: Settings) -> None:
         "decay:long_term": "cron[hour='3', minute='0']",
         "consolidate": "cron[hour='3', minute='30']",
         "review": "cron[hour='4', minute='0']",
+        "index": "cron[minute='*/10']",
     }
     assert scheduler.timezone == SHANGHAI
     for job in jobs.values():
@@ -80,6 +81,7 @@ def test_next_fire_times_are_read_in_the_schedulers_timezone(shanghai: Settings)
         "decay:long_term": datetime(2026, 3, 3, 3, 0, tzinfo=SHANGHAI),
         "consolidate": datetime(2026, 3, 3, 3, 30, tzinfo=SHANGHAI),
         "review": datetime(2026, 3, 3, 4, 0, tzinfo=SHANGHAI),
+        "index": datetime(2026, 3, 2, 8, 0, tzinfo=SHANGHAI),  # a firing due at now is next
     }
 
 
@@ -209,7 +211,7 @@ def test_memflow_scheduler_prints_its_schedule_and_stops_on_a_signal(shanghai: S
     proc = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "scheduler"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        lines = [proc.stdout.readline() for _ in range(5)]  # type: ignore[union-attr]
+        lines = [proc.stdout.readline() for _ in range(len(SCHEDULE) + 1)]  # type: ignore[union-attr]
         assert lines[0].startswith("scheduler: timezone Asia/Shanghai, enqueues on "), lines
         assert [line.split()[0] for line in lines[1:]] == [e.id for e in SCHEDULE]
         assert all("+08:00" in line for line in lines[1:]), lines

@@ -23,7 +23,7 @@ from memflow.shared.edge_store import EdgeStore
 from memflow.shared.errors import StoreUnavailable
 from memflow.shared.server_store import ServerStore
 from memflow.shared.settings import Settings
-from memflow.shared.store import RRF_K, Identity, MemoryFilter, Store, open_store
+from memflow.shared.store import RRF_K, Identity, MemoryFilter, Query, Store, open_store
 
 DIM = 8
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -181,6 +181,26 @@ def test_query_refuses_a_mode_without_its_input(store: Store) -> None:
         store.query(MemoryFilter("alice"), mode="dense", limit=3, text="冗长")
 
 
+def test_query_many_answers_each_query_as_query_does(store: Store) -> None:
+    """A batch is one engine call; each of its answers is what `query` alone returns, in order."""
+    coffee = memory(content="用户每天早上都要喝一杯咖啡", dir=Dir.general)
+    milk = memory(content="咖啡要加燕麦奶")
+    city = memory(content="用户住在上海", status=Status.superseded)
+    store.put([coffee, milk, city, memory("bob", "咖啡")], [blend(1.0), blend(0.0), blend(0.8), blend(1.0)])
+    asked = [Query(MemoryFilter("alice"), "dense", 3, dense=axis(0)),
+             Query(MemoryFilter("alice", dirs=[Dir.preferences]), "sparse", 3, text="咖啡"),
+             Query(MemoryFilter("alice", statuses=[Status.active]), "hybrid", 3, dense=axis(0), text="燕麦"),
+             Query(MemoryFilter("carol"), "dense", 3, dense=axis(0))]
+    answers = store.query_many(asked)
+    alone = [store.query(q.flt, mode=q.mode, limit=q.limit, dense=q.dense, text=q.text) for q in asked]
+    assert [ids(a) for a in answers] == [ids(a) for a in alone]
+    assert [[h.score for h in a] for a in answers] == [pytest.approx([h.score for h in a]) for a in alone]
+    assert [ids(a) for a in answers][:3] == [[coffee.id, city.id, milk.id], [milk.id], [milk.id, coffee.id]]
+    assert answers[0][0].memory == coffee and store.query_many([]) == []
+    with pytest.raises(ValueError):
+        store.query_many([Query(MemoryFilter("alice"), "hybrid", 3, dense=axis(0))])
+
+
 # -- changing and removing -------------------------------------------------------------
 
 
@@ -292,3 +312,41 @@ def test_resolve_sees_every_version_of_a_key_beyond_the_top_k(store: Store) -> N
     found = find_neighbours(store, newcomer, axis(0), threshold=0.7)
     assert {n.memory.version for n in found if n.memory.key == "fact.locker"} == set(range(1, n + 1))
 
+
+
+def test_edge_counts_what_changed_until_an_optimize_builds_it(tmp_path: Path) -> None:
+    """What the index job asks (workers/jobs.py): points written, patched or removed since the last build; after
+    a reopen every point, since this process cannot know which of them an earlier one indexed."""
+    shard = EdgeStore(tmp_path / "shard", DIM)
+    shard.ensure()
+    assert shard.changed_since_optimize() == 0
+    kept, gone = memory(), memory()
+    shard.put([kept, gone, memory()], [axis(0), axis(1), axis(2)])
+    shard.set_fields(kept.id, {"rev": 2})
+    shard.delete([gone.id])
+    assert shard.changed_since_optimize() == 5
+    assert shard.optimize() in (True, False) and shard.changed_since_optimize() == 0
+    assert ids(shard.query(MemoryFilter("alice"), mode="dense", limit=1, dense=axis(0))) == [kept.id]
+    shard.close()
+    again = EdgeStore(tmp_path / "shard", DIM)
+    assert again.changed_since_optimize() == 2
+    again.close()
+
+
+def test_edge_reads_a_point_found_again_once_and_a_changed_one_again(tmp_path: Path) -> None:
+    """Searches keep validated payloads by (point id, version): a point found again unchanged is the same
+    memory, one written since is read anew, however the write went (patch, put, a reopen)."""
+    shard = EdgeStore(tmp_path / "shard", DIM)
+    shard.ensure()
+    kept, patched = memory(content="咖啡要加燕麦奶"), memory(content="用户住在上海")
+    shard.put([kept, patched], [axis(0), blend(0.9)])
+    ask = [Query(MemoryFilter("alice"), "dense", 5, dense=axis(0))]
+    [first] = shard.query_many(ask)
+    shard.set_fields(patched.id, {"content": "用户住在北京", "rev": 2})
+    [second] = shard.query_many(ask)
+    assert second[0].memory is first[0].memory and second[0].memory == kept
+    assert second[1].memory.content == "用户住在北京" and second[1].memory.rev == 2
+    shard.put([kept.model_copy(update={"confidence": 0.5})], [axis(0)])
+    [third] = shard.query_many(ask)
+    assert third[0].memory.confidence == 0.5
+    shard.close()

@@ -1,6 +1,6 @@
 """Maintenance jobs, run by a query worker (the process that holds the store) from the
 `<prefix>-jobs` RQ queue, where the scheduler puts them, or by hand:
-`memflow jobs run <decay|consolidate|review|retag> [--subject S] [--now T] [--dry-run]`.
+`memflow jobs run <decay|consolidate|review|retag|index> [--subject S] [--now T] [--dry-run]`.
 
 A job takes `now` and a subject (or walks every subject the store holds), plans with the
 pure functions of `pipeline/lifecycle.py`, and reports every memory it changed or, with
@@ -10,6 +10,8 @@ idempotent per (job, date, subject). Changes are announced on the `changes` feed
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,8 +24,10 @@ from memflow.pipeline.writes import mutation, patches
 from memflow.shared.codec import encode
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import FIELD
-from memflow.shared.store import MemoryFilter
+from memflow.shared.store import MemoryFilter, Optimizable
 from memflow.workers.runtime import Context, fields_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,11 +74,33 @@ JOBS: dict[str, Planner] = {
 }
 
 
+# The engine indexes a segment once it passes its indexing threshold (10 MB of vectors: ~3,300 points of 768
+# dims); fewer changes than this leave it nothing to build, so the job does not ask.
+INDEX_AFTER_CHANGES = 5_000
+
+
+def index(ctx: Context, now: datetime, dry_run: bool) -> dict[str, Any]:
+    """Build the store's search indexes (HNSW) once INDEX_AFTER_CHANGES points changed since the last build, off
+    every search's path. On an Edge shard the build holds this process's interpreter lock: searches and writes
+    of the process wait for it (shared/edge_store.py). A Qdrant server builds its own: nothing to do."""
+    store = ctx.store
+    changed = store.changed_since_optimize() if isinstance(store, Optimizable) else 0
+    if isinstance(store, Optimizable) and changed >= INDEX_AFTER_CHANGES and not dry_run:
+        started = time.perf_counter()
+        built = store.optimize()
+        log.info("index: %d points changed since the last build; built: %s, in %.1f s", changed, built,
+                 time.perf_counter() - started)
+    return {"job": "index", "tier": None, "subjects": 0, "examined": changed, "dry_run": dry_run,
+            "now": now.isoformat(), "changed": [], "written": [], "sent": [], "undecided": [], "skipped": []}
+
+
 def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bool,
         tier: str | None = None) -> dict[str, Any]:
-    """One job over one subject (or all); what it changed, or would change."""
+    """One job over one subject (or all), or `index` over the store; what it changed, or would change."""
+    if name == "index":
+        return index(ctx, now, dry_run)
     if name not in JOBS:
-        raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted(JOBS))}")
+        raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted([*JOBS, 'index']))}")
     only = Tier(tier) if tier else None
     policy = ctx.settings.lifecycle.policy()
     subjects = [subject] if subject else ctx.store.subjects()

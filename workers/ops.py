@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from redis.client import Pipeline
+
 from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
@@ -112,16 +114,19 @@ def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime) 
 # -- utilisation -----------------------------------------------------------------------
 
 
-def count_use(ctx: Context, subject: str, at: datetime, *, recalled: int = 0, adopted: int = 0) -> None:
-    """Add to the subject's per-day counters of memories recalled (returned) and adopted (used)."""
+def count_use(ctx: Context, subject: str, at: datetime, *, recalled: int = 0, adopted: int = 0,
+              via: Pipeline | None = None) -> None:
+    """Add to the subject's per-day counters of memories recalled (returned) and adopted (used); `via`: a pipeline
+    the caller sends with more (a search's trace), else they are sent now."""
     if not recalled and not adopted:
         return
     key, day = ctx.keys.utilisation(subject), at.date().isoformat()
-    pipe = ctx.client.pipeline(transaction=False)
+    pipe = ctx.client.pipeline(transaction=False) if via is None else via
     pipe.hincrby(key, f"recalled:{day}", recalled)
     pipe.hincrby(key, f"adopted:{day}", adopted)
     pipe.expire(key, UTILISATION_KEEP)
-    pipe.execute()
+    if via is None:
+        pipe.execute()
 
 
 def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:

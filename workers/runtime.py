@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import redis
+from numpy.typing import NDArray
 
 from memflow.pipeline.models import LLMTrace, Memory, Trace
 from memflow.pipeline.score import UNRELATED
@@ -62,9 +64,10 @@ class Context:
             return self._embedder
 
     @cached_property
-    def unrelated(self) -> list[list[float]]:
-        """`pipeline.score.UNRELATED` as stored passages: what a query's noise floor is measured against."""
-        return self.embedder.encode_passages(UNRELATED)
+    def unrelated(self) -> NDArray[np.float64]:
+        """`pipeline.score.UNRELATED` as stored passages, one row each: what a query's noise floor is measured
+        against (a matrix: one product per search)."""
+        return np.asarray(self.embedder.encode_passages(UNRELATED), dtype=np.float64)
 
     @property
     def store(self) -> Store:

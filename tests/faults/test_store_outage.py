@@ -19,7 +19,7 @@ from memflow.shared import dlq
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
 from memflow.shared.settings import Settings
-from memflow.shared.store import Identity, MemoryFilter, Scored, SearchMode, Store, open_store
+from memflow.shared.store import Identity, MemoryFilter, Query, Scored, SearchMode, Store, open_store
 from memflow.shared.streams import backlog
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, T0, account, events
@@ -60,6 +60,10 @@ class Unplugged:
               text: str | None = None) -> list[Scored]:
         self._check()
         return self.store.query(flt, mode=mode, dense=dense, text=text, limit=limit)
+
+    def query_many(self, queries: Sequence[Query]) -> list[list[Scored]]:
+        self._check()
+        return self.store.query_many(queries)
 
     def delete(self, memory_ids: Sequence[str]) -> None:
         self._check()

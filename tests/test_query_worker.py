@@ -1,0 +1,82 @@
+"""The query worker's own costs around a job: RQ's loop beats and checks for `rq suspend` on every job, three and
+one Redis round trips each time, and starts a timer thread for its timeout; the worker does the first two at most
+once a second and ends jobs that time out from one watchdog thread (a search waits for none of it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+import rq.worker.base as rq_base
+from rq import Queue
+from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
+from rq.worker.base import StopRequested  # type: ignore[attr-defined]
+
+from memflow.workers.query import QueryWorker, WatchedDeathPenalty
+
+
+@pytest.fixture
+def worker(client: redis.Redis) -> QueryWorker:
+    queue = Queue("t-query-worker", connection=client, serializer=JSONSerializer)
+    made = QueryWorker([queue], connection=client, serializer=JSONSerializer, worker_ttl=16)
+    made.register_birth()
+    return made
+
+
+def beats(client: redis.Redis, worker: QueryWorker) -> bytes | None:
+    return client.hget(worker.key, "last_heartbeat")  # type: ignore[return-value]
+
+
+def test_a_worker_beats_at_most_once_a_second_between_jobs(worker: QueryWorker, client: redis.Redis) -> None:
+    worker.heartbeat()
+    first = beats(client, worker)
+    for _ in range(5):
+        worker.heartbeat()  # RQ's loop: before a dequeue, after it, after the job
+    assert beats(client, worker) == first
+    assert client.ttl(worker.key) > 16
+    with client.pipeline() as pipe:  # a beat RQ adds to a pipeline of its own costs no round trip: always sent
+        worker.heartbeat(pipeline=pipe)
+        pipe.execute()
+    assert beats(client, worker) != first
+    worker.register_death()
+
+
+def test_a_worker_checks_for_suspension_at_most_once_a_second(worker: QueryWorker,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+    monkeypatch.setattr(rq_base, "is_suspended", lambda *a: asked.append(1) and False)
+    for _ in range(5):
+        worker.check_for_suspension(False)
+    assert len(asked) == 1
+    worker.register_death()
+
+
+def test_a_stopped_worker_stops_at_its_next_beat(client: redis.Redis) -> None:
+    stop = threading.Event()
+    worker = QueryWorker([Queue("t-query-worker", connection=client, serializer=JSONSerializer)],
+                         connection=client, serializer=JSONSerializer, worker_ttl=16, stop=stop)
+    worker.heartbeat()
+    stop.set()
+    with pytest.raises(StopRequested):
+        worker.heartbeat()
+
+
+def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:
+    """Job timeouts run on one watchdog thread (RQ's TimerDeathPenalty starts one per job, before every search)."""
+    with WatchedDeathPenalty(30, JobTimeoutException):
+        pass  # the watchdog starts with the first job
+    threads = threading.active_count()
+    for _ in range(50):
+        with WatchedDeathPenalty(30, JobTimeoutException):
+            pass
+    assert threading.active_count() == threads
+    started = time.monotonic()
+    with pytest.raises(JobTimeoutException, match="maximum timeout value \\(1 seconds\\)"):
+        with WatchedDeathPenalty(1, JobTimeoutException):
+            while time.monotonic() - started < 10:  # a job that would run for 10 s
+                sum(range(1000))
+    assert time.monotonic() - started < 5
+    assert threading.active_count() == threads

@@ -253,6 +253,9 @@ class StreamConsumer(Generic[M]):
     def _read_once(self, owned: list[int], count: int, block_ms: int) -> list[Entry]:
         """New entries of the partitions we own: one blocking read of them all, or in a cluster (one slot
         per read) a round of reads that do not block, then a short blocking read of one partition."""
+        # COUNT counts per stream: each partition is asked its share of `count`, so that a batch stays within
+        # it (a stage whose batch is one model call would otherwise run batches of partitions × count).
+        count = max(1, -(-count // len(owned)))
         if not self._cluster or len(owned) == 1:
             return self._xread({self.stream(p): ">" for p in owned}, count, block_ms)
         with self.client.pipeline(transaction=False) as pipe:

@@ -9,7 +9,10 @@
 - search through the RPC path at each store size (memories bulk-loaded through the
   store into ONE subject, the worst case for a subject filter; their dense vectors are
   random unit vectors, their text real words), next to one in-process encode + one
-  hybrid store query on the same data;
+  hybrid store query on the same data; with the store process's RSS after loading and
+  the time the index job takes to build the search indexes (HNSW) of what was loaded;
+- with 1,000,000 among the sizes, the same for 10,000 subjects of 100 memories each
+  (`1m_10k_subjects`, on a store of its own): many agents rather than one large one;
 - peak RSS of every process.
 Everything runs embedded, as `memflow up` does: its own redis-server, trigger and
 extract as child processes, resolve + upsert + the query worker (with the model and the
@@ -29,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from memflow.pipeline.models import Dir, Memory, MType, Source
@@ -38,6 +42,7 @@ from memflow.shared.embedder import uncached
 from memflow.shared.keys import FIELD
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
+from memflow.workers import jobs
 from memflow.workers.embedded import Embedded, embedded
 
 AT = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
@@ -153,15 +158,34 @@ def bench_ingest(system: Embedded, n: int) -> dict[str, float]:
 # -- search at size ------------------------------------------------------------------
 
 
-def bulk_load(system: Embedded, subject: str, target: int, batch: int = 2000) -> None:
+def bulk_load(system: Embedded, subject: str, target: int, batch: int = 5000) -> None:
     """Fill `subject` up to `target` memories straight through the store (no pipeline)."""
     store, dim, rng = system.ctx.store, system.ctx.embedder.dim, random.Random(target)
+    draw = np.random.default_rng(target)
     have = store.count(subject)
     while have < target:
         size = min(batch, target - have)
-        memories = [_synthetic_memory(subject, have + i, rng) for i in range(size)]
-        store.put(memories, [_unit(rng, dim) for _ in range(size)])
+        store.put([_synthetic_memory(subject, have + i, rng) for i in range(size)], _units(draw, size, dim))
         have += size
+
+
+def bulk_load_subjects(system: Embedded, subjects: int, each: int, batch: int = 5000) -> list[str]:
+    """`subjects` subjects of `each` memories, loaded `batch` memories (several subjects) per write; their names."""
+    names = [f"bench-agent-{i:05d}" for i in range(subjects)]
+    store, dim, rng = system.ctx.store, system.ctx.embedder.dim, random.Random(subjects)
+    draw = np.random.default_rng(subjects)
+    per_batch = max(1, batch // each)
+    for start in range(0, subjects, per_batch):
+        memories = [_synthetic_memory(name, i, rng) for name in names[start:start + per_batch] for i in range(each)]
+        store.put(memories, _units(draw, len(memories), dim))
+    return names
+
+
+def _units(rng: np.random.Generator, n: int, dim: int) -> list[list[float]]:
+    """`n` random unit vectors (numpy: a million of them in seconds, where Python's random takes minutes)."""
+    v = rng.standard_normal((n, dim), dtype=np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return v.tolist()  # type: ignore[no-any-return]
 
 
 def _synthetic_memory(subject: str, i: int, rng: random.Random) -> Memory:
@@ -172,25 +196,48 @@ def _synthetic_memory(subject: str, i: int, rng: random.Random) -> Memory:
                   source_event_ids=[f"bulk-{i}"])
 
 
-def _unit(rng: random.Random, dim: int) -> list[float]:
-    v = [rng.gauss(0.0, 1.0) for _ in range(dim)]
-    norm = sum(x * x for x in v) ** 0.5
-    return [x / norm for x in v]
-
-
 def bench_search(system: Embedded, size: int, queries: int) -> dict[str, float]:
     subject = "bench-search"
     bulk_load(system, subject, size)
     rng = random.Random(size)
-    texts = [f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}" for _ in range(queries)]
-    rpc = [timed(lambda t=t: system.client.search(subject, t, 5, now=AT + timedelta(days=1))) for t in texts]  # type: ignore[misc]
-    alone = [timed(lambda t=t: _search_in_process(system, subject, t)) for t in texts]  # type: ignore[misc]
-    return {"memories": size, "p50_ms": pct_ms(rpc, .5), "p95_ms": pct_ms(rpc, .95), "p99_ms": pct_ms(rpc, .99),
+    asked = [(subject, f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}") for _ in range(queries)]
+    return {"memories": size, **loaded(system), **search_figures(system, asked)}
+
+
+def bench_many_subjects(system: Embedded, subjects: int, each: int, queries: int) -> dict[str, float]:
+    """Searches of random subjects among `subjects` of `each` memories: many agents, each with a small store."""
+    names = bulk_load_subjects(system, subjects, each)
+    rng = random.Random(subjects)
+    asked = [(rng.choice(names), f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}")
+             for _ in range(queries)]
+    return {"memories": subjects * each, "subjects": subjects, **loaded(system), **search_figures(system, asked)}
+
+
+def loaded(system: Embedded) -> dict[str, float]:
+    """The store process's RSS after loading, then the index job's build of what was loaded (timed) and the RSS
+    after it: what serving that store costs in memory, and how long the build held the process."""
+    rss = rss_now_mb()
+    started = time.perf_counter()
+    jobs.run(system.ctx, "index", None, AT, dry_run=False)
+    return {"rss_mb": rss, "index_build_s": round(time.perf_counter() - started, 2), "rss_indexed_mb": rss_now_mb()}
+
+
+def search_figures(system: Embedded, asked: list[tuple[str, str]]) -> dict[str, float]:
+    now = AT + timedelta(days=1)
+    rpc = [timed(lambda s=s, t=t: system.client.search(s, t, 5, now=now)) for s, t in asked]  # type: ignore[misc]
+    alone = [timed(lambda s=s, t=t: _search_in_process(system, s, t)) for s, t in asked]  # type: ignore[misc]
+    return {"p50_ms": pct_ms(rpc, .5), "p95_ms": pct_ms(rpc, .95), "p99_ms": pct_ms(rpc, .99),
             "limit_p50_ms": pct_ms(alone, .5), "limit_p95_ms": pct_ms(alone, .95),
             "ratio": round(pct_ms(rpc, .95) / max(pct_ms(alone, .95), 1e-6), 2)}
 
 
 # -- memory ----------------------------------------------------------------------------
+
+
+def rss_now_mb() -> float:
+    """This process's resident memory now (not its peak)."""
+    status = Path("/proc/self/status").read_text()
+    return round(int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024, 1)
 
 
 def peak_rss_mb(pids: dict[str, int]) -> dict[str, float]:
@@ -209,26 +256,43 @@ def peak_rss_mb(pids: dict[str, int]) -> dict[str, float]:
 # -- the command -------------------------------------------------------------------------
 
 
+# The second shape of a million memories: many agents with small stores, rather than one with a large one.
+MILLION, AGENTS = 1_000_000, 10_000
+
+
 def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
             settings: Settings) -> int:
-    return run_embedded(settings, "perf", lambda system: measure(
-        system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes),
-        print_report, as_json)
+    report = on_fresh_system(settings, "perf", lambda system: measure(
+        system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes))
+    if MILLION in sizes:
+        say(f"search over {AGENTS} subjects of {MILLION // AGENTS} memories ...")
+        report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = on_fresh_system(
+            settings, "perf", lambda system: bench_many_subjects(system, AGENTS, MILLION // AGENTS, queries))
+    if as_json:
+        print(orjson.dumps(report).decode())
+    else:
+        print_report(report)
+    return 0
 
 
 def run_embedded(settings: Settings, name: str, measure: Callable[[Embedded], dict[str, Any]],
                  print_report: Callable[[dict[str, Any]], None], as_json: bool) -> int:
     """Measure on a fresh embedded system in a temp dir (its own Redis and store), then print the report:
     JSON, or for a person."""
-    with tempfile.TemporaryDirectory(prefix=f"memflow-{name}-") as tmp:
-        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix=f"{name}:", qdrant_url=None)
-        with embedded(base) as system:
-            report = measure(system)
+    report = on_fresh_system(settings, name, measure)
     if as_json:
         print(orjson.dumps(report).decode())
     else:
         print_report(report)
     return 0
+
+
+def on_fresh_system(settings: Settings, name: str, measure: Callable[[Embedded], dict[str, Any]]) -> dict[str, Any]:
+    """`measure` on a fresh embedded system in a temp dir (its own Redis and store), gone afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"memflow-{name}-") as tmp:
+        base = settings.replace(data_dir=Path(tmp), redis_url=None, stream_prefix=f"{name}:", qdrant_url=None)
+        with embedded(base) as system:
+            return measure(system)
 
 
 def measure(system: Embedded, *, events: int, queries: int, probes: int, publishes: int,
@@ -249,6 +313,8 @@ def measure(system: Embedded, *, events: int, queries: int, probes: int, publish
 
 
 def _size_label(size: int) -> str:
+    if size % 1_000_000 == 0:
+        return f"{size // 1_000_000}m"
     return f"{size // 1000}k" if size % 1000 == 0 else str(size)
 
 
@@ -271,7 +337,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{ing['seconds']} s)   | raw batched encode {ing['encode_per_s']} texts/s   ratio {ing['ratio']}x")
     for label, s in r["search"].items():
         print(f"search @ {label:<9} p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms   | "
-              f"encode+query alone p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x")
+              f"encode+query alone p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x   | RSS {s['rss_mb']} MB "
+              f"loaded, {s['rss_indexed_mb']} MB indexed; index build {s['index_build_s']} s")
     print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items()))
 
 

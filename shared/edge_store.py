@@ -19,12 +19,12 @@ fused queries, scrolls and counts): no error, no lost point. The flip side: a lo
 stalls every Python thread of the process.
 
 Indexes. The engine builds a segment's HNSW graph only in `optimize()`; until then its
-points are searched by brute force, which grows with the subject (a filtered query over
-100k points of one subject: ~100 ms, against ~7 ms once indexed). `optimize()` holds the
-GIL for the whole build (measured: a 5 ms ticker thread stalled for all of the 50 s an
-optimize of 20k points took on a busy 2-core machine), so no search ever calls it: the
-`index` job does (workers/jobs.py), once enough points changed, and everything else in
-the process waits meanwhile.
+points are searched by brute force, which grows with the subject (measured on a busy
+2-core machine: a dense query filtered to one subject of 100k points took ~100 ms, ~7 ms
+once indexed). `optimize()` holds the GIL for the whole build (a 5 ms ticker thread
+stalled for all of the 50 s an optimize of 20k 768-dim points took there), so no search
+ever calls it: the `index` job does (workers/jobs.py), once enough points changed, and
+every other thread of the process waits meanwhile.
 
 One process per shard: a second `EdgeShard.load` of the same directory fails on the
 WAL lock.

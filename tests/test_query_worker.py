@@ -80,3 +80,15 @@ def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:
                 sum(range(1000))
     assert time.monotonic() - started < 5
     assert threading.active_count() == threads
+
+
+def test_a_worker_writes_its_state_once_per_change(worker: QueryWorker, client: redis.Redis) -> None:
+    """RQ's SimpleWorker writes "idle" after each job and again as its loop turns (a round trip each)."""
+    worker.set_state("busy")
+    worker.set_state("idle")
+    client.hset(worker.key, "state", "marked")
+    worker.set_state("idle")  # the loop's second "idle": already written
+    assert client.hget(worker.key, "state") == b"marked"
+    worker.set_state("busy")
+    assert client.hget(worker.key, "state") == b"busy"
+    worker.register_death()

@@ -626,6 +626,11 @@ class QueryWorker(SimpleWorker):
                 pipe.execute()
             self._beaten_at = time.monotonic()
 
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        """The state, written once per change: SimpleWorker writes "idle" after a job and its loop again."""
+        if pipeline is not None or state != self.get_state():
+            super().set_state(state, pipeline)
+
     def check_for_suspension(self, burst: bool) -> None:
         """`rq suspend` is seen within a second, not before every job (one round trip each)."""
         if time.monotonic() - self._suspension_checked_at >= BEAT_EVERY_S:

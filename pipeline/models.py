@@ -558,6 +558,11 @@ class Hit(Wire):
     source_event_ids: list[str] = Field(default_factory=list)
     created_at: datetime
     contested: bool = False
+    # Said and not stored yet (the read-your-writes layer, pipeline/pending.py): `event_id` is the event it
+    # comes from, `superseding` the stored memory it is about to replace. Its `id` is its own until it lands.
+    pending: bool = False
+    event_id: str | None = None
+    superseding: str | None = None
 
 
 class SearchResult(Wire):
@@ -579,6 +584,8 @@ class PackedPrompt(Wire):
     rules: list[str] = Field(default_factory=list)
     memories: list[str] = Field(default_factory=list)
     used_ids: list[str] = Field(default_factory=list)
+    # The events whose words were packed while still pending (said, not stored yet).
+    pending_event_ids: list[str] = Field(default_factory=list)
     tokens: int = 0
 
 

@@ -19,7 +19,14 @@ PREFERENCE_TYPES = (MType.preference, MType.temp_preference)
 
 def line_for(hit: Hit) -> tuple[str, str]:
     """(section, line) for one hit. A contested memory is no settled preference or rule (docs/write-path.md#contests):
-    it is shown as an open question among the memories."""
+    it is shown as an open question among the memories. A pending one (just said) says so, and what it replaces."""
+    section, line = _line(hit)
+    if hit.pending:
+        line += " (just said; replaces what was known before)" if hit.superseding else " (just said)"
+    return section, line
+
+
+def _line(hit: Hit) -> tuple[str, str]:
     if hit.contested:
         return "memories", f"- [contested, not settled] {hit.content}"
     if hit.mtype in PREFERENCE_TYPES:
@@ -45,6 +52,7 @@ def pack(hits: Sequence[Hit], system_prompt: str, budget_tokens: int,
          count_tokens: Callable[[str], int]) -> PackedPrompt:
     sections: dict[str, list[str]] = {"preferences": [], "rules": [], "memories": []}
     used: list[str] = []
+    pending: list[str] = []
     spent = count_tokens(system_prompt) if system_prompt else 0
     for hit in one_per_key(hits):
         section, line = line_for(hit)
@@ -53,10 +61,13 @@ def pack(hits: Sequence[Hit], system_prompt: str, budget_tokens: int,
             continue
         spent += cost
         sections[section].append(line)
-        if not hit.contested:  # showing an open question is not adopting it: no evidence for review
+        if hit.pending:  # not stored yet: nothing to count a use on
+            pending.append(hit.event_id or "")
+        elif not hit.contested:  # showing an open question is not adopting it: no evidence for review
             used.append(hit.id)
     return PackedPrompt(system=render_system(system_prompt, sections), preferences=sections["preferences"],
-                        rules=sections["rules"], memories=sections["memories"], used_ids=used, tokens=spent)
+                        rules=sections["rules"], memories=sections["memories"], used_ids=used,
+                        pending_event_ids=pending, tokens=spent)
 
 
 def render_system(system_prompt: str, sections: dict[str, list[str]]) -> str:

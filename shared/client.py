@@ -23,6 +23,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
+from memflow.shared import pending
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect_queue, connect_streams, replicated
 from memflow.shared.errors import InvalidInput, RpcError
@@ -95,14 +96,21 @@ class MemoryClient:
 
     def _append(self, stream: str, events: Sequence[ChatEvent]) -> list[str]:
         """XADD the events to one partition's stream, and (MEMFLOW_REDIS_WAIT_REPLICAS) wait for its replicas:
-        an event is acknowledged once it would survive its master's death."""
+        an event is acknowledged once it would survive its master's death. Before the XADDs, on the same
+        connection: the pending entries a search serves until what they say is stored (shared/pending.py)."""
+        queued = 0
+
         def write(pipe: Pipeline) -> None:
+            nonlocal queued
+            queued = pending.queue_said(pipe, self.keys, self.settings.pending, events)
             for event in events:
                 pipe.xadd(stream, {FIELD: encode(event)})
 
         r = self.settings.redis
-        ids = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms)
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        replies = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms)
+        if queued:
+            pending.checked_bounds(self.redis, self.keys, self.settings.pending, events, replies[:queued])
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in replies[queued:]]
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,
               ts: datetime | None = None, event_id: str | None = None) -> str:

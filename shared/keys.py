@@ -89,6 +89,15 @@ class Keys:
         """Sorted set: the live consumers of `stage` by their last heartbeat (server time, ms)."""
         return f"{self.prefix}consumers:{stage}"
 
+    def pending(self, subject: str) -> str:
+        """Hash: event id → what the subject said that is not stored yet (shared/pending.py). In the subject's
+        partition, beside the events stream, so that a publish writes both on one connection to one node."""
+        return self.tagged(self.partition(subject), f"pending:{subject}")
+
+    def pending_subjects(self, partition: int) -> str:
+        """Sorted set: the subjects of a partition with pending entries, by when they last published (ms)."""
+        return self.tagged(partition, "pending-subjects")
+
     def session_buffer(self, subject: str, session_id: str) -> str:
         # \x1f (unit separator) can be in no subject: with ":" subject "a" + session "b:c" and subject
         # "a:b" + session "c" shared one buffer, and one subject's turns were stored under the other.

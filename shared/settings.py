@@ -172,6 +172,20 @@ class WriteSettings(Group):
     max_resolve_retries: int = 8
 
 
+class PendingSettings(Group):
+    """The read-your-writes layer (shared/pending.py): what a subject said that is not stored yet, served
+    by every search. Bounded: per subject (its oldest entries go first), in subjects per deployment (the
+    subjects that published longest ago go first), and in time (a subject's entries expire together once
+    it has published nothing for `ttl_s`). What is evicted is still written; it is only not served early."""
+
+    prefix = "pending_"
+
+    enabled: bool = True
+    per_subject: int = Field(default=64, ge=1)
+    subjects: int = Field(default=20_000, ge=1)
+    ttl_s: int = Field(default=24 * 3600, ge=1)
+
+
 class ClientSettings(Group):
     """What shared/client.py asks with: results per search and how long it waits for a reply."""
 
@@ -325,7 +339,8 @@ class LLMSettings(Group):
 
 GROUPS: dict[str, type[Group]] = {
     "redis": RedisSettings, "store": StoreSettings, "embedder": EmbedderSettings, "consumer": ConsumerSettings,
-    "limits": LimitsSettings, "write": WriteSettings, "client": ClientSettings, "ranking": RankingSettings,
+    "limits": LimitsSettings, "write": WriteSettings, "pending": PendingSettings, "client": ClientSettings,
+    "ranking": RankingSettings,
     "lifecycle": LifecycleSettings, "scheduler": SchedulerSettings, "llm": LLMSettings, "http": HttpSettings,
 }
 # {flat name: (group, field)} for every grouped setting.
@@ -343,6 +358,7 @@ class Settings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     write: WriteSettings = Field(default_factory=WriteSettings)
+    pending: PendingSettings = Field(default_factory=PendingSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
     ranking: RankingSettings = Field(default_factory=RankingSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)

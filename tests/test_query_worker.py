@@ -15,7 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
-from memflow.workers.query import QueryWorker, WatchedDeathPenalty
+from memflow.workers.query import QueryWorker, Watchdog, WatchedDeathPenalty
 
 
 @pytest.fixture
@@ -65,21 +65,24 @@ def test_a_stopped_worker_stops_at_its_next_beat(client: redis.Redis) -> None:
 
 
 def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:
-    """Job timeouts run on one watchdog thread (RQ's TimerDeathPenalty starts one per job, before every search)."""
-    with WatchedDeathPenalty(30, JobTimeoutException):
-        pass  # the watchdog starts with the first job
-    threads = threading.active_count()
-    for _ in range(50):
-        with WatchedDeathPenalty(30, JobTimeoutException):
-            pass
-    assert threading.active_count() == threads
-    started = time.monotonic()
-    with pytest.raises(JobTimeoutException, match="maximum timeout value \\(1 seconds\\)"):
-        with WatchedDeathPenalty(1, JobTimeoutException):
-            while time.monotonic() - started < 10:  # a job that would run for 10 s
-                sum(range(1000))
-    assert time.monotonic() - started < 5
-    assert threading.active_count() == threads
+    """Job timeouts run on one watchdog thread (RQ's TimerDeathPenalty starts one per job, before every search),
+    which ends with the last worker that runs it."""
+    before = threading.active_count()
+    with Watchdog.running():
+        threads = threading.active_count()
+        assert threads == before + 1
+        for _ in range(50):
+            with WatchedDeathPenalty(30, JobTimeoutException):
+                pass
+        assert threading.active_count() == threads
+        started = time.monotonic()
+        with pytest.raises(JobTimeoutException, match="maximum timeout value \\(1 seconds\\)"):
+            with WatchedDeathPenalty(1, JobTimeoutException):
+                while time.monotonic() - started < 10:  # a job that would run for 10 s
+                    sum(range(1000))
+        assert time.monotonic() - started < 5
+        assert threading.active_count() == threads
+    assert threading.active_count() == before
 
 
 def test_a_worker_writes_its_state_once_per_change(worker: QueryWorker, client: redis.Redis) -> None:

@@ -137,7 +137,8 @@ def search_both_ways(ctx: Context, text: str, subject: str, monkeypatch: pytest.
     tied: set[str] = set()
     for path in (query.run_routes, route_by_route):
         tied |= at_the_cut(path(ctx, req, plan.routes, vectors, 50), 50)
-    (new, new_fallback), (old, old_fallback) = query.retrieve(ctx, req, plan), old_retrieve(ctx, req, plan, monkeypatch)
+    (new, new_fallback, _), (old, old_fallback, _) = query.retrieve(ctx, req, plan), old_retrieve(ctx, req, plan,
+                                                                                                 monkeypatch)
     assert new_fallback == old_fallback
     new, old = [c for c in new if c[0].id not in tied], [c for c in old if c[0].id not in tied]
     twentieth = old[min(19, len(old) - 1)][1] if old else 0.0

@@ -15,8 +15,9 @@ from functools import partial
 from memflow.pipeline import llm_extract
 from memflow.pipeline.extract import assemble, read
 from memflow.pipeline.llm_extract import Batch
-from memflow.pipeline.models import Candidate, ExtractTask
+from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
+from memflow.shared import pending
 from memflow.shared.llm import LLM, Asked, Reading
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
@@ -32,6 +33,10 @@ def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
     llm = ctx.llm if ctx.settings.llm.extract else None
     said = llm_statements(ctx, llm, task, rules) if llm is not None else rules
     found = assemble(records, said, episode_context=ctx.settings.write.episode_context)
+    if task.reason is not TriggerReason.realtime:  # a closed session's turn that yields nothing is done with
+        yielded = {e for c in found for e in c.source_event_ids}
+        pending.settle(ctx.client, ctx.keys,
+                       {task.subject: [t.event_id for t in task.turns if t.event_id not in yielded]})
     return [Emit(ctx.keys.work("resolve", candidate.subject), candidate) for candidate in found]
 
 

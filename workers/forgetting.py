@@ -18,10 +18,13 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+import redis
 
 from memflow.pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
+from memflow.pipeline.pending import Said, drafts, pending_id
 from memflow.pipeline.records import unsaid
 from memflow.pipeline.writes import mutation
+from memflow.shared import pending as pending_layer
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import STAGES
 from memflow.shared.store import MemoryFilter
@@ -40,15 +43,30 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
     from Redis (`scrub`). After it returns no search, pack or inspect can return these
     memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
     targets = _forget_targets(ctx, subject, memory_ids, contains)
-    keep_receipts(ctx, subject, targets)
+    said = _pending_targets(ctx, subject, memory_ids, contains)
+    keep_receipts(ctx, subject, targets, events=[s.turn.event_id for s in said])
     deleted = {"status": Status.deleted.value}
     ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
                                for m in targets), *(DeleteOp(id=m.id) for m in targets),
                              *unsaid(_records(ctx, subject, targets), targets)]
     if ops:  # the wish wins over any change made since the targets were read ("rebase")
         ctx.applier.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
-    scrubbed = scrub(ctx, subject, targets)
-    return {"count": len(targets), "ids": [m.id for m in targets], "scrubbed": scrubbed}
+    scrubbed = scrub(ctx, subject, targets, events=[s.turn.event_id for s in said])
+    shown = [i for s in said for i in _pending_ids(subject, s)]
+    return {"count": len(targets) + len(said), "ids": [m.id for m in targets] + shown, "scrubbed": scrubbed}
+
+
+def _pending_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Said]:
+    """What the subject said that is not stored yet and the forget names: by a pending hit's id, or by its words.
+    Its event is marked forgotten with the stored memories' (nothing is written from it once it lands) and its
+    entry deleted."""
+    wanted = set(ids or ())
+    return [s for s in pending_layer.read(ctx.client, ctx.keys, subject)
+            if wanted & set(_pending_ids(subject, s)) or (contains and contains.lower() in s.turn.text.lower())]
+
+
+def _pending_ids(subject: str, entry: Said) -> list[str]:
+    return [pending_id(entry.turn.event_id, n) for n in range(len(drafts(subject, entry)))]
 
 
 def _records(ctx: Context, subject: str, targets: list[Memory]) -> list[Memory]:
@@ -72,12 +90,14 @@ def receipt(memory: Memory) -> dict[str, Any]:
             "sha256": hashlib.sha256(memory.content.encode()).hexdigest()}
 
 
-def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory]) -> None:
-    """A receipt per memory, and its source events marked forgotten: a task still in flight that
-    carries them (a session's end being extracted) must not write the memory back."""
+def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events: Iterable[str] = ()) -> None:
+    """A receipt per memory, and its source events (and `events`: pending ones) marked forgotten: a task still
+    in flight that carries them (a session's end being extracted) must not write the memory back."""
     memories = list(memories)
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
-    events = {e for m in memories for e in m.source_event_ids}
+    events = {e for m in memories for e in m.source_event_ids} | set(events)
+    if not mapping and events:
+        ctx.client.sadd(ctx.keys.forgotten_events(subject), *events)
     if mapping:
         # Not one MULTI: the two keys are the subject's, in two cluster slots. Both writes are idempotent
         # and come before any deletion, so a forget cut short between them is reported failed and redone.
@@ -95,12 +115,14 @@ def unforgotten(ctx: Context, candidates: Sequence[Candidate]) -> list[bool]:
     return [not all(flags) for flags in pipe.execute()]
 
 
-def scrub(ctx: Context, subject: str, memories: list[Memory]) -> dict[str, int]:
-    """Remove every trace of these memories' words from Redis; the count removed per place."""
-    marks = _marks([m.id for m in memories], {e for m in memories for e in m.source_event_ids})
-    removed = {"session_buffers": _scrub_buffers(ctx, subject, {e for m in memories for e in m.source_event_ids})}
-    for stream, pending in _streams(ctx, subject):
-        removed[stream] = _scrub_stream(ctx, stream, marks, pending)
+def scrub(ctx: Context, subject: str, memories: list[Memory], events: Iterable[str] = ()) -> dict[str, int]:
+    """Remove every trace of these memories' words (and of `events`') from Redis; the count removed per place."""
+    said = {e for m in memories for e in m.source_event_ids} | set(events)
+    marks = _marks([m.id for m in memories], said)
+    removed = {"session_buffers": _scrub_buffers(ctx, subject, said),
+               "pending": int(ctx.client.hdel(ctx.keys.pending(subject), *said)) if said else 0}
+    for stream, unacked in _streams(ctx, subject):
+        removed[stream] = _scrub_stream(ctx, stream, marks, unacked)
     return {place: n for place, n in removed.items() if n}
 
 
@@ -116,11 +138,21 @@ def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
     buffers = _buffered(ctx, subject, events)
     if buffers:
         residue["session_buffers"] = buffers
+    held = _still_pending(ctx, subject, events)
+    if held:
+        residue["pending"] = held
     quoting = _quoting(ctx, subject, {r["sha256"] for r in receipts})
     if quoting:
         residue["record_context"] = quoting
     return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
             "verified": not unknown and not in_store and not residue}
+
+
+def _still_pending(ctx: Context, subject: str, events: set[str]) -> int:
+    """How many of these events are still served as said and not stored (shared/pending.py)."""
+    if not events:
+        return 0
+    return sum(1 for held in ctx.client.hmget(ctx.keys.pending(subject), sorted(events)) if held)
 
 
 def _quoting(ctx: Context, subject: str, hashes: set[str]) -> int:
@@ -151,7 +183,12 @@ def _pending(ctx: Context, stage: str, partition: int) -> set[str]:
     stream = ctx.keys.input_of(stage, partition)
     if not ctx.client.exists(stream):
         return set()
-    found = ctx.client.xpending_range(stream, ctx.keys.group(stage), min="-", max="+", count=1_000_000)
+    try:
+        found = ctx.client.xpending_range(stream, ctx.keys.group(stage), min="-", max="+", count=1_000_000)
+    except redis.ResponseError as exc:  # published to, never read: no stage has made its group yet
+        if "NOGROUP" not in str(exc):
+            raise
+        return set()
     return {_text(p["message_id"]) for p in found}
 
 

@@ -14,7 +14,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, NamedTuple
@@ -41,6 +42,7 @@ from memflow.pipeline.models import (
     Trace,
 )
 from memflow.pipeline.pack import pack as build_prompt
+from memflow.pipeline.pending import Said, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
 from memflow.pipeline.score import (
@@ -51,18 +53,21 @@ from memflow.pipeline.score import (
     fuse,
     fuse_found,
     in_period,
+    lifecycle_scores,
     rank,
     reweight,
+    to_hit,
     unscoped,
 )
 from memflow.pipeline.timeref import asked_period
-from memflow.shared import metrics
+from memflow.shared import metrics, pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
 from memflow.shared.errors import MemflowError, StoreUnavailable
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import Reading
 from memflow.shared.llm import usage as llm_usage
+from memflow.shared.pending_search import Shown, about_to_be_written, with_pending
 from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
@@ -107,7 +112,7 @@ from memflow.shared.rpc import (
     request_of,
 )
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter, Query, SearchMode, narrowed
+from memflow.shared.store import MemoryFilter, Query, SearchMode, admits, narrowed
 from memflow.shared.store import Scored as StoreScored
 from memflow.shared.streams import backlog
 from memflow.workers import forgetting, jobs, ops
@@ -125,8 +130,9 @@ def search(ctx: Context, req: SearchRequest) -> SearchResult:
     plan, plan_error = deep_plan(ctx, req, plan_for(ctx.settings, req))
     plan = dated(ctx.settings, plan, req.query, now)
     try:
-        scored, fallback = retrieve(ctx, req, plan)
-        hits = ranked(ctx.settings, scored, now, req.k)
+        said = pending_of(ctx, req.subject)  # before the store is read: what lands in between is found there
+        scored, fallback, shown = retrieve(ctx, req, plan, said)
+        hits = ranked(ctx.settings, scored, now, req.k, shown)
         result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
                               plan=plan.model_copy(update={"fallback": fallback}), fallback=fallback)
     except MemflowError as exc:
@@ -198,21 +204,50 @@ def _plan_read(reply: str, heuristic: QueryPlan) -> Reading[QueryPlan]:
     return Reading(plan, items=len(plan.routes))
 
 
-def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int) -> list[Hit]:
-    """The top k of the fused candidates, scored and chosen as the settings say."""
+def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int, shown: Shown | None = None) -> list[Hit]:
+    """The top k of the fused candidates, scored and chosen as the settings say; pending ones marked, each
+    pending correction above what it corrects (`pipeline.pending.served`)."""
     lifecycle = settings.ranking.lifecycle(settings.lifecycle.decay_tau_hours)
-    return rank(scored, now, k, lifecycle, collapse=settings.ranking.collapse_records)
+    hits = rank(scored, now, k, lifecycle, collapse=settings.ranking.collapse_records)
+    if not shown:
+        return hits
+    relevance = dict((m.id, r) for m, r in scored)
+    return served(hits, shown.by_id, lambda p: to_hit(p.memory, lifecycle_scores(
+        p.memory, relevance.get(p.memory.id, 0.0), now, lifecycle)), k)
 
 
-def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Scored], bool]:
-    """Run every route of the plan within the subject and fuse them (route weights).
+def pending_of(ctx: Context, subject: str) -> list[Said]:
+    """What the subject said that is not stored yet (shared/pending.py); none when the layer is off."""
+    return pending.read(ctx.client, ctx.keys, subject) if ctx.settings.pending.enabled else []
+
+
+class Retrieved(NamedTuple):
+    scored: list[Scored]
+    fallback: bool
+    shown: Shown
+
+
+def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[Said] = ()) -> Retrieved:
+    """Run every route of the plan within the subject and fuse them (route weights), with the memories about
+    to be written from what the subject said (`said`, read before the store) ranked among them.
 
     When every scoped route comes back empty (or fails), the whole subject answers alone
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
     pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
-    ranked = list(zip(plan.routes, run_routes(ctx, req, plan.routes, vectors, pool), strict=True))
+    found = run_routes(ctx, req, plan.routes, vectors, pool)
+    shown = about_to_be_written(said, req.subject, found, ctx.embedder,
+                                duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
+
+    def route_of(route: Route, f: Found) -> Found:  # a route's candidates, with the pending ones it admits
+        if not shown:
+            return f
+        admitted = [p for p in shown.by_id.values() if admits(route_filter(req, route), p.memory)]
+        dense = vectors.get(route.text) if route.strategy == "semantic" else None
+        return with_pending(f, route.text, dense, admitted, shown.vectors)
+
+    ranked = [(route, route_of(route, f)) for route, f in zip(plan.routes, found, strict=True)]
     floor = ctx.settings.ranking.dense_floor
     if floor is None:  # pipeline.score.noise_floor, as one matrix product (0.05 ms, not 0.7)
         floor = float(np.max(ctx.unrelated @ np.asarray(vectors[req.query], dtype=np.float64)))
@@ -222,9 +257,9 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan) -> tuple[list[Sc
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
         if whole is None:
-            whole = _run_route(ctx, req, Route(text=req.query), vectors, pool)
-        return _fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan), True
-    return _fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan), False
+            whole = route_of(Route(text=req.query), _run_route(ctx, req, Route(text=req.query), vectors, pool))
+        return Retrieved(_fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan), True, shown)
+    return Retrieved(_fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan), False, shown)
 
 
 class Dense(NamedTuple):
@@ -320,10 +355,15 @@ def _reads_off(route: Route, req: SearchRequest) -> bool:
     return bool(route.dirs) and not route.keys and route.text == req.query and route.strategy in ("semantic", "bm25")
 
 
+def route_filter(req: SearchRequest, route: Route) -> MemoryFilter:
+    """What one route may find: the subject's searchable memories within the route's dirs and keys."""
+    return MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
+                        keys=route.keys or None)
+
+
 def _searches(req: SearchRequest, route: Route, vectors: dict[str, list[float]], limit: int) -> list[Query]:
     """The store queries of one route: its keyword list, and its dense list if it searches by meaning."""
-    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
-                       keys=route.keys or None)
+    flt = route_filter(req, route)
     dense = vectors.get(route.text) if route.strategy == "semantic" else None
     keyword = Query(flt, "sparse", limit, text=route.text)
     return [keyword] if dense is None else [keyword, Query(flt, "dense", limit, dense=dense)]
@@ -355,8 +395,7 @@ def _found(route: Route, answers: list[list[StoreScored]]) -> Found:
 def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
                pool: int) -> Found:
     """One route's raw candidates (in "rrf" mode: the engine's fused list, as `keyword`)."""
-    flt = MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
-                       keys=route.keys or None)
+    flt = route_filter(req, route)
     dense = vectors.get(route.text) if route.strategy == "semantic" else None
     try:
         if ctx.settings.ranking.fusion == "rrf" and dense is not None:
@@ -406,8 +445,9 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
     when = req.now or datetime.now(UTC)
     search_req = SearchRequest(subject=req.subject, query=req.query, k=20, now=when)
     plan = dated(ctx.settings, deep_plan(ctx, search_req, plan_for(ctx.settings, search_req))[0], req.query, when)
-    scored, _ = retrieve(ctx, search_req, plan)
-    hits = ranked(ctx.settings, scored, when, search_req.k)
+    said = pending_of(ctx, req.subject)
+    scored, _, shown = retrieve(ctx, search_req, plan, said)
+    hits = ranked(ctx.settings, scored, when, search_req.k, shown)
     packed = build_prompt(hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
     ops.count_use(ctx, req.subject, when, recalled=len(hits))
     ops.feedback(ctx, req.subject, packed.used_ids, when)
@@ -539,12 +579,42 @@ BEAT_EVERY_S = 1.0
 class Watchdog:
     """One thread that ends jobs that outlive their timeout, for every job of the process. RQ's
     TimerDeathPenalty starts a timer thread per job and waits for it to start: a thread and two handovers of
-    the interpreter lock before every search."""
+    the interpreter lock before every search. The thread runs while a query worker works (`running`), and
+    ends with the last one, so a stopped worker leaves no thread behind."""
+
+    _current: ClassVar[Watchdog | None] = None
+    _users = 0
+    _starting: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
         self._due: dict[WatchedDeathPenalty, float] = {}
         self._changed = threading.Condition()
-        threading.Thread(target=self._watch, name="memflow-job-watchdog", daemon=True).start()
+        self._ended = False
+        self._thread = threading.Thread(target=self._watch, name="memflow-job-watchdog", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    @contextmanager
+    def running(cls) -> Iterator[None]:
+        """The process's watchdog, started by the first worker to enter and ended by the last to leave."""
+        with cls._starting:
+            if cls._current is None:
+                cls._current = Watchdog()
+            cls._users += 1
+        try:
+            yield
+        finally:
+            with cls._starting:
+                cls._users -= 1
+                ending = cls._current if cls._users == 0 else None
+                if ending is not None:
+                    cls._current = None
+            if ending is not None:
+                ending._end()
+
+    @classmethod
+    def current(cls) -> Watchdog | None:
+        return cls._current
 
     def arm(self, penalty: WatchedDeathPenalty, timeout_s: float) -> None:
         with self._changed:
@@ -555,9 +625,15 @@ class Watchdog:
         with self._changed:  # once disarmed, never fired: the check below holds the same lock
             self._due.pop(penalty, None)
 
+    def _end(self) -> None:
+        with self._changed:
+            self._ended = True
+            self._changed.notify()
+        self._thread.join()
+
     def _watch(self) -> None:
-        while True:
-            with self._changed:
+        with self._changed:
+            while not self._ended:
                 now = time.monotonic()
                 for penalty in [p for p, due in self._due.items() if due <= now]:
                     del self._due[penalty]
@@ -573,26 +649,22 @@ class Watchdog:
 
 
 class WatchedDeathPenalty(TimerDeathPenalty):
-    """TimerDeathPenalty (a job's timeout raised in the thread running it, wherever that thread is) on one
-    watchdog thread per process instead of a new thread per job."""
-
-    watchdog: ClassVar[Watchdog | None] = None
-    _starting: ClassVar[threading.Lock] = threading.Lock()
+    """TimerDeathPenalty (a job's timeout raised in the thread running it, wherever that thread is) on the
+    process's one watchdog thread instead of a new thread per job; RQ's own timer thread when no query
+    worker is running one (a job performed outside `QueryWorker.work`)."""
 
     def setup_death_penalty(self) -> None:
-        if self._timeout > 0:
-            self._watchdog().arm(self, self._timeout)
+        self._watchdog = Watchdog.current()
+        if self._watchdog is None:
+            super().setup_death_penalty()  # type: ignore[no-untyped-call]
+        elif self._timeout > 0:
+            self._watchdog.arm(self, self._timeout)
 
     def cancel_death_penalty(self) -> None:
-        if self._timeout > 0:
-            self._watchdog().disarm(self)
-
-    @classmethod
-    def _watchdog(cls) -> Watchdog:
-        with cls._starting:
-            if WatchedDeathPenalty.watchdog is None:
-                WatchedDeathPenalty.watchdog = Watchdog()
-            return WatchedDeathPenalty.watchdog
+        if self._watchdog is None:
+            super().cancel_death_penalty()  # type: ignore[no-untyped-call]
+        elif self._timeout > 0:
+            self._watchdog.disarm(self)
 
 
 class QueryWorker(SimpleWorker):
@@ -607,6 +679,10 @@ class QueryWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         self._stop_event = stop or threading.Event()
         self._beaten_at = self._suspension_checked_at = -BEAT_EVERY_S
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        with Watchdog.running():
+            return super().work(*args, **kwargs)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():

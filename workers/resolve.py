@@ -15,9 +15,11 @@ from memflow.pipeline.ids import episode_id, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, Status
 from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
+from memflow.shared import pending
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected
 from memflow.shared.llm import Reading
+from memflow.shared.pending import settled_by
 from memflow.shared.store import MemoryFilter, Store
 from memflow.shared.streams import Emit, Outcome, StreamConsumer
 from memflow.workers import forgetting
@@ -47,6 +49,7 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
     outcomes: list[Outcome] = []
     for candidate, go in zip(candidates, plan, strict=True):
         if go == "drop":  # read only from words forgotten while in flight: never written back
+            pending.settle(ctx.client, ctx.keys, settled_by([candidate]))
             outcomes.append([])
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
             outcomes.append([Emit(ctx.keys.work("resolve", candidate.subject), candidate)])
@@ -101,7 +104,8 @@ def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list
     if unsure:
         verdicts = judge(ctx, candidate, list({m.id: m for m in unsure}.values()))
         batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
-    if not batch.ops:
+    if not batch.ops:  # a replay of what is stored: its pending entry is answered by the stored memory
+        pending.settle(ctx.client, ctx.keys, settled_by([candidate]))
         return []
     made = {"vector": vector, "vector_model": ctx.embedder.model_id}
     return [Emit(ctx.keys.work("upsert", batch.subject), batch.model_copy(update=made))]

@@ -12,7 +12,9 @@ from functools import partial
 
 from memflow.pipeline.models import PutOp, WriteBatch
 from memflow.pipeline.writes import of_batch
+from memflow.shared import pending
 from memflow.shared.errors import Permanent
+from memflow.shared.pending import settled_by
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
 
@@ -31,7 +33,11 @@ def handle(ctx: Context, batch: WriteBatch) -> list[Emit]:
         # Another model's vector fails in the store on every delivery: refused at once, with the reason.
         raise Permanent(f"vector has {len(batch.vector)} dimensions; the store holds {ctx.embedder.dim}")
     applied = ctx.applier.apply(of_batch(batch), vectors=vectors_of(batch))
-    return send_back(ctx, batch) if applied.stale else []
+    if applied.stale:
+        return send_back(ctx, batch)
+    # In the store now (and searchable): the statement's pending entry goes, never before.
+    pending.settle(ctx.client, ctx.keys, settled_by([batch.candidate]))
+    return []
 
 
 def vectors_of(batch: WriteBatch) -> dict[str, list[float]]:

@@ -1,0 +1,122 @@
+"""The read-your-writes layer in Redis: what each subject said that is not stored yet (pipeline/pending.py).
+
+Where it lives: one hash per subject (`Keys.pending`, event id → `Said`), in the subject's partition slot
+beside its events stream, so that `MemoryClient` writes the entry in the same round trip as the event, and
+before it: a search that starts after `publish` returned always finds it. It lives in Redis, not in a
+process, so it outlives the restart of any stage.
+
+When it goes: the stage that settles what an entry became deletes it once that is in the store (upsert, after
+the write) or once it is known to become nothing (extract: a closed session's turn that yields no candidate;
+resolve: a candidate that writes nothing). A search reads the entries *before* it queries the store, so that an
+entry deleted in between was stored before the store was read: never neither. An entry whose memory the search
+also found is dropped (`pipeline.pending.landed`), and one resolve would skip as a duplicate is not shown: never
+both.
+
+Bounded three ways (settings `MEMFLOW_PENDING_*`): per subject (the oldest entries go first), per deployment
+(each partition keeps `subjects / partitions` subjects, those that published longest ago go first), and in time
+(a subject's hash expires once it has published nothing for `ttl_s`). An evicted entry is still written; it is
+only not served before it lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+
+from memflow.pipeline.models import Candidate, ChatEvent
+from memflow.pipeline.pending import Said, said
+from memflow.shared.codec import decode, encode
+from memflow.shared.keys import Keys
+from memflow.shared.settings import PendingSettings
+
+log = logging.getLogger(__name__)
+
+Client = redis.Redis | redis.RedisCluster
+
+
+def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent]) -> int:
+    """Queue on `pipe` (one partition's connection, before the events' XADDs) the pending entries the events
+    leave, and the replies `checked_bounds` reads; returns how many replies it queued."""
+    if not cfg.enabled:
+        return 0
+    entries: dict[str, dict[str, bytes]] = {}
+    for event in events:
+        entry = said(event)
+        if entry is not None:
+            entries.setdefault(event.subject, {})[event.event_id] = encode(entry)
+    now_ms = int(time.time() * 1000)
+    for subject, mapping in entries.items():
+        key = keys.pending(subject)
+        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+        pipe.expire(key, cfg.ttl_s)
+        pipe.hlen(key)
+        pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: now_ms})
+    if entries:
+        pipe.zcard(keys.pending_subjects(keys.partition(next(iter(entries)))))
+    return 4 * len(entries) + (1 if entries else 0)
+
+
+def checked_bounds(client: Client, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent],
+                   replies: Sequence[object]) -> None:
+    """Enforce the bounds `queue_said`'s replies show crossed: a subject's oldest entries, a partition's
+    longest-quiet subjects."""
+    subjects = list(dict.fromkeys(e.subject for e in events if said(e) is not None))
+    for subject, lengths in zip(subjects, [replies[i * 4 + 2] for i in range(len(subjects))], strict=True):
+        if int(lengths) > cfg.per_subject:  # type: ignore[call-overload]
+            _trim(client, keys.pending(subject), cfg.per_subject)
+    if subjects and int(replies[-1]) > (cap := math.ceil(cfg.subjects / keys.partitions)):  # type: ignore[call-overload]
+        _evict(client, keys, keys.partition(subjects[0]), int(replies[-1]) - cap)  # type: ignore[call-overload]
+
+
+def _trim(client: Client, key: str, keep: int) -> None:
+    entries = {k: decode(v, Said) for k, v in client.hgetall(key).items()}
+    oldest = sorted(entries, key=lambda k: (entries[k].turn.ts, k))[:max(0, len(entries) - keep)]
+    if oldest:
+        client.hdel(key, *oldest)
+        log.info("pending entries over the per-subject bound: %d oldest no longer served early", len(oldest))
+
+
+def _evict(client: Client, keys: Keys, partition: int, excess: int) -> None:
+    popped: list[Any] = client.zpopmin(keys.pending_subjects(partition), excess)
+    gone = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in popped]
+    if gone:
+        client.delete(*(keys.pending(s) for s in gone))
+        log.info("pending subjects over the bound in partition %d: %d quiet ones evicted", partition, len(gone))
+
+
+def read(client: Client, keys: Keys, subject: str) -> list[Said]:
+    """The subject's pending entries, oldest first, without those of forgotten events."""
+    raw = client.hgetall(keys.pending(subject))
+    if not raw:
+        return []
+    entries = sorted((decode(v, Said) for v in raw.values()), key=lambda s: (s.turn.ts, s.turn.event_id))
+    forgotten = client.smismember(keys.forgotten_events(subject), [s.turn.event_id for s in entries])
+    return [s for s, gone in zip(entries, forgotten, strict=True) if not gone]
+
+
+def settle(client: Client, keys: Keys, settled: Mapping[str, Iterable[str]]) -> None:
+    """Delete the entries of these events ({subject: event ids}): what they became is stored, or is nothing."""
+    wanted = {s: sorted(set(ids)) for s, ids in settled.items() if ids}
+    if not wanted:
+        return
+    pipe = client.pipeline(transaction=False)
+    for subject, ids in wanted.items():
+        pipe.hdel(keys.pending(subject), *ids)
+    pipe.execute()
+
+
+def settled_by(candidates: Iterable[Candidate]) -> dict[str, list[str]]:
+    """{subject: the events whose entries these candidates settle}: each candidate read from one turn settles
+    that turn's entry. One read from several turns (a behaviour, a statement made twice) settles none of them:
+    each turn's own statement or record does, and until then the turn is still served as pending."""
+    out: dict[str, list[str]] = {}
+    for c in candidates:
+        if len(c.source_event_ids) == 1:
+            out.setdefault(c.subject, []).extend(c.source_event_ids)
+    return out

@@ -1,0 +1,131 @@
+"""Pending memories ranked with the stored ones: what a search adds from the read-your-writes layer
+(shared/pending.py holds the entries; pipeline/pending.py decides what each becomes)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from threading import Lock
+
+import numpy as np
+
+from memflow.pipeline.models import Candidate, Memory
+from memflow.pipeline.pending import (
+    Pending,
+    Said,
+    about_to_write,
+    drafts,
+    estimated_idf,
+    keyword_score,
+    landed,
+    newest_per_slot,
+)
+from memflow.pipeline.resolve import Neighbour
+from memflow.pipeline.score import Found, Scored
+from memflow.shared import sparse
+from memflow.shared.embedder import Embedder
+
+
+@dataclass
+class Shown:
+    """The pending memories one search ranks, by their ids, with their vectors."""
+
+    by_id: dict[str, Pending] = field(default_factory=dict)
+    vectors: dict[str, list[float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_id)
+
+
+class Drafts:
+    """The rules' reading of each pending entry, kept per process (bounded LRU): a search reads a session's
+    entries again and again until they land, and reading them is pure."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._kept: OrderedDict[tuple[str, str, str], list[Candidate]] = OrderedDict()
+        self._size, self._lock = size, Lock()
+
+    def __call__(self, subject: str, entry: Said) -> list[Candidate]:
+        key = (subject, entry.turn.event_id, entry.turn.text)
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        found = drafts(subject, entry)
+        with self._lock:
+            self._kept[key] = found
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        return found
+
+
+DRAFTS = Drafts()
+# Stored memories a pending one is checked against besides its own key's: the best of the dense lists
+# (the near-duplicates resolve would skip it for are among them).
+NEAR = 10
+
+
+def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[Found], embedder: Embedder, *,
+                        duplicate_threshold: float) -> Shown:
+    """The pending memories a search shows: each entry's candidates that no stored memory among `found` was
+    written from, as resolve would decide them against those stored memories (their own key's, and the
+    nearest in meaning), the newest of several values of one key."""
+    stored = {m.id: m for f in found for m, _ in (*f.keyword, *f.dense)}
+    done = landed([s.turn.event_id for s in entries], stored.values())
+    wanted = [(s, c) for s in entries if s.turn.event_id not in done for c in DRAFTS(subject, s)]
+    if not wanted:
+        return Shown()
+    keys = {c.key for _, c in wanted}
+    near = {m.id: m for f in found for m, _ in list(f.dense)[:NEAR]}
+    around = list({**near, **{i: m for i, m in stored.items() if m.key in keys}}.values())
+    texts = list(dict.fromkeys([*(c.content for _, c in wanted), *(m.content for m in around)]))
+    vectors = dict(zip(texts, embedder.encode_passages(texts), strict=True))
+    made: list[Pending] = []
+    slotted: dict[str, bool] = {}
+    numbered: dict[str, int] = {}
+    for entry, c in wanted:
+        n = numbered[entry.turn.event_id] = numbered.get(entry.turn.event_id, -1) + 1
+        neighbours = [Neighbour(m, _dot(vectors[c.content], vectors[m.content])) for m in around]
+        p = about_to_write(entry.turn.event_id, n, c, neighbours, duplicate_threshold=duplicate_threshold)
+        if p is not None:
+            made.append(p)
+            slotted[p.memory.id] = c.slot and p.memory.key == c.key
+    kept = newest_per_slot(made, slotted)
+    return Shown({p.memory.id: p for p in kept}, {p.memory.id: vectors[p.memory.content] for p in kept})
+
+
+def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, admitted: Sequence[Pending],
+                 vectors: Mapping[str, list[float]]) -> Found:
+    """A route's candidates with the pending memories its filter admits, scored as the store scores: BM25 on
+    the route's text (with the IDF the store applied to this route's keyword hits) and the cosine with the
+    route's dense vector when it searches by meaning."""
+    if not admitted:
+        return found
+    terms, _ = sparse.embed_query(route_text)
+    idf = estimated_idf(terms, [(_doc_terms(m), score) for m, score in found.keyword])
+    keyword = [(p.memory, keyword_score(_doc_terms(p.memory), terms, idf)) for p in admitted]
+    meaning = [] if dense is None else [(p.memory, _dot(vectors[p.memory.id], dense)) for p in admitted]
+    return replace(found, keyword=_merged(found.keyword, [(m, s) for m, s in keyword if s > 0]),
+                   dense=_merged(found.dense, meaning) if found.dense or meaning else found.dense)
+
+
+def _merged(a: Sequence[Scored], b: Sequence[Scored]) -> list[Scored]:
+    return sorted([*a, *b], key=lambda pair: pair[1], reverse=True)
+
+
+def _doc_terms(memory: Memory) -> dict[int, float]:
+    return dict(_terms(sparse.indexed_text(memory)))
+
+
+@lru_cache(maxsize=8192)
+def _terms(text: str) -> tuple[tuple[int, float], ...]:
+    """A stored or pending memory's BM25 term weights, as the store indexed them (kept: the same memories
+    come back search after search)."""
+    indices, values = sparse.embed_document(text)
+    return tuple(zip(indices, values, strict=True))
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return float(np.dot(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, NamedTuple
 
 import numpy as np
+import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -63,7 +64,7 @@ from memflow.pipeline.timeref import asked_period
 from memflow.shared import metrics, pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
-from memflow.shared.errors import MemflowError, StoreUnavailable
+from memflow.shared.errors import MemflowError, Retryable, StoreUnavailable
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import Reading
 from memflow.shared.llm import usage as llm_usage
@@ -217,8 +218,14 @@ def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int, show
 
 
 def pending_of(ctx: Context, subject: str) -> list[Said]:
-    """What the subject said that is not stored yet (shared/pending.py); none when the layer is off."""
-    return pending.read(ctx.client, ctx.keys, subject) if ctx.settings.pending.enabled else []
+    """What the subject said that is not stored yet (shared/pending.py); none when the layer is off. A layer
+    that cannot be read fails the search, as a store that cannot be read does: never a silent "not known"."""
+    if not ctx.settings.pending.enabled:
+        return []
+    try:
+        return pending.read(ctx.client, ctx.keys, subject)
+    except redis.RedisError as exc:
+        raise Retryable(f"the pending layer could not be read: {exc}") from exc
 
 
 class Retrieved(NamedTuple):

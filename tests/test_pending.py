@@ -83,7 +83,9 @@ def test_a_statement_is_found_before_it_is_stored_then_as_the_stored_memory(held
     hits = hits_of(held, "ana", "What is my locker code?")
     assert hits and hits[0]["pending"] and hits[0]["event_id"] == "e1" and "4411" in hits[0]["content"]
     assert len(naming(hits, "e1")) == 1
-    assert held.client.inspect("ana")["memories"] == []  # nothing stored: the stages are held
+    report = held.client.inspect("ana")
+    assert report["memories"] == []  # nothing stored: the stages are held
+    assert [e["event_id"] for e in report["pending"]] == ["e1"]  # ops see what is waiting
 
     held.settle()
     hits = hits_of(held, "ana", "What is my locker code?")

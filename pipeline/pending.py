@@ -33,7 +33,8 @@ from memflow.pipeline.models import (
     Turn,
     Wire,
 )
-from memflow.pipeline.resolve import Neighbour, decide
+from memflow.pipeline.resolve import CONTRADICTION_OVERLAP, LEXICAL_DUPLICATE, Neighbour, decide
+from memflow.pipeline.statements import overlap
 
 _PENDING_IDS = uuid.UUID("6f0c1d52-3b1e-4f8e-9a57-2d7c4b6a9e10")
 
@@ -185,3 +186,9 @@ def _marked(hit: Hit, p: Pending | None) -> Hit:
     if p is None:
         return hit
     return hit.model_copy(update={"pending": True, "event_id": p.event_id, "superseding": p.superseding})
+
+
+def close_wording(a: str, b: str) -> bool:
+    """Whether two statements are worded closely enough for their similarity to change what resolve decides:
+    its near-duplicate rule needs the same wording, its contradiction rule a shared share of words."""
+    return overlap(a, b) >= min(CONTRADICTION_OVERLAP, LEXICAL_DUPLICATE)

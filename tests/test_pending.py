@@ -288,3 +288,13 @@ def test_a_pending_statement_outlives_a_kill_dash_nine_of_the_store_process(sett
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
         stop_children(procs)
+
+
+def test_in_a_long_session_the_pending_statement_asked_about_is_found(held: Held) -> None:
+    """A live session holds dozens of entries; a search decides only the most relevant ones, and finds this one."""
+    for i in range(40):
+        say(held, "hal", f"chat-{i}", f"Haha, round {i} of the quiz was fun.", at=T0 + timedelta(seconds=i))
+    say(held, "hal", "fact", "My sister Ines teaches chemistry in Porto.", at=T0 + timedelta(minutes=5))
+    hits = hits_of(held, "hal", "What does Ines teach?")
+    assert naming(hits, "fact") and naming(hits, "fact")[0]["pending"]
+    assert hits[0]["event_id"] == "fact"

@@ -228,6 +228,10 @@ def pending_of(ctx: Context, subject: str) -> list[Said]:
         raise Retryable(f"the pending layer could not be read: {exc}") from exc
 
 
+# Pending memories decided per search beyond the k asked for, by meaning and by words each (pending_search).
+PENDING_SPARE = 5
+
+
 class Retrieved(NamedTuple):
     scored: list[Scored]
     fallback: bool
@@ -244,7 +248,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     found = run_routes(ctx, req, plan.routes, vectors, pool)
-    shown = about_to_be_written(said, req.subject, found, ctx.embedder,
+    shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
+                                query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
                                 duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
 
     def route_of(route: Route, f: Found) -> Found:  # a route's candidates, with the pending ones it admits

@@ -157,4 +157,7 @@ def _terms(text: str) -> tuple[tuple[int, float], ...]:
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    return float(np.dot(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
+    """The cosine, as the store's Cosine distance scores (it does not assume unit vectors either)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(np.dot(x, y)) / norm if norm else 0.0

@@ -29,7 +29,7 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
 from memflow.pipeline import llm_plan
-from memflow.pipeline.gate import redact
+from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
@@ -496,8 +496,9 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
         "utilisation": ops.utilisation(ctx, req.subject, when), "llm": llm,
         "backlog": backlog(ctx.client, ctx.keys, STAGES),
-        "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": s.turn.text, "ts": s.turn.ts}
-                    for s in pending.read(ctx.client, ctx.keys, req.subject)]})
+        "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
+                    for s in pending.read(ctx.client, ctx.keys, req.subject)
+                    if (v := gate(s.turn.text, s.turn.role)).keep]})  # as a search would read it: gated
 
 
 # -- maintenance: jobs, history, rollback, review (workers/jobs.py, workers/ops.py) -----

@@ -27,6 +27,7 @@ import os
 import random
 import statistics
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,6 +55,7 @@ from memflow.bench.perf import (
 )
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import QueryPlan, Role, SearchRequest
+from memflow.pipeline.pending import Said
 from memflow.pipeline.score import Found
 from memflow.pipeline.triggers import realtime_signals
 from memflow.shared.client import MemoryClient
@@ -148,18 +150,29 @@ def asked_in(size: int, queries: int) -> tuple[Asked, Asked]:
 
 @dataclass
 class Side:
-    """One subject's figures over the queries asked: RPC search, the in-process limit, the layer alone, and
-    the pending entries it had."""
+    """One subject's figures over the queries asked: RPC search (and how many failed), the in-process limit,
+    the layer alone (as the search met it, then again with every vector it needed kept), and the pending
+    entries it had."""
 
     rpc: list[float] = field(default_factory=list)
+    failed: int = 0
     limit: list[float] = field(default_factory=list)
     layer: list[float] = field(default_factory=list)
+    layer_kept: list[float] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
 
+    def searched(self, system: Embedded, subject: str, query: str) -> None:
+        started = time.perf_counter()
+        # A search the worker could not answer in time comes back `failed` after the client's timeout: timed
+        # all the same (the agent waited that long), and counted.
+        self.failed += system.client.search(subject, query, 5, now=NOW).status == "failed"
+        self.rpc.append(time.perf_counter() - started)
+
     def figures(self) -> dict[str, Any]:
-        return {"p50_ms": pct_ms(self.rpc, .5), "p95_ms": pct_ms(self.rpc, .95),
+        return {"p50_ms": pct_ms(self.rpc, .5), "p95_ms": pct_ms(self.rpc, .95), "failed": self.failed,
                 "limit_p50_ms": pct_ms(self.limit, .5), "limit_p95_ms": pct_ms(self.limit, .95),
                 "layer_p50_ms": pct_ms(self.layer, .5), "layer_p95_ms": pct_ms(self.layer, .95),
+                "layer_kept_p50_ms": pct_ms(self.layer_kept, .5), "layer_kept_p95_ms": pct_ms(self.layer_kept, .95),
                 "pending_min": min(self.pending), "pending_max": max(self.pending)}
 
 
@@ -168,13 +181,13 @@ class Phase:
     without: Side = field(default_factory=Side)
     with_: Side = field(default_factory=Side)
     backlogs: list[int] = field(default_factory=list)
-    first: float = 0.0  # the live subject's first search after its session was published
+    first: Side = field(default_factory=Side)  # the live subject's first search after its session was published
 
     def figures(self) -> dict[str, Any]:
         added = [w - o for w, o in zip(self.with_.rpc, self.without.rpc, strict=True)]
         return {"queries": len(self.without.rpc), "without": self.without.figures(),
                 "with": {**self.with_.figures(), "added_p50_ms": round(statistics.median(added) * 1000, 3),
-                         "first_search_ms": round(self.first * 1000, 1)},
+                         "first_search_ms": pct_ms(self.first.rpc, .5), "first_search_failed": self.first.failed},
                 "backlog_max": max(self.backlogs)}
 
 
@@ -184,30 +197,36 @@ def ask(system: Embedded, phase: Phase, query: str, alone: str, i: int) -> None:
     pairs = [(QUIET, phase.without), (LIVE, phase.with_)]
     for subject, side in pairs if i % 2 == 0 else pairs[::-1]:
         side.pending.append(int(system.ctx.client.hlen(system.ctx.keys.pending(subject))))
-        side.rpc.append(timed(lambda s=subject: system.client.search(s, query, 5, now=NOW)))  # type: ignore[misc]
+        side.searched(system, subject, query)
         side.limit.append(timed(lambda s=subject: _search_in_process(system, s, query)))  # type: ignore[misc]
     for subject, side in pairs:
-        side.layer.append(layer_seconds(system, subject, alone))
+        met, kept = layer_seconds(system, subject, alone)
+        side.layer.append(met)
+        side.layer_kept.append(kept)
 
 
-def layer_seconds(system: Embedded, subject: str, query: str) -> float:
-    """The time `workers.query.retrieve` spends on the pending layer for this search: the routes' candidates
-    are found first (untimed), then the pending read and the ranking of what is pending among them."""
+def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, float]:
+    """The time `workers.query.retrieve` spends on the pending layer for this search: the read of the pending
+    entries, then (when there are some) the ranking of what is pending among the routes' candidates, found
+    in between and not timed. Twice: as this search meets it, and again at once, when every passage vector
+    it needed is in the process's cache: the difference is what the model spent encoding."""
     ctx = system.ctx
+    said: list[Said] = []
+    read_s = timed(lambda: said.extend(pending_of(ctx, subject)))
+    if not said:
+        return read_s, timed(lambda: pending_of(ctx, subject))
     req = SearchRequest(subject=subject, query=query, k=5, now=NOW)
     plan = dated(ctx.settings, plan_for(ctx.settings, req), query, NOW)
     vectors = query_vectors(ctx, [query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     found = run_routes(ctx, req, plan.routes, vectors, max(ctx.settings.ranking.candidate_pool, req.k * 4))
-    return timed(lambda: pending_part(system, req, plan, vectors, found))
+    met = read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
+    return met, read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
 
 
-def pending_part(system: Embedded, req: SearchRequest, plan: QueryPlan, vectors: dict[str, list[float]],
-                 found: Sequence[Found]) -> Shown:
-    """What `retrieve` does with the pending entries, step for step (its `route_of`)."""
+def ranked_with(system: Embedded, req: SearchRequest, plan: QueryPlan, vectors: dict[str, list[float]],
+                found: Sequence[Found], said: Sequence[Said]) -> Shown:
+    """What `retrieve` does with the pending entries it read, step for step (its `route_of`)."""
     ctx = system.ctx
-    said = pending_of(ctx, req.subject)
-    if not said:
-        return Shown()
     shown = about_to_be_written(said, req.subject, found, ctx.embedder,
                                 duplicate_threshold=ctx.settings.write.duplicate_threshold)
     for route, f in zip(plan.routes, found, strict=True):
@@ -234,7 +253,7 @@ def publish(client: MemoryClient, events: Sequence[dict[str, Any]]) -> None:
 def first_search(system: Embedded, phase: Phase) -> None:
     """The first search of the live subject after its session was published: the one that reads every turn
     still pending for the first time (the rules' drafts and their vectors are kept for the next searches)."""
-    phase.first = timed(lambda: system.client.search(LIVE, "what did I say about my week", 5, now=NOW))
+    phase.first.searched(system, LIVE, "what did I say about my week")
 
 
 def idle_phase(system: Embedded, asked: Asked, round_: int) -> Phase:
@@ -321,12 +340,15 @@ def print_report(r: dict[str, Any]) -> None:
               f"{s['pending_entries']} entries pending at idle")
         for phase in ("idle", "burst"):
             p = s[phase]
-            extra = f", backlog max {p['backlog_max']}" if phase == "burst" else ""
-            print(f"  {phase} ({p['queries']} queries{extra})")
+            print(f"  {phase}: {p['queries']} queries, backlog max {p['backlog_max']}; the live subject's first "
+                  f"search after its session {p['with']['first_search_ms']} ms")
             for side in ("without", "with"):
-                f = p[side]
-                added = f"  (+{f['added_p50_ms']} ms p50, paired)" if side == "with" else ""
-                print(f"    {side:<8} search p50 {f['p50_ms']} ms  p95 {f['p95_ms']} ms{added}   | limit (encode + "
-                      f"one query) p50 {f['limit_p50_ms']} ms  p95 {f['limit_p95_ms']} ms   | layer p50 "
-                      f"{f['layer_p50_ms']} ms  p95 {f['layer_p95_ms']} ms, {f['pending_min']}–{f['pending_max']} "
-                      f"pending")
+                print("    " + _side_line(side, p[side]))
+
+
+def _side_line(side: str, f: dict[str, Any]) -> str:
+    added = f" (+{f['added_p50_ms']} ms p50, paired)" if "added_p50_ms" in f else ""
+    return (f"{side:<8} search p50 {f['p50_ms']} ms  p95 {f['p95_ms']} ms{added}, {f['failed']} failed   | limit "
+            f"(encode + one query) p50 {f['limit_p50_ms']} ms  p95 {f['limit_p95_ms']} ms   | layer p50 "
+            f"{f['layer_p50_ms']} ms  p95 {f['layer_p95_ms']} ms (vectors kept: p50 {f['layer_kept_p50_ms']} ms), "
+            f"{f['pending_min']}–{f['pending_max']} pending")

@@ -3,16 +3,19 @@ measured "with" the layer really had pending entries to rank (else the figure wo
 
 from __future__ import annotations
 
-from memflow.bench.pending import measure
+import pytest
+
+from memflow.bench.pending import measure, print_report
 from memflow.shared.embedder import CachedPassages, Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 
-FIGURES = {"p50_ms", "p95_ms", "limit_p50_ms", "limit_p95_ms", "layer_p50_ms", "layer_p95_ms"}
+FIGURES = {"p50_ms", "p95_ms", "failed", "limit_p50_ms", "limit_p95_ms", "layer_p50_ms", "layer_p95_ms",
+           "layer_kept_p50_ms", "layer_kept_p95_ms"}
 
 
 def test_the_bench_reports_search_with_and_without_pending_entries_idle_and_under_a_burst(
-        settings: Settings, embedder: Embedder) -> None:
+        settings: Settings, embedder: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
     # Wrapped as every process's embedder is (shared.embedder.build_embedder): the layer reads the pending
     # turns' vectors from the passage cache after the first search.
     with embedded(settings, light_in_process=True, embedder=CachedPassages(embedder)) as system:
@@ -28,6 +31,10 @@ def test_the_bench_reports_search_with_and_without_pending_entries_idle_and_unde
         assert 0 < with_["limit_p50_ms"] <= with_["limit_p95_ms"]
         assert with_["pending_min"] > 0, f"{phase}: searched 'with' the layer but nothing was pending"
         assert without["pending_max"] == 0, f"{phase}: the 'without' subject had pending entries"
-        assert size[phase]["queries"] >= 1
+        assert size[phase]["queries"] >= 1 and with_["first_search_ms"] > 0
     assert size["idle"]["queries"] == 10
     assert size["burst"]["events"] == 100 and size["burst"]["backlog_max"] > 0
+
+    print_report(report)  # the report for a person reads every figure the JSON has
+    printed = capsys.readouterr().out
+    assert "@ 200 memories" in printed and printed.count("search p50") == 4

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memflow.pipeline.extract import assemble, read
-from memflow.pipeline.gate import gate
+from memflow.pipeline.gate import GateVerdict
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Candidate,
@@ -33,7 +33,8 @@ from memflow.pipeline.models import (
     Turn,
     Wire,
 )
-from memflow.pipeline.resolve import Neighbour, decide
+from memflow.pipeline.resolve import CONTRADICTION_OVERLAP, LEXICAL_DUPLICATE, Neighbour, decide
+from memflow.pipeline.statements import overlap
 
 _PENDING_IDS = uuid.UUID("6f0c1d52-3b1e-4f8e-9a57-2d7c4b6a9e10")
 
@@ -48,20 +49,29 @@ class Said(Wire):
 
 
 def said(event: ChatEvent) -> Said | None:
-    """The pending entry a published event leaves: a message of the user's, or one written explicitly, that the
-    gate keeps (with its secrets redacted). None for what never becomes a memory: filler, a refused or injected
-    turn, an assistant's or a tool's message, a session's end, feedback."""
-    if event.kind is not Kind.message or event.role is None or event.role is Role.system:
+    """The pending entry a published event leaves: a message of the user's, or one written explicitly. None for
+    what never becomes a memory: an assistant's or a tool's message, a session's end, feedback.
+
+    Not gated here: the gate costs up to a millisecond or two a message, which a publish does not pay. What a
+    search shows of an entry is read from it through the gate (`drafts`, as extraction reads a turn), and the
+    trigger, which gates every message anyway, drops the entries of refused turns and redacts the others in
+    place (`gated`), milliseconds after the publish: the entry holds the raw words no longer than the events
+    stream does."""
+    if event.kind is not Kind.message or event.role is None or event.role is Role.system or not event.text.strip():
         return None
     explicit = bool(event.meta.get("explicit"))
     if event.role is not Role.user and not explicit:
         return None
-    verdict = gate(event.text, event.role)
-    if not verdict.keep or not verdict.text.strip():
-        return None
-    turn = Turn(event_id=event.event_id, role=event.role, text=verdict.text.strip(), ts=event.ts,
+    turn = Turn(event_id=event.event_id, role=event.role, text=event.text, ts=event.ts,
                 speaker=event.meta.get("speaker"))
     return Said(turn=turn, session_id=event.session_id, explicit=explicit, external_ref=event.meta.get("external_ref"))
+
+
+def gated(entry: Said, verdict: GateVerdict) -> Said | None:
+    """The entry as the gate left its turn: None when it refused it, else with the redacted text."""
+    if not verdict.keep or not verdict.text.strip():
+        return None
+    return entry.model_copy(update={"turn": entry.turn.model_copy(update={"text": verdict.text.strip()})})
 
 
 def drafts(subject: str, entry: Said) -> list[Candidate]:
@@ -185,3 +195,9 @@ def _marked(hit: Hit, p: Pending | None) -> Hit:
     if p is None:
         return hit
     return hit.model_copy(update={"pending": True, "event_id": p.event_id, "superseding": p.superseding})
+
+
+def close_wording(a: str, b: str) -> bool:
+    """Whether two statements are worded closely enough for their similarity to change what resolve decides:
+    its near-duplicate rule needs the same wording, its contradiction rule a shared share of words."""
+    return overlap(a, b) >= min(CONTRADICTION_OVERLAP, LEXICAL_DUPLICATE)

@@ -29,8 +29,9 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
+from memflow.pipeline.gate import GateVerdict
 from memflow.pipeline.models import Candidate, ChatEvent
-from memflow.pipeline.pending import Said, said
+from memflow.pipeline.pending import Said, gated, said
 from memflow.shared.codec import decode, encode
 from memflow.shared.keys import Keys
 from memflow.shared.settings import PendingSettings
@@ -98,6 +99,25 @@ def read(client: Client, keys: Keys, subject: str) -> list[Said]:
     entries = sorted((decode(v, Said) for v in raw.values()), key=lambda s: (s.turn.ts, s.turn.event_id))
     forgotten = client.smismember(keys.forgotten_events(subject), [s.turn.event_id for s in entries])
     return [s for s, gone in zip(entries, forgotten, strict=True) if not gone]
+
+
+# The gated entry replaces the raw one only if that is still there: an entry already settled stays settled.
+_REPLACE_IF_HELD = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+"""
+
+
+def regate(client: Client, keys: Keys, event: ChatEvent, verdict: GateVerdict) -> None:
+    """The trigger's gate applied to the event's entry: deleted when the gate refused the turn, redacted in place
+    when it took secrets out; untouched when the gate kept the words as they were (most messages: no call)."""
+    entry = said(event)
+    if entry is None or (verdict.keep and verdict.text.strip() == event.text.strip()):
+        return
+    kept = gated(entry, verdict)
+    if kept is None:
+        client.hdel(keys.pending(event.subject), event.event_id)
+    else:
+        client.eval(_REPLACE_IF_HELD, 1, keys.pending(event.subject), event.event_id, encode(kept))
 
 
 def settle(client: Client, keys: Keys, settled: Mapping[str, Iterable[str]]) -> None:

@@ -16,6 +16,7 @@ from memflow.pipeline.pending import (
     Pending,
     Said,
     about_to_write,
+    close_wording,
     drafts,
     estimated_idf,
     keyword_score,
@@ -68,32 +69,56 @@ NEAR = 10
 
 
 def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[Found], embedder: Embedder, *,
-                        duplicate_threshold: float) -> Shown:
+                        query: str, query_vector: Sequence[float], keep: int, duplicate_threshold: float) -> Shown:
     """The pending memories a search shows: each entry's candidates that no stored memory among `found` was
-    written from, as resolve would decide them against those stored memories (their own key's, and the
-    nearest in meaning), the newest of several values of one key."""
+    written from, as resolve would decide them against the stored memories around them, the newest of several
+    values of one key.
+
+    Only the `keep` most relevant by meaning and the `keep` most relevant by words are decided (a live session
+    may hold dozens of entries, and what ranks below the k served cannot be shown), against the best stored
+    candidates and those of their own key; a similarity is computed only where the wording is close enough
+    for it to matter (`pipeline.pending.close_wording`: resolve's duplicate and contradiction rules need both)."""
     stored = {m.id: m for f in found for m, _ in (*f.keyword, *f.dense)}
     done = landed([s.turn.event_id for s in entries], stored.values())
-    wanted = [(s, c) for s in entries if s.turn.event_id not in done for c in DRAFTS(subject, s)]
+    wanted = [(s.turn.event_id, n, c) for s in entries if s.turn.event_id not in done
+              for n, c in enumerate(DRAFTS(subject, s))]
     if not wanted:
         return Shown()
-    keys = {c.key for _, c in wanted}
-    near = {m.id: m for f in found for m, _ in list(f.dense)[:NEAR]}
-    around = list({**near, **{i: m for i, m in stored.items() if m.key in keys}}.values())
-    texts = list(dict.fromkeys([*(c.content for _, c in wanted), *(m.content for m in around)]))
-    vectors = dict(zip(texts, embedder.encode_passages(texts), strict=True))
+    vectors = _encoded(embedder, [c.content for _, _, c in wanted])
+    wanted = _most_relevant(wanted, vectors, query, query_vector, keep)
+    keys = {c.key for _, _, c in wanted}
+    best = {m.id: m for f in found for pairs in (f.dense, f.keyword) for m, _ in list(pairs)[:NEAR]}
+    around = list({**best, **{i: m for i, m in stored.items() if m.key in keys}}.values())
+    close = {(c.content, m.content) for _, _, c in wanted for m in around if close_wording(c.content, m.content)}
+    vectors |= _encoded(embedder, [m for _, m in close if m not in vectors])
     made: list[Pending] = []
     slotted: dict[str, bool] = {}
-    numbered: dict[str, int] = {}
-    for entry, c in wanted:
-        n = numbered[entry.turn.event_id] = numbered.get(entry.turn.event_id, -1) + 1
-        neighbours = [Neighbour(m, _dot(vectors[c.content], vectors[m.content])) for m in around]
-        p = about_to_write(entry.turn.event_id, n, c, neighbours, duplicate_threshold=duplicate_threshold)
+    for event_id, n, c in wanted:
+        neighbours = [Neighbour(m, _dot(vectors[c.content], vectors[m.content]) if (c.content, m.content) in close
+                                else 0.0) for m in around]
+        p = about_to_write(event_id, n, c, neighbours, duplicate_threshold=duplicate_threshold)
         if p is not None:
             made.append(p)
             slotted[p.memory.id] = c.slot and p.memory.key == c.key
     kept = newest_per_slot(made, slotted)
     return Shown({p.memory.id: p for p in kept}, {p.memory.id: vectors[p.memory.content] for p in kept})
+
+
+def _encoded(embedder: Embedder, texts: Sequence[str]) -> dict[str, list[float]]:
+    unique = list(dict.fromkeys(texts))
+    return dict(zip(unique, embedder.encode_passages(unique), strict=True)) if unique else {}
+
+
+def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[str, list[float]], query: str,
+                   query_vector: Sequence[float], keep: int) -> list[tuple[str, int, Candidate]]:
+    """The `keep` best by cosine with the query and the `keep` best by the query's words, in their order."""
+    if len(wanted) <= keep:
+        return wanted
+    terms, _ = sparse.embed_query(query)
+    by_meaning = sorted(range(len(wanted)), key=lambda i: -_dot(vectors[wanted[i][2].content], query_vector))
+    by_words = sorted(range(len(wanted)), key=lambda i: -keyword_score(_terms_of(wanted[i][2].content), terms, {}))
+    chosen = set(by_meaning[:keep]) | set(by_words[:keep])
+    return [w for i, w in enumerate(wanted) if i in chosen]
 
 
 def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, admitted: Sequence[Pending],
@@ -116,7 +141,11 @@ def _merged(a: Sequence[Scored], b: Sequence[Scored]) -> list[Scored]:
 
 
 def _doc_terms(memory: Memory) -> dict[int, float]:
-    return dict(_terms(sparse.indexed_text(memory)))
+    return _terms_of(sparse.indexed_text(memory))
+
+
+def _terms_of(text: str) -> dict[int, float]:
+    return dict(_terms(text))
 
 
 @lru_cache(maxsize=8192)
@@ -128,4 +157,7 @@ def _terms(text: str) -> tuple[tuple[int, float], ...]:
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    return float(np.dot(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
+    """The cosine, as the store's Cosine distance scores (it does not assume unit vectors either)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(np.dot(x, y)) / norm if norm else 0.0

@@ -222,6 +222,15 @@ class LLMUse(Wire):
     everyone: LLMUsage
 
 
+class PendingEntry(Wire):
+    """What the subject said that is not stored yet (docs/read-your-writes.md), as it is kept: gated."""
+
+    event_id: str
+    session_id: str
+    text: str
+    ts: IsoTime
+
+
 class InspectReport(Wire):
     subject: str
     now: IsoTime
@@ -229,6 +238,7 @@ class InspectReport(Wire):
     utilisation: Utilisation
     llm: LLMUse | None  # None: no LLM configured
     backlog: dict[str, tuple[int, int]]  # stage → (unread, pending)
+    pending: list[PendingEntry] = Field(default_factory=list)
 
 
 class JobChange(Wire):

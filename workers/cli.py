@@ -275,6 +275,9 @@ def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time
     share = "n/a" if use.share is None else f"{use.share:.0%}"
     typer.echo(f"utilisation ({use.days} days): {use.adopted} adopted of {use.recalled} recalled = {share}")
     typer.echo("backlog (unread, pending): " + ", ".join(f"{s} {v[0]}/{v[1]}" for s, v in report.backlog.items()))
+    typer.echo(f"said, not stored yet: {len(report.pending)}")
+    for entry in report.pending:
+        typer.echo(f"  [{entry.ts.isoformat()}] {entry.event_id}: {entry.text[:100]}")
     if report.llm:
         _print_llm("llm, this subject", report.llm.subject)
         _print_llm("llm, everyone", report.llm.everyone)

@@ -118,6 +118,8 @@ class Recollection(Reply):
     content: str
     type: MType = Field(description="What kind of memory: preference, fact, rule, event, ...")
     date: datetime = Field(description="When it was remembered.")
+    pending: bool = Field(default=False, description="Just said, not stored yet: it is being written.")
+    replaces: str | None = Field(default=None, description="The id of the memory this new value is replacing.")
 
 
 class Recalled(Reply):
@@ -182,7 +184,7 @@ class MemoryTools:
         with told():
             subject, event_id = self._writer(ctx).subject, f"mcp-{uuid.uuid4()}"
             self.client.write(subject, content, session_id="mcp", event_id=event_id)
-        return Remembered(event_id=event_id, note="accepted: it will be searchable in a few seconds, once written")
+        return Remembered(event_id=event_id, note="accepted: searchable at once (as pending until it is written)")
 
     def recall(self, query: Annotated[str, Field(min_length=1, description="What you want to know, in words.")],
                ctx: Context, k: Annotated[int, Field(ge=1, le=50, description="At most this many.")] = 5) -> Recalled:
@@ -193,7 +195,8 @@ class MemoryTools:
         if result.status == "failed":
             raise ToolError(f"memory unavailable: the search could not look ({error_line(result.error or '')}); "
                             "this does not mean nothing is remembered")
-        found = [Recollection(id=h.id, content=h.content, type=h.mtype, date=h.created_at) for h in result.hits]
+        found = [Recollection(id=h.id, content=h.content, type=h.mtype, date=h.created_at, pending=h.pending,
+                              replaces=h.superseding) for h in result.hits]
         note = f"{len(found)} memories, best first" if found else "nothing remembered matches this query"
         return Recalled(status="ok" if found else "empty", note=note, memories=found)
 
@@ -228,7 +231,7 @@ class MemoryTools:
             events = turn_events(subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
             ids = self.client.publish_many(events)
         return Published(ids=ids, event_ids=[e["event_id"] for e in events],
-                         note=f"{len(ids)} events accepted; what is worth keeping is searchable in a few seconds")
+                         note=f"{len(ids)} events accepted; what the user said is found at once (pending till written)")
 
 
 def turn_events(subject: str, session_id: str, turns: Sequence[TurnIn], *, end_session: bool,

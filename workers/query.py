@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, NamedTuple
 
 import numpy as np
+import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -28,7 +29,7 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
 from memflow.pipeline import llm_plan
-from memflow.pipeline.gate import redact
+from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
@@ -63,7 +64,7 @@ from memflow.pipeline.timeref import asked_period
 from memflow.shared import metrics, pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
-from memflow.shared.errors import MemflowError, StoreUnavailable
+from memflow.shared.errors import MemflowError, Retryable, StoreUnavailable
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import Reading
 from memflow.shared.llm import usage as llm_usage
@@ -217,8 +218,18 @@ def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int, show
 
 
 def pending_of(ctx: Context, subject: str) -> list[Said]:
-    """What the subject said that is not stored yet (shared/pending.py); none when the layer is off."""
-    return pending.read(ctx.client, ctx.keys, subject) if ctx.settings.pending.enabled else []
+    """What the subject said that is not stored yet (shared/pending.py); none when the layer is off. A layer
+    that cannot be read fails the search, as a store that cannot be read does: never a silent "not known"."""
+    if not ctx.settings.pending.enabled:
+        return []
+    try:
+        return pending.read(ctx.client, ctx.keys, subject)
+    except redis.RedisError as exc:
+        raise Retryable(f"the pending layer could not be read: {exc}") from exc
+
+
+# Pending memories decided per search beyond the k asked for, by meaning and by words each (pending_search).
+PENDING_SPARE = 5
 
 
 class Retrieved(NamedTuple):
@@ -237,7 +248,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     found = run_routes(ctx, req, plan.routes, vectors, pool)
-    shown = about_to_be_written(said, req.subject, found, ctx.embedder,
+    shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
+                                query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
                                 duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
 
     def route_of(route: Route, f: Found) -> Found:  # a route's candidates, with the pending ones it admits
@@ -483,7 +495,10 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
     return InspectReport.model_validate({
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
         "utilisation": ops.utilisation(ctx, req.subject, when), "llm": llm,
-        "backlog": backlog(ctx.client, ctx.keys, STAGES)})
+        "backlog": backlog(ctx.client, ctx.keys, STAGES),
+        "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
+                    for s in pending.read(ctx.client, ctx.keys, req.subject)
+                    if (v := gate(s.turn.text, s.turn.role)).keep]})  # as a search would read it: gated
 
 
 # -- maintenance: jobs, history, rollback, review (workers/jobs.py, workers/ops.py) -----

@@ -14,6 +14,7 @@ from functools import partial
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
 from memflow.pipeline.triggers import realtime_signals
+from memflow.shared import pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
@@ -42,6 +43,7 @@ def handle(ctx: Context, event: ChatEvent) -> list[Emit]:
 def on_message(ctx: Context, event: ChatEvent) -> list[Emit]:
     assert event.role is not None  # guaranteed by ChatEvent's validation
     verdict = gate(event.text, event.role)
+    pending.regate(ctx.client, ctx.keys, event, verdict)  # what a search may show of it, as gated
     if not verdict.keep:
         log.info("event %s dropped by the gate: %s", event.event_id, verdict.reason)
         return []

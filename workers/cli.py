@@ -780,6 +780,16 @@ def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publish
                              settings=_settings("WARNING")))
 
 
+@bench_app.command("pending")
+def bench_pending(sizes: Annotated[str, typer.Option(help="Memories in each searched subject.")] = "10000,100000",
+                  queries: int = 200, burst: int = 2000, as_json: JsonFlag = False) -> None:
+    """Search with and without pending entries (read-your-writes), idle and under a burst, next to the limit."""
+    from memflow.bench.pending import run_cli
+
+    raise typer.Exit(run_cli(sizes=[int(s) for s in sizes.split(",") if s], queries=queries, burst=burst,
+                             as_json=as_json, settings=_settings("WARNING")))
+
+
 # -- the demo ------------------------------------------------------------------------
 
 DEMO_TURNS = [

@@ -8,6 +8,7 @@ statement, and "决定了，就用哨兵模式，因为…" keeps its reason.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # Chinese (and other CJK ideographs): whether a text is written in Chinese, and how to say things back.
 CJK = re.compile(r"[\u3400-\u9fff]")
@@ -109,15 +110,19 @@ def _drop_restated_old(body: str) -> str:
 _NOT_CONTENT = re.compile(r"[\W_]+")
 
 
+# Wordings are compared again and again (every candidate against every neighbour, in resolve and in each
+# search's pending layer), and the same statements come back: their normal forms and bigrams are kept.
+@lru_cache(maxsize=16384)
 def normal(text: str) -> str:
     """Lowercased, without punctuation or spaces: for comparing wordings."""
     return _NOT_CONTENT.sub("", text.lower())
 
 
-def bigrams(text: str) -> set[str]:
+@lru_cache(maxsize=16384)
+def bigrams(text: str) -> frozenset[str]:
     """Character bigrams of the normal form (Chinese has no word boundaries)."""
     s = normal(text)
-    return {s[i : i + 2] for i in range(len(s) - 1)} or {s}
+    return frozenset({s[i : i + 2] for i in range(len(s) - 1)} or {s})
 
 
 def overlap(a: str, b: str) -> float:

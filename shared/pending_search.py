@@ -10,6 +10,7 @@ from functools import lru_cache
 from threading import Lock
 
 import numpy as np
+import numpy.typing as npt
 
 from memflow.pipeline.models import Candidate, Memory
 from memflow.pipeline.pending import (
@@ -34,7 +35,7 @@ class Shown:
     """The pending memories one search ranks, by their ids, with their vectors."""
 
     by_id: dict[str, Pending] = field(default_factory=dict)
-    vectors: dict[str, list[float]] = field(default_factory=dict)
+    vectors: dict[str, Unit] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.by_id)
@@ -85,7 +86,7 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
     if not wanted:
         return Shown()
     vectors = _encoded(embedder, [c.content for _, _, c in wanted])
-    wanted = _most_relevant(wanted, vectors, query, query_vector, keep)
+    wanted = _most_relevant(wanted, vectors, query, unit(query_vector), keep)
     keys = {c.key for _, _, c in wanted}
     best = {m.id: m for f in found for pairs in (f.dense, f.keyword) for m, _ in list(pairs)[:NEAR]}
     around = list({**best, **{i: m for i, m in stored.items() if m.key in keys}}.values())
@@ -94,8 +95,9 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
     made: list[Pending] = []
     slotted: dict[str, bool] = {}
     for event_id, n, c in wanted:
+        # Only what resolve's rules can act on: its own key's memories, and the closely worded ones.
         neighbours = [Neighbour(m, _dot(vectors[c.content], vectors[m.content]) if (c.content, m.content) in close
-                                else 0.0) for m in around]
+                                else 0.0) for m in around if m.key == c.key or (c.content, m.content) in close]
         p = about_to_write(event_id, n, c, neighbours, duplicate_threshold=duplicate_threshold)
         if p is not None:
             made.append(p)
@@ -104,13 +106,35 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
     return Shown({p.memory.id: p for p in kept}, {p.memory.id: vectors[p.memory.content] for p in kept})
 
 
-def _encoded(embedder: Embedder, texts: Sequence[str]) -> dict[str, list[float]]:
-    unique = list(dict.fromkeys(texts))
-    return dict(zip(unique, embedder.encode_passages(unique), strict=True)) if unique else {}
+class _Units:
+    """Passage vectors as `Unit`s, kept per process (bounded LRU, by model and text): a live session's pending
+    statements are compared in search after search until they land."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self._kept: OrderedDict[tuple[str, str], Unit] = OrderedDict()
+        self._size, self._lock = size, Lock()
+
+    def __call__(self, embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
+        unique = list(dict.fromkeys(texts))
+        with self._lock:
+            known = {t: self._kept[(embedder.model_id, t)] for t in unique if (embedder.model_id, t) in self._kept}
+            for t in known:
+                self._kept.move_to_end((embedder.model_id, t))
+        new = [t for t in unique if t not in known]
+        made = dict(zip(new, map(unit, embedder.encode_passages(new)), strict=True)) if new else {}
+        with self._lock:
+            for t, v in made.items():
+                self._kept[(embedder.model_id, t)] = v
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        return known | made
 
 
-def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[str, list[float]], query: str,
-                   query_vector: Sequence[float], keep: int) -> list[tuple[str, int, Candidate]]:
+_encoded = _Units()
+
+
+def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[str, Unit], query: str,
+                   query_vector: Unit, keep: int) -> list[tuple[str, int, Candidate]]:
     """The `keep` best by cosine with the query and the `keep` best by the query's words, in their order."""
     if len(wanted) <= keep:
         return wanted
@@ -122,7 +146,7 @@ def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[st
 
 
 def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, admitted: Sequence[Pending],
-                 vectors: Mapping[str, list[float]]) -> Found:
+                 vectors: Mapping[str, Unit]) -> Found:
     """A route's candidates with the pending memories its filter admits, scored as the store scores: BM25 on
     the route's text (with the IDF the store applied to this route's keyword hits) and the cosine with the
     route's dense vector when it searches by meaning."""
@@ -131,7 +155,8 @@ def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, a
     terms, _ = sparse.embed_query(route_text)
     idf = estimated_idf(terms, [(_doc_terms(m), score) for m, score in found.keyword])
     keyword = [(p.memory, keyword_score(_doc_terms(p.memory), terms, idf)) for p in admitted]
-    meaning = [] if dense is None else [(p.memory, _dot(vectors[p.memory.id], dense)) for p in admitted]
+    toward = None if dense is None else unit(dense)
+    meaning = [] if toward is None else [(p.memory, _dot(vectors[p.memory.id], toward)) for p in admitted]
     return replace(found, keyword=_merged(found.keyword, [(m, s) for m, s in keyword if s > 0]),
                    dense=_merged(found.dense, meaning) if found.dense or meaning else found.dense)
 
@@ -156,8 +181,16 @@ def _terms(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(zip(indices, values, strict=True))
 
 
-def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    """The cosine, as the store's Cosine distance scores (it does not assume unit vectors either)."""
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
-    return float(np.dot(x, y)) / norm if norm else 0.0
+# A vector scaled to length 1, as a numpy array: the cosine of two is their dot product, as the store's Cosine
+# distance computes it (made once per vector: a search compares each with dozens).
+Unit = npt.NDArray[np.float64]
+
+
+def unit(vector: Sequence[float]) -> Unit:
+    v = np.asarray(vector, dtype=np.float64)
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm else v
+
+
+def _dot(a: Unit, b: Unit) -> float:
+    return float(a @ b)

@@ -228,8 +228,9 @@ def pending_of(ctx: Context, subject: str) -> list[Said]:
         raise Retryable(f"the pending layer could not be read: {exc}") from exc
 
 
-# Pending memories decided per search beyond the k asked for, by meaning and by words each (pending_search).
-PENDING_SPARE = 5
+# Pending memories decided per search beyond the k asked for, by meaning and by words each (pending_search):
+# each one decided costs its comparisons with every stored memory around it.
+PENDING_SPARE = 2
 
 
 class Retrieved(NamedTuple):

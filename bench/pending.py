@@ -64,7 +64,7 @@ from memflow.shared.settings import Settings
 from memflow.shared.store import admits
 from memflow.shared.streams import backlog
 from memflow.workers.embedded import Embedded
-from memflow.workers.query import dated, pending_of, plan_for, query_vectors, route_filter, run_routes
+from memflow.workers.query import PENDING_SPARE, dated, pending_of, plan_for, query_vectors, route_filter, run_routes
 
 QUIET, LIVE = "bench-quiet", "bench-live"
 NOW = AT + timedelta(days=1)
@@ -226,7 +226,8 @@ def ranked_with(system: Embedded, req: SearchRequest, plan: QueryPlan, vectors: 
                 found: Sequence[Found], said: Sequence[Said]) -> Shown:
     """What `retrieve` does with the pending entries it read, step for step (its `route_of`)."""
     ctx = system.ctx
-    shown = about_to_be_written(said, req.subject, found, ctx.embedder,
+    shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
+                                query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
                                 duplicate_threshold=ctx.settings.write.duplicate_threshold)
     for route, f in zip(plan.routes, found, strict=True):
         admitted = [p for p in shown.by_id.values() if admits(route_filter(req, route), p.memory)]

@@ -59,12 +59,11 @@ from memflow.pipeline.score import Found
 from memflow.pipeline.triggers import realtime_signals
 from memflow.shared.client import MemoryClient
 from memflow.shared.keys import STAGES
-from memflow.shared.pending_search import Shown, about_to_be_written, with_pending
+from memflow.shared.pending_search import Shown
 from memflow.shared.settings import Settings
-from memflow.shared.store import admits
 from memflow.shared.streams import backlog
 from memflow.workers.embedded import Embedded
-from memflow.workers.query import PENDING_SPARE, dated, pending_of, plan_for, query_vectors, route_filter, run_routes
+from memflow.workers.query import PendingRoutes, dated, pending_of, plan_for, query_vectors, run_routes
 
 QUIET, LIVE = "bench-quiet", "bench-live"
 NOW = AT + timedelta(days=1)
@@ -225,16 +224,11 @@ def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, fl
 
 def ranked_with(system: Embedded, req: SearchRequest, plan: QueryPlan, vectors: dict[str, list[float]],
                 found: Sequence[Found], said: Sequence[Said]) -> Shown:
-    """What `retrieve` does with the pending entries it read, step for step (its `route_of`)."""
-    ctx = system.ctx
-    shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
-                                query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
-                                duplicate_threshold=ctx.settings.write.duplicate_threshold)
+    """What `retrieve` does with the pending entries it read: the same object (`PendingRoutes`)."""
+    layer = PendingRoutes.of(system.ctx, req, vectors, found, said)
     for route, f in zip(plan.routes, found, strict=True):
-        admitted = [p for p in shown.by_id.values() if admits(route_filter(req, route), p.memory)]
-        dense = vectors.get(route.text) if route.strategy == "semantic" else None
-        with_pending(f, route.text, dense, admitted, shown.vectors)
-    return shown
+        layer.route(route, f)
+    return layer.shown
 
 
 def backlog_now(system: Embedded) -> int:

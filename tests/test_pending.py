@@ -222,6 +222,7 @@ def say_to(client: Any, subject: str, event_id: str, text: str, at: datetime) ->
                     "text": text, "ts": at})
 
 
+@pytest.mark.timeout(600)
 def test_a_statement_is_found_the_moment_it_is_published_under_a_burst(settings: Settings,
                                                                        embedder: Embedder) -> None:
     seen = publish_then_search(settings, embedder, trials=100, events=500)
@@ -229,6 +230,7 @@ def test_a_statement_is_found_the_moment_it_is_published_under_a_burst(settings:
 
 
 @pytest.mark.scale
+@pytest.mark.timeout(1800)
 def test_a_thousand_statements_are_found_the_moment_they_are_published_under_a_burst(
         settings: Settings, embedder: Embedder) -> None:
     """The issue's figure: 1,000 trials on the embedded default under a 2,000-event burst of other subjects."""
@@ -240,6 +242,7 @@ def test_a_thousand_statements_are_found_the_moment_they_are_published_under_a_b
 CITIES = [("Berlin", "Lisbon"), ("Madrid", "Oslo"), ("Vienna", "Dublin"), ("Prague", "Athens"), ("Rome", "Warsaw")]
 
 
+@pytest.mark.timeout(600)
 def test_a_correction_searched_the_moment_it_is_published_ranks_first_then_stays_first(
         settings: Settings, embedder: Embedder) -> None:
     trials = 20
@@ -267,6 +270,7 @@ def test_a_correction_searched_the_moment_it_is_published_ranks_first_then_stays
             assert any(CITIES[i % 5][0] in str(v) for v in history.values())
 
 
+@pytest.mark.timeout(600)
 def test_a_pending_statement_outlives_a_kill_dash_nine_of_the_store_process(settings: Settings) -> None:
     """It lives in Redis: the store process (resolve, upsert, query) killed between the publish and the search,
     and restarted, still serves it; once the write path runs again it is stored exactly once."""

@@ -248,18 +248,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
     vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
     found = run_routes(ctx, req, plan.routes, vectors, pool)
-    shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
-                                query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
-                                duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
-
-    def route_of(route: Route, f: Found) -> Found:  # a route's candidates, with the pending ones it admits
-        if not shown:
-            return f
-        admitted = [p for p in shown.by_id.values() if admits(route_filter(req, route), p.memory)]
-        dense = vectors.get(route.text) if route.strategy == "semantic" else None
-        return with_pending(f, route.text, dense, admitted, shown.vectors)
-
-    ranked = [(route, route_of(route, f)) for route, f in zip(plan.routes, found, strict=True)]
+    layer = PendingRoutes.of(ctx, req, vectors, found, said)
+    ranked = [(route, layer.route(route, f)) for route, f in zip(plan.routes, found, strict=True)]
     floor = ctx.settings.ranking.dense_floor
     if floor is None:  # pipeline.score.noise_floor, as one matrix product (0.05 ms, not 0.7)
         floor = float(np.max(ctx.unrelated @ np.asarray(vectors[req.query], dtype=np.float64)))
@@ -269,9 +259,35 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
         if whole is None:
-            whole = route_of(Route(text=req.query), _run_route(ctx, req, Route(text=req.query), vectors, pool))
-        return Retrieved(_fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan), True, shown)
-    return Retrieved(_fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan), False, shown)
+            whole = layer.route(Route(text=req.query), _run_route(ctx, req, Route(text=req.query), vectors, pool))
+        return Retrieved(_fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan), True, layer.shown)
+    return Retrieved(_fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan), False,
+                     layer.shown)
+
+
+@dataclass(frozen=True)
+class PendingRoutes:
+    """The pending memories one search ranks (`shared.pending_search`), added to each route's candidates."""
+
+    req: SearchRequest
+    vectors: dict[str, list[float]]
+    shown: Shown
+
+    @classmethod
+    def of(cls, ctx: Context, req: SearchRequest, vectors: dict[str, list[float]], found: Sequence[Found],
+           said: Sequence[Said]) -> PendingRoutes:
+        shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
+                                    query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
+                                    duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
+        return cls(req, vectors, shown)
+
+    def route(self, route: Route, found: Found) -> Found:
+        """A route's candidates, with the pending memories its filter admits."""
+        if not self.shown:
+            return found
+        admitted = [p for p in self.shown.by_id.values() if admits(route_filter(self.req, route), p.memory)]
+        dense = self.vectors.get(route.text) if route.strategy == "semantic" else None
+        return with_pending(found, route.text, dense, admitted, self.shown.vectors)
 
 
 class Dense(NamedTuple):

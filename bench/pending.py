@@ -74,11 +74,12 @@ IDLE_S = 900.0
 # -- what is said -----------------------------------------------------------------------------
 
 
-def quiet_turns(n: int) -> list[str]:
-    """`n` realistic user turns the gate keeps and that carry no realtime signal: each stays pending until
-    its session ends."""
-    kept = [t for t in realistic_turns(20 * n) if not realtime_signals(t) and gate(t, Role.user).keep]
-    return (kept * (n // max(1, len(kept)) + 1))[:n]
+def quiet_turns(n: int, round_: int) -> list[str]:
+    """`n` realistic user turns the gate keeps and that carry no realtime signal (each stays pending until its
+    session ends), other ones each round: the passage cache keeps what an earlier round's searches encoded,
+    and the first search after a session would find its turns' vectors kept."""
+    kept = [t for t in realistic_turns(20 * n * (round_ + 1)) if not realtime_signals(t) and gate(t, Role.user).keep]
+    return (kept * ((round_ + 1) * n // max(1, len(kept)) + 1))[round_ * n:(round_ + 1) * n]
 
 
 def live_session(round_: int) -> list[dict[str, Any]]:
@@ -87,10 +88,10 @@ def live_session(round_: int) -> list[dict[str, Any]]:
     cities = ["Berlin", "Lisbon", "Porto", "Oslo", "Kyoto", "Quito"]
     before, after = cities[round_ % len(cities)], cities[(round_ + 1) % len(cities)]
     signalled = {5: f"Remember: I live in {before}.", 15: f"Remember: my badge number is {4471 + round_}.",
-                 25: "I prefer short answers with bullet points.",
+                 25: f"I prefer short answers with at most {3 + round_} bullet points.",
                  35: f"Remember: the spare key of studio {round_} is under the blue pot.",
                  SMALL_TALK - 2: f"Correction: I moved to {after}."}
-    texts = quiet_turns(SMALL_TALK)
+    texts = quiet_turns(SMALL_TALK, round_)
     for at in sorted(signalled, reverse=True):
         texts.insert(at, signalled[at])
     start, session = AT + timedelta(hours=round_), f"live-{round_}"

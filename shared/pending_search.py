@@ -85,8 +85,8 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
               for n, c in enumerate(DRAFTS(subject, s))]
     if not wanted:
         return Shown()
-    vectors = _encoded(embedder, [c.content for _, _, c in wanted])
-    wanted = _most_relevant(wanted, vectors, query, unit(query_vector), keep)
+    vectors = _vectors_for(embedder, wanted, query)
+    wanted = _most_relevant([w for w in wanted if w[2].content in vectors], vectors, query, unit(query_vector), keep)
     keys = {c.key for _, _, c in wanted}
     best = {m.id: m for f in found for pairs in (f.dense, f.keyword) for m, _ in list(pairs)[:NEAR]}
     around = list({**best, **{i: m for i, m in stored.items() if m.key in keys}}.values())
@@ -106,6 +106,23 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
     return Shown({p.memory.id: p for p in kept}, {p.memory.id: vectors[p.memory.content] for p in kept})
 
 
+# Pending statements a search encodes at most (the rest wait for the next search): a session of dozens of turns no
+# search has seen would otherwise cost its first search as many model calls (seconds on a CPU).
+ENCODE_PER_SEARCH = 8
+
+
+def _vectors_for(embedder: Embedder, wanted: Sequence[tuple[str, int, Candidate]], query: str) -> dict[str, Unit]:
+    """The vectors of the wanted statements that are kept, and of at most `ENCODE_PER_SEARCH` more: those that
+    share most of the query's words first, then the newest. A statement left out this time is encoded by a
+    later search; until then it is not served early (it is still written)."""
+    texts = [c.content for _, _, c in wanted]
+    known = _encoded.kept(embedder, texts)
+    terms, _ = sparse.embed_query(query)
+    order = sorted(range(len(wanted)), key=lambda i: (-keyword_score(_terms_of(texts[i]), terms, {}), -i))
+    new = list(dict.fromkeys(texts[i] for i in order if texts[i] not in known))[:ENCODE_PER_SEARCH]
+    return known | _encoded(embedder, new)
+
+
 class _Units:
     """Passage vectors as `Unit`s, kept per process (bounded LRU, by model and text): a live session's pending
     statements are compared in search after search until they land."""
@@ -113,6 +130,11 @@ class _Units:
     def __init__(self, size: int = 8192) -> None:
         self._kept: OrderedDict[tuple[str, str], Unit] = OrderedDict()
         self._size, self._lock = size, Lock()
+
+    def kept(self, embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
+        """The vectors of these texts kept already (none is encoded)."""
+        with self._lock:
+            return {t: self._kept[(embedder.model_id, t)] for t in texts if (embedder.model_id, t) in self._kept}
 
     def __call__(self, embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
         unique = list(dict.fromkeys(texts))

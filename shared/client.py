@@ -98,18 +98,18 @@ class MemoryClient:
         """XADD the events to one partition's stream, and (MEMFLOW_REDIS_WAIT_REPLICAS) wait for its replicas:
         an event is acknowledged once it would survive its master's death. Before the XADDs, on the same
         connection: the pending entries a search serves until what they say is stored (shared/pending.py)."""
-        queued = 0
+        subjects: list[str] = []
 
         def write(pipe: Pipeline) -> None:
-            nonlocal queued
-            queued = pending.queue_said(pipe, self.keys, self.settings.pending, events)
+            subjects.extend(pending.queue_said(pipe, self.keys, self.settings.pending, events))
             for event in events:
                 pipe.xadd(stream, {FIELD: encode(event)})
 
         r = self.settings.redis
         replies = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms)
-        if queued:
-            pending.checked_bounds(self.redis, self.keys, self.settings.pending, events, replies[:queued])
+        queued = pending.replies_of(subjects)
+        if subjects:
+            pending.checked_bounds(self.redis, self.keys, self.settings.pending, subjects, replies[:queued])
         return [i.decode() if isinstance(i, bytes) else str(i) for i in replies[queued:]]
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,

@@ -41,11 +41,11 @@ log = logging.getLogger(__name__)
 Client = redis.Redis | redis.RedisCluster
 
 
-def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent]) -> int:
+def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent]) -> list[str]:
     """Queue on `pipe` (one partition's connection, before the events' XADDs) the pending entries the events
-    leave, and the replies `checked_bounds` reads; returns how many replies it queued."""
+    leave, and the replies `checked_bounds` reads: per subject (returned, in order) four, then one."""
     if not cfg.enabled:
-        return 0
+        return []
     entries: dict[str, dict[str, bytes]] = {}
     for event in events:
         entry = said(event)
@@ -60,16 +60,20 @@ def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequenc
         pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: now_ms})
     if entries:
         pipe.zcard(keys.pending_subjects(keys.partition(next(iter(entries)))))
-    return 4 * len(entries) + (1 if entries else 0)
+    return list(entries)
 
 
-def checked_bounds(client: Client, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent],
+def replies_of(subjects: Sequence[str]) -> int:
+    """How many replies `queue_said` queued for these subjects."""
+    return 4 * len(subjects) + 1 if subjects else 0
+
+
+def checked_bounds(client: Client, keys: Keys, cfg: PendingSettings, subjects: Sequence[str],
                    replies: Sequence[object]) -> None:
     """Enforce the bounds `queue_said`'s replies show crossed: a subject's oldest entries, a partition's
     longest-quiet subjects."""
-    subjects = list(dict.fromkeys(e.subject for e in events if said(e) is not None))
-    for subject, lengths in zip(subjects, [replies[i * 4 + 2] for i in range(len(subjects))], strict=True):
-        if int(lengths) > cfg.per_subject:  # type: ignore[call-overload]
+    for i, subject in enumerate(subjects):
+        if int(replies[i * 4 + 2]) > cfg.per_subject:  # type: ignore[call-overload]
             _trim(client, keys.pending(subject), cfg.per_subject)
     if subjects and int(replies[-1]) > (cap := math.ceil(cfg.subjects / keys.partitions)):  # type: ignore[call-overload]
         _evict(client, keys, keys.partition(subjects[0]), int(replies[-1]) - cap)  # type: ignore[call-overload]

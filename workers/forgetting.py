@@ -96,15 +96,14 @@ def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events
     memories = list(memories)
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
     events = {e for m in memories for e in m.source_event_ids} | set(events)
-    if not mapping and events:
-        ctx.client.sadd(ctx.keys.forgotten_events(subject), *events)
+    # Not one MULTI: the two keys are the subject's, in two cluster slots. Both writes are idempotent
+    # and come before any deletion, so a forget cut short between them is reported failed and redone.
+    pipe = ctx.client.pipeline(transaction=False)
     if mapping:
-        # Not one MULTI: the two keys are the subject's, in two cluster slots. Both writes are idempotent
-        # and come before any deletion, so a forget cut short between them is reported failed and redone.
-        pipe = ctx.client.pipeline(transaction=False)
         pipe.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+    if events:
         pipe.sadd(ctx.keys.forgotten_events(subject), *events)
-        pipe.execute()
+    pipe.execute()
 
 
 def unforgotten(ctx: Context, candidates: Sequence[Candidate]) -> list[bool]:

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from threading import Lock
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +30,9 @@ from memflow.pipeline.score import Found, Scored
 from memflow.shared import sparse
 from memflow.shared.embedder import Embedder
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 
 @dataclass
 class Shown:
@@ -41,29 +45,47 @@ class Shown:
         return bool(self.by_id)
 
 
-class Drafts:
-    """The rules' reading of each pending entry, kept per process (bounded LRU): a search reads a session's
-    entries again and again until they land, and reading them is pure."""
+class Kept(Generic[K, V]):
+    """A bounded LRU shared by the query worker's threads: what a search works out from pending entries, kept
+    because a live session's entries come back search after search until they land."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._kept: OrderedDict[tuple[str, str, str], list[Candidate]] = OrderedDict()
+    def __init__(self, size: int) -> None:
+        self._kept: OrderedDict[K, V] = OrderedDict()
         self._size, self._lock = size, Lock()
 
-    def __call__(self, subject: str, entry: Said) -> list[Candidate]:
-        key = (subject, entry.turn.event_id, entry.turn.text)
+    def get(self, keys: Iterable[K]) -> dict[K, V]:
+        """The values kept for these keys (each one used now)."""
         with self._lock:
-            if key in self._kept:
-                self._kept.move_to_end(key)
-                return self._kept[key]
-        found = drafts(subject, entry)
-        with self._lock:
-            self._kept[key] = found
-            while len(self._kept) > self._size:
-                self._kept.popitem(last=False)
+            found = {k: self._kept[k] for k in keys if k in self._kept}
+            for k in found:
+                self._kept.move_to_end(k)
         return found
 
+    def put(self, values: Mapping[K, V]) -> None:
+        with self._lock:
+            self._kept.update(values)
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
 
-DRAFTS = Drafts()
+
+# The rules' reading of each entry (pure): by subject, event and text.
+_DRAFTS: Kept[tuple[str, str, str], list[Candidate]] = Kept(4096)
+# Passage vectors as `Unit`s, by model and text: the embedder's own cache hands back lists, and turning 40 of
+# them into arrays again each search cost more than the rest of the layer.
+_UNITS: Kept[tuple[str, str], Unit] = Kept(8192)
+
+
+def kept_drafts(subject: str, entry: Said) -> list[Candidate]:
+    """`pipeline.pending.drafts`, kept."""
+    key = (subject, entry.turn.event_id, entry.turn.text)
+    kept = _DRAFTS.get([key])
+    if key in kept:
+        return kept[key]
+    found = drafts(subject, entry)
+    _DRAFTS.put({key: found})
+    return found
+
+
 # Stored memories a pending one is checked against besides its own key's: the best of the dense lists
 # (the near-duplicates resolve would skip it for are among them).
 NEAR = 10
@@ -82,7 +104,7 @@ def about_to_be_written(entries: Sequence[Said], subject: str, found: Sequence[F
     stored = {m.id: m for f in found for m, _ in (*f.keyword, *f.dense)}
     done = landed([s.turn.event_id for s in entries], stored.values())
     wanted = [(s.turn.event_id, n, c) for s in entries if s.turn.event_id not in done
-              for n, c in enumerate(DRAFTS(subject, s))]
+              for n, c in enumerate(kept_drafts(subject, s))]
     if not wanted:
         return Shown()
     vectors = _vectors_for(embedder, wanted, query)
@@ -116,43 +138,26 @@ def _vectors_for(embedder: Embedder, wanted: Sequence[tuple[str, int, Candidate]
     share most of the query's words first, then the newest. A statement left out this time is encoded by a
     later search; until then it is not served early (it is still written)."""
     texts = [c.content for _, _, c in wanted]
-    known = _encoded.kept(embedder, texts)
+    known = _kept_units(embedder, texts)
     terms, _ = sparse.embed_query(query)
     order = sorted(range(len(wanted)), key=lambda i: (-keyword_score(_terms_of(texts[i]), terms, {}), -i))
     new = list(dict.fromkeys(texts[i] for i in order if texts[i] not in known))[:ENCODE_PER_SEARCH]
     return known | _encoded(embedder, new)
 
 
-class _Units:
-    """Passage vectors as `Unit`s, kept per process (bounded LRU, by model and text): a live session's pending
-    statements are compared in search after search until they land."""
-
-    def __init__(self, size: int = 8192) -> None:
-        self._kept: OrderedDict[tuple[str, str], Unit] = OrderedDict()
-        self._size, self._lock = size, Lock()
-
-    def kept(self, embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
-        """The vectors of these texts kept already (none is encoded)."""
-        with self._lock:
-            return {t: self._kept[(embedder.model_id, t)] for t in texts if (embedder.model_id, t) in self._kept}
-
-    def __call__(self, embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
-        unique = list(dict.fromkeys(texts))
-        with self._lock:
-            known = {t: self._kept[(embedder.model_id, t)] for t in unique if (embedder.model_id, t) in self._kept}
-            for t in known:
-                self._kept.move_to_end((embedder.model_id, t))
-        new = [t for t in unique if t not in known]
-        made = dict(zip(new, map(unit, embedder.encode_passages(new)), strict=True)) if new else {}
-        with self._lock:
-            for t, v in made.items():
-                self._kept[(embedder.model_id, t)] = v
-            while len(self._kept) > self._size:
-                self._kept.popitem(last=False)
-        return known | made
+def _kept_units(embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
+    """The vectors of these texts kept already (none is encoded)."""
+    return {t: v for (_, t), v in _UNITS.get((embedder.model_id, t) for t in texts).items()}
 
 
-_encoded = _Units()
+def _encoded(embedder: Embedder, texts: Sequence[str]) -> dict[str, Unit]:
+    """These texts' vectors: the kept ones, and the others encoded in one call (and kept)."""
+    unique = list(dict.fromkeys(texts))
+    known = _kept_units(embedder, unique)
+    new = [t for t in unique if t not in known]
+    made = dict(zip(new, map(unit, embedder.encode_passages(new)), strict=True)) if new else {}
+    _UNITS.put({(embedder.model_id, t): v for t, v in made.items()})
+    return known | made
 
 
 def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[str, Unit], query: str,

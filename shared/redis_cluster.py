@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from memflow.shared.errors import MemflowError
+from memflow.shared.polling import until
 from memflow.shared.redis_server import RedisServer, free_port, start_redis
 
 T = TypeVar("T")
@@ -271,10 +272,4 @@ def _cluster(node: Node, subcommand: str, *args: object) -> Any:
 
 def _wait(condition: Callable[[], T | None], timeout_s: float, what: str) -> T:
     # A cluster announces nothing when it converges: the only way to see it is to ask again.
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise MemflowError(f"timed out after {timeout_s} s waiting for {what}")
+    return until(condition, timeout_s, what)

@@ -4,7 +4,6 @@ data dir per test, the real embedding model loaded once, the real Qdrant engine.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect
 from memflow.shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
 from memflow.shared.keys import STAGES, Keys
+from memflow.shared.polling import TimedOut, until
 from memflow.shared.redis_cluster import LocalCluster, start_cluster
 from memflow.shared.redis_server import RedisServer, find_binary, start_redis
 from memflow.shared.settings import Settings
@@ -124,13 +124,10 @@ def system(settings: Settings, embedder: Embedder) -> Iterator[System]:
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> object:
     """Poll a condition until it holds (tests wait on conditions, never on fixed sleeps)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    try:
+        return until(condition, timeout_s, what)
+    except TimedOut as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def run_cli(system: System, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:

@@ -1,0 +1,26 @@
+"""Waiting for a condition nothing announces: ask again until it holds, or give up with what was awaited."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from memflow.shared.errors import MemflowError
+
+T = TypeVar("T")
+
+
+class TimedOut(MemflowError):
+    """The condition did not hold within the time given."""
+
+
+def until(condition: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.02) -> T:
+    """`condition()`'s first truthy value, asked every `poll_s`; TimedOut naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimedOut(f"timed out after {timeout_s} s waiting for {what}")

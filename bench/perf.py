@@ -5,7 +5,8 @@
   searched for until found, next to one query encode + one store query;
 - ingest: N realistic turns (LoCoMo's, read in place when ../shared/datasets has it,
   else generated) in sessions closed by session_end, time until the pipeline is idle,
-  next to raw batched `encode_passages()` of the same texts (docs/architecture.md#performance-targets);
+  next to raw batched `encode_passages()` of the same texts (docs/architecture.md#performance-targets),
+  and next to raw encoding of what the pipeline had to encode: every memory it stored, a text each;
 - search through the RPC path at each store size (memories bulk-loaded through the
   store into ONE subject, the worst case for a subject filter; their dense vectors are
   random unit vectors, their text real words), next to one in-process encode + one
@@ -150,9 +151,21 @@ def bench_ingest(system: Embedded, n: int) -> dict[str, float]:
     if not system.client.wait_idle(3600):
         raise SystemExit("ingest did not finish within an hour")
     elapsed = time.perf_counter() - started
+    stored = [m.content for m in system.ctx.store.get(MemoryFilter("bench-ingest"))]
     return {"events": n, "seconds": round(elapsed, 2), "events_per_s": round(n / elapsed, 1),
             "encode_per_s": round(n / encode_s, 1), "ratio": round((n / elapsed) / (n / encode_s), 3),
-            "memories": system.ctx.store.count("bench-ingest") - before}
+            "memories": len(stored) - before, "texts_per_turn": round((len(stored) - before) / n, 3),
+            **own_encode(system, stored, elapsed)}
+
+
+def own_encode(system: Embedded, stored: list[str], elapsed: float, sample: int = 1000) -> dict[str, float]:
+    """What the pipeline had to encode: each memory it stored is one text through the model (a turn gives
+    its verbatim record and its statements, about 1.2 texts). Timed raw on a sample of them and scaled
+    to all: `own_ratio` is the share of the ingest's wall time that this encoding alone would take, so
+    1 - own_ratio is what the pipeline costs beyond the model."""
+    picked = random.Random(len(stored)).sample(stored, min(sample, len(stored)))
+    seconds = timed(lambda: uncached(system.ctx.embedder).encode_passages(picked)) * len(stored) / max(1, len(picked))
+    return {"own_encode_s": round(seconds, 2), "own_ratio": round(seconds / elapsed, 3)}
 
 
 # -- search at size ------------------------------------------------------------------
@@ -335,6 +348,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{rt['limit_p95_ms']} ms")
     print(f"ingest             {ing['events_per_s']} events/s ({ing['events']} turns, {ing['memories']} memories, "
           f"{ing['seconds']} s)   | raw batched encode {ing['encode_per_s']} texts/s   ratio {ing['ratio']}x")
+    print(f"                   {ing['texts_per_turn']} texts encoded per turn: encoding them alone takes "
+          f"{ing['own_encode_s']} s   own ratio {ing['own_ratio']}x")
     for label, s in r["search"].items():
         print(f"search @ {label:<9} p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms   | "
               f"encode+query alone p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x   | RSS {s['rss_mb']} MB "

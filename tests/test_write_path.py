@@ -36,11 +36,11 @@ from memflow.pipeline.models import (
 )
 from memflow.shared.codec import decode
 from memflow.shared.embedder import Embedder
-from memflow.shared.errors import StoreUnavailable
+from memflow.shared.errors import EmbedderRejected, StoreUnavailable
 from memflow.shared.keys import FIELD
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter, Store
-from memflow.workers import ops, upsert
+from memflow.workers import ops, resolve, upsert
 from memflow.workers.runtime import Context
 from tests.conftest import System, wait_for
 
@@ -272,3 +272,76 @@ def test_any_sequence_of_events_published_again_changes_nothing(system: System, 
     again = snapshot(system, subject)
     assert again == first, ([SAYINGS[n] for n, _, _ in said], {i: (first.get(i), again.get(i)) for i in set(first) | set(again) if first.get(i) != again.get(i)})
     assert len(changes(system.ctx)) == announced
+
+
+# -- resolve asks the store once per batch ------------------------------------------------------------
+
+
+class CountingStore:
+    """The real store, counting the searches asked of it; `down` makes them fail (a store outage)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.single, self.batches, self.down = inner, 0, 0, False
+
+    def query(self, *args: Any, **kwargs: Any) -> Any:
+        self.single += 1
+        return self.inner.query(*args, **kwargs)
+
+    def query_many(self, queries: Any) -> Any:
+        self.batches += 1
+        if self.down:
+            raise StoreUnavailable("injected: the store is down")
+        return self.inner.query_many(queries)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class RejectingEmbedder:
+    """The real embedder, but an endpoint's refusal of any text that says REJECT (`EmbedderRejected`)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+
+    def encode_passages(self, texts: Sequence[str]) -> list[list[float]]:
+        if any("REJECT" in t for t in texts):
+            raise EmbedderRejected("injected: the endpoint refuses this input")
+        return self.inner.encode_passages(texts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_resolve_places_a_batch_from_one_store_call_as_it_would_one_at_a_time(store_ctx: Context,
+                                                                             embedder: Embedder) -> None:
+    ctx = store_ctx
+    home = keyed("我住在北京", "location.city", 1, ["e1"], T0)
+    ctx.store.put([home], embedder.encode_passages([home.content]))
+
+    def said(content: str, key: str, event: str, mtype: MType = MType.fact) -> Candidate:
+        return Candidate(subject="u1", session_id="s", mtype=mtype, dir=Dir.entities, key=key, content=content,
+                         confidence=0.9, source=Source.explicit, source_event_ids=[event], ts=T0 + timedelta(days=1))
+
+    batch = [said("我住在北京", "location.city", "e2"),  # a duplicate of what is stored
+             said("我搬到上海了", "location.city.new", "e3"),  # close to it, under another key
+             said("REJECT this one", "note.x", "e4"),  # refused by the endpoint: fails alone
+             said("我养了一只猫", "pet.kind", "e5")]  # nothing known on it
+    ctx._embedder = RejectingEmbedder(embedder)
+    counting = CountingStore(ctx.store)
+    ctx._store = counting
+    outcomes = resolve.handle(ctx, batch)
+    assert (counting.batches, counting.single) == (1, 0), "one engine call for the whole batch"
+    assert isinstance(outcomes[2], EmbedderRejected)
+    for candidate, outcome in zip(batch, outcomes, strict=True):
+        if candidate.key == "note.x":
+            continue
+        vector = embedder.encode_passages([candidate.content])[0]
+        alone = resolve.find_neighbours(counting.inner, candidate, vector, ctx.settings.write.neighbour_threshold)
+        assert outcome == resolve.resolve_one(ctx, candidate, vector, alone), candidate.content
+    actions = [o[0].message.action for o in outcomes if isinstance(o, list) and isinstance(o[0].message, WriteBatch)]
+    assert actions == [Action.duplicate, Action.add, Action.add]  # the second: another key, not a duplicate
+
+    counting.down = True
+    failed = resolve.handle(ctx, batch)
+    assert all(isinstance(o, StoreUnavailable) for i, o in enumerate(failed) if i != 2), "each is retried"
+    assert isinstance(failed[2], EmbedderRejected)

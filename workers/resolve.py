@@ -1,7 +1,7 @@
 """resolve: `resolve` → `upsert`. Places a candidate against what the subject already has.
 
-Embeds the batch once, reads each candidate's neighbours (same key, or same dir and
-dense similarity ≥ neighbour_threshold), and lets `pipeline.resolve.decide` choose:
+Embeds the batch once, reads every candidate's neighbours (same key, or same dir and dense
+similarity ≥ neighbour_threshold) in one engine call, and lets `pipeline.resolve.decide` choose:
 duplicate, add, supersede, contest or review. It writes nothing itself.
 """
 
@@ -20,7 +20,7 @@ from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected
 from memflow.shared.llm import Reading
 from memflow.shared.pending import settled_by
-from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.store import MemoryFilter, Query, Scored, Store
 from memflow.shared.streams import Emit, Outcome, StreamConsumer
 from memflow.workers import forgetting
 from memflow.workers.runtime import Context
@@ -40,12 +40,13 @@ def build(ctx: Context) -> StreamConsumer[Candidate]:
 
 def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
     plan = _dispositions(ctx, candidates)
+    deciding = [c for c, go in zip(candidates, plan, strict=True) if go == "now"]
     try:
         # A passage: the vector is stored with the memory, and compared with stored ones (neighbours).
-        vectors = iter(passage_vectors(ctx.embedder, [c.content for c, go in zip(candidates, plan, strict=True)
-                                                      if go == "now"]))
+        vectors = passage_vectors(ctx.embedder, [c.content for c in deciding])
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
+    places = iter(zip(vectors, neighbourhoods(ctx, deciding, vectors), strict=True))
     outcomes: list[Outcome] = []
     for candidate, go in zip(candidates, plan, strict=True):
         if go == "drop":  # read only from words forgotten while in flight: never written back
@@ -54,7 +55,7 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
             outcomes.append([Emit(ctx.keys.work("resolve", candidate.subject), candidate)])
         else:
-            outcomes.append(_resolved(ctx, candidate, next(vectors)))
+            outcomes.append(_resolved(ctx, candidate, *next(places)))
     return outcomes
 
 
@@ -76,13 +77,35 @@ def _passage_vector(embedder: Embedder, text: str) -> list[float] | EmbedderReje
         return exc
 
 
-def _resolved(ctx: Context, candidate: Candidate, vector: list[float] | EmbedderRejected) -> Outcome:
+def _resolved(ctx: Context, candidate: Candidate, vector: list[float] | EmbedderRejected,
+              neighbours: list[Neighbour] | Exception) -> Outcome:
     if isinstance(vector, EmbedderRejected):
         return vector
+    if isinstance(neighbours, Exception):
+        return neighbours
     try:
-        return resolve_one(ctx, candidate, vector)
+        return resolve_one(ctx, candidate, vector, neighbours)
     except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
         return exc
+
+
+def neighbourhoods(ctx: Context, candidates: Sequence[Candidate],
+                   vectors: Sequence[list[float] | EmbedderRejected]) -> list[list[Neighbour] | Exception]:
+    """Each candidate's neighbours (`find_neighbours`), every query of the batch in one engine call: the
+    candidates of a batch all see the store as it was (upsert writes after), so asking at once changes
+    nothing they are shown, and saves a call per query (a round trip each on a Qdrant server). A failed
+    call fails each candidate that asked, to be retried; a candidate without a vector asks nothing."""
+    asking = [(i, v) for i, v in enumerate(vectors) if not isinstance(v, EmbedderRejected)]
+    found: list[list[Neighbour] | Exception] = [[] for _ in candidates]
+    try:
+        queries = [q for i, v in asking for q in neighbour_queries(candidates[i], v)]
+        answers = iter(ctx.store.query_many(queries) if queries else [])
+        for i, _ in asking:
+            found[i] = neighbours_of(ctx.store, candidates[i], next(answers), next(answers),
+                                     ctx.settings.write.neighbour_threshold)
+    except Exception as exc:  # noqa: BLE001 - the loop retries, then dead-letters, each that asked
+        return [exc for _ in candidates]
+    return found
 
 
 def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:
@@ -92,8 +115,7 @@ def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:
     return [("now" if next(first) else "later") if ok else "drop" for ok in allowed]
 
 
-def resolve_one(ctx: Context, candidate: Candidate, vector: list[float]) -> list[Emit]:
-    neighbours = find_neighbours(ctx.store, candidate, vector, ctx.settings.write.neighbour_threshold)
+def resolve_one(ctx: Context, candidate: Candidate, vector: list[float], neighbours: list[Neighbour]) -> list[Emit]:
     judging = bool(ctx.llm and ctx.settings.llm.judge)
     records = find_records(ctx.store, candidate, neighbours, nearby=judging)
     place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.write.duplicate_threshold,
@@ -127,14 +149,27 @@ def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, 
 
 
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:
+    """What a stored memory of the subject may be to `candidate`: every version of its key, and the live ones
+    of its dir at dense similarity ≥ `threshold`."""
+    same_key, near = store.query_many(neighbour_queries(candidate, vector))
+    return neighbours_of(store, candidate, same_key, near, threshold)
+
+
+def neighbour_queries(candidate: Candidate, vector: list[float]) -> tuple[Query, Query]:
+    """The two questions `find_neighbours` asks the store: the same key (its forms), and the same dir."""
+    keys = forms_keys(candidate)  # its key, and the keys of its own it may have been kept under
+    return (Query(MemoryFilter(candidate.subject, keys=keys), "dense", NEIGHBOURS, dense=vector),
+            Query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY), "dense", NEIGHBOURS,
+                  dense=vector))
+
+
+def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored], near: Sequence[Scored],
+                  threshold: float) -> list[Neighbour]:
     # Every version of the key, history included: decide() numbers the next version from them and
     # must see every live one. A top-k query missed both once a key had more than k versions (two
     # active memories on one key, an old version's id reused: the kill storm's 600 updates per key).
-    keys = forms_keys(candidate)  # its key, and the keys of its own it may have been kept under
-    same_key = store.query(MemoryFilter(candidate.subject, keys=keys), mode="dense", dense=vector, limit=NEIGHBOURS)
-    every = store.get(MemoryFilter(candidate.subject, keys=keys)) if len(same_key) >= NEIGHBOURS else []
-    near = store.query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY),
-                       mode="dense", dense=vector, limit=NEIGHBOURS)
+    every = store.get(MemoryFilter(candidate.subject, keys=forms_keys(candidate))) if len(same_key) >= NEIGHBOURS \
+        else []
     found = {s.memory.id: Neighbour(s.memory, s.score) for s in same_key}
     for m in every:  # beyond the top k: no similarity needed to rival or to number the next version
         found.setdefault(m.id, Neighbour(m, 0.0))

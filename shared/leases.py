@@ -26,7 +26,6 @@ import math
 import random
 import threading
 import time
-from typing import Any
 
 import redis
 
@@ -34,15 +33,17 @@ from memflow.shared.keys import Keys
 
 log = logging.getLogger(__name__)
 
-# Heartbeat into the registry, drop the dead from it, and count the living: one script, so that the
-# count is of one instant of the server's clock.
+# Heartbeat into the registry, drop the dead from it, count the living, and say in how many ms the oldest
+# heartbeat ages out (a consumer that died drops out then): one script, so that both are of one instant of the
+# server's clock.
 _HEARTBEAT = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZADD', KEYS[1], ms, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], ARGV[2] * 10)
-return redis.call('ZCARD', KEYS[1])
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {redis.call('ZCARD', KEYS[1]), tonumber(oldest[2]) + tonumber(ARGV[2]) - ms}
 """
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -53,6 +54,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 _LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
+# Take a free partition, or say in how many ms its holder's lease runs out (-1: held for good, never by us).
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, 0} end
+return {0, redis.call('PTTL', KEYS[1])}
+"""
 
 
 class Leases:
@@ -67,11 +73,17 @@ class Leases:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._leave = client.register_script(_LEAVE)
+        self._acquire_script = client.register_script(_ACQUIRE)
 
     @property
     def every_s(self) -> float:
         """How often leases are renewed and shares recomputed: four times a lease."""
         return self.lease_ms / 4000
+
+    def due_in_s(self) -> float:
+        """Seconds until the next `refresh` is due: a blocking read waits no longer, so that a partition whose
+        holder died is taken as its lease runs out, not a read later."""
+        return max(0.0, self._next_refresh - time.monotonic())
 
     def owned(self) -> list[int]:
         with self._lock:
@@ -92,9 +104,11 @@ class Leases:
         now = time.monotonic()
         if not force and now < self._next_refresh:
             return []
-        self._next_refresh = now + self.every_s
-        live = max(1, int(self._heartbeat(keys=[self.keys.consumers(self.stage)],
-                                          args=[self.name, self.lease_ms])))
+        count, ages_out_ms = self._heartbeat(keys=[self.keys.consumers(self.stage)], args=[self.name, self.lease_ms])
+        live = max(1, int(count))
+        # The living heartbeat every refresh, so only a dead consumer's heartbeat ages out before the next one:
+        # its share is recomputed then, not up to a refresh later.
+        self._next_refresh = now + min(self.every_s, max(0, int(ages_out_ms)) / 1000)
         self.renew()
         share = math.ceil(self.keys.partitions / live)
         with self._lock:
@@ -134,19 +148,24 @@ class Leases:
         self.lost(partition)
 
     def _take(self, share: int) -> list[int]:
+        """Free partitions up to our share. Short of it, the next refresh is due when the first lease held by
+        another runs out: a dead holder's partitions are taken a lease after its last renewal, at most a
+        lease after its death, not up to a refresh later."""
         taken: list[int] = []
         free = [p for p in range(self.keys.partitions) if not self.holds(p)]
         random.shuffle(free)  # consumers starting together do not all race for partition 0 first
+        soonest_ms: float = math.inf
         for partition in free:
             if len(self.owned()) >= share:
                 break
-            if self._acquire(partition):
+            got, left_ms = self._acquire_script(keys=[self.keys.lease(self.stage, partition)],
+                                                args=[self.name, self.lease_ms])
+            if got:
+                with self._lock:
+                    self._owned.add(partition)
                 taken.append(partition)
+            elif int(left_ms) >= 0:
+                soonest_ms = min(soonest_ms, int(left_ms))
+        if len(self.owned()) < share and soonest_ms < math.inf:
+            self._next_refresh = min(self._next_refresh, time.monotonic() + soonest_ms / 1000)
         return taken
-
-    def _acquire(self, partition: int) -> bool:
-        got: Any = self.client.set(self.keys.lease(self.stage, partition), self.name, nx=True, px=self.lease_ms)
-        if got:
-            with self._lock:
-                self._owned.add(partition)
-        return bool(got)

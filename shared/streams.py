@@ -212,7 +212,7 @@ class StreamConsumer(Generic[M]):
         self._take_over(self.leases.refresh())
         owned = self.leases.owned()
         if not owned:  # every partition has an owner: wait for a share to come free
-            self._stop.wait(min(self.config.block_ms / 1000, self.leases.every_s))
+            self._stop.wait(min(self.config.block_ms / 1000, max(0.001, self.leases.due_in_s())))
             return False
         self._trim_due(owned)
         entries = self._reclaim_due(owned) or self._read(owned)
@@ -229,7 +229,9 @@ class StreamConsumer(Generic[M]):
     # -- reading -------------------------------------------------------------
 
     def _read(self, owned: list[int]) -> list[Entry]:
-        entries = self._read_once(owned, self.config.count, self.config.block_ms)
+        # No longer than until the leases' next refresh: a partition coming free is taken when it does.
+        block_ms = max(1, min(self.config.block_ms, int(self.leases.due_in_s() * 1000)))
+        entries = self._read_once(owned, self.config.count, block_ms)
         # A lone entry means the stream is quiet: waiting for company would only add latency.
         if len(entries) > 1 and self.config.linger_ms:
             entries += self._linger(owned, self.config.count - len(entries))

@@ -56,6 +56,12 @@ def pct_ms(values: Sequence[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] * 1000, 3)
 
 
+def said(figures: dict[str, Any]) -> dict[str, Any]:
+    """`figures`, also told on stderr as soon as they exist: a run of hours that dies keeps what it measured."""
+    say(orjson.dumps(figures).decode())
+    return figures
+
+
 def timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
@@ -279,8 +285,8 @@ def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: li
         system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes))
     if MILLION in sizes:
         say(f"search over {AGENTS} subjects of {MILLION // AGENTS} memories ...")
-        report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = on_fresh_system(
-            settings, "perf", lambda system: bench_many_subjects(system, AGENTS, MILLION // AGENTS, queries))
+        report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = said(on_fresh_system(
+            settings, "perf", lambda system: bench_many_subjects(system, AGENTS, MILLION // AGENTS, queries)))
     if as_json:
         print(orjson.dumps(report).decode())
     else:
@@ -316,11 +322,11 @@ def measure(system: Embedded, *, events: int, queries: int, probes: int, publish
     say("publish → searchable ...")
     report["publish_to_searchable"] = bench_searchable(system, probes)
     say(f"ingest {events} turns ...")
-    report["ingest"] = bench_ingest(system, events)
+    report["ingest"] = said(bench_ingest(system, events))
     report["search"] = {}
     for size in sorted(sizes):
         say(f"search at {size} memories ...")
-        report["search"][_size_label(size)] = bench_search(system, size, queries)
+        report["search"][_size_label(size)] = said(bench_search(system, size, queries))
     report["rss_mb"] = peak_rss_mb(system.child_pids)
     return report
 

@@ -318,9 +318,9 @@ def measure(system: Embedded, *, events: int, queries: int, probes: int, publish
             sizes: list[int]) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine()}
     say("publish ...")
-    report["publish"] = bench_publish(system.client, publishes)
+    report["publish"] = said(bench_publish(system.client, publishes))
     say("publish → searchable ...")
-    report["publish_to_searchable"] = bench_searchable(system, probes)
+    report["publish_to_searchable"] = said(bench_searchable(system, probes))
     say(f"ingest {events} turns ...")
     report["ingest"] = said(bench_ingest(system, events))
     report["search"] = {}

@@ -235,12 +235,15 @@ def _knows(node: Node, nodes: list[Node]) -> bool:
 
 def _healthy(nodes: list[Node]) -> bool:
     """Every node serves all slots, and every replica is in sync with its master and known as its replica
-    by every node (a cluster client reads the topology from any one of them)."""
+    by every node, in CLUSTER NODES and in CLUSTER SLOTS (a cluster client reads the topology from any one)."""
     try:
         if any(_cluster(node, "INFO")["cluster_state"] != "ok" for node in nodes):
             return False
         views = [_views(node) for node in nodes]
-        return all(_in_sync(node, views) for node in nodes)
+        if not all(_in_sync(node, views) for node in nodes):
+            return False
+        replica_ids = {node.node_id for node in nodes if node.client.info("replication").get("role") == "slave"}
+        return all(replica_ids <= _slot_replicas(node) for node in nodes)
     except (redis.ConnectionError, redis.TimeoutError, KeyError):
         return False  # a node still starting, or a view still missing a node: not healthy yet
 
@@ -254,6 +257,13 @@ def _in_sync(node: Node, views: list[dict[str, View]]) -> bool:
     master_ids = {view[node.node_id].master_id for view in views}
     return bool(info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
                 and len(master_ids) == 1 and None not in master_ids)
+
+
+def _slot_replicas(node: Node) -> set[str]:
+    """The replicas `node` names in CLUSTER SLOTS, which is what a cluster client maps its reads by. A node
+    leaves out a replica whose replication offset it has not yet heard by gossip, a ping or more after the
+    replica's sync is done and its master named everywhere in CLUSTER NODES."""
+    return {replica[2].decode() for entry in _cluster(node, "SLOTS") for replica in entry[3:]}
 
 
 def _views(node: Node) -> dict[str, View]:

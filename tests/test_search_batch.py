@@ -57,13 +57,20 @@ def memories(subject: str, n: int, entity_share: float, rng: random.Random) -> l
     return found
 
 
-@pytest.fixture
-def ctx(settings: Settings, embedder: Embedder) -> Iterator[Context]:
-    made = Context.from_settings(settings, embedder=embedder)
+@pytest.fixture(scope="module")
+def seed(embedder: Embedder) -> list[tuple[list[Memory], Any]]:
+    """The two subjects' memories and their vectors, encoded once for the module (the costly part)."""
     rng = random.Random(17)
-    for subject, share in (("wide", 0.92), ("narrow", 0.15)):
-        batch = memories(subject, 320, share, rng)
-        made.store.put(batch, embedder.encode_passages([m.content for m in batch]))
+    batches = [memories(subject, 320, share, rng) for subject, share in (("wide", 0.92), ("narrow", 0.15))]
+    return [(batch, embedder.encode_passages([m.content for m in batch])) for batch in batches]
+
+
+@pytest.fixture
+def ctx(settings: Settings, embedder: Embedder, seed: list[tuple[list[Memory], Any]]) -> Iterator[Context]:
+    # A store of each test's own: the tests swap its settings and wrap its store.
+    made = Context.from_settings(settings, embedder=embedder)
+    for batch, vectors in seed:
+        made.store.put(batch, vectors)
     yield made
     made.close()
 

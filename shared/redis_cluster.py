@@ -242,7 +242,8 @@ def _healthy(nodes: list[Node]) -> bool:
         views = [_views(node) for node in nodes]
         if not all(_in_sync(node, views) for node in nodes):
             return False
-        replica_ids = {node.node_id for node in nodes if node.client.info("replication").get("role") == "slave"}
+        # Every view now names the same master for each live replica: any one of them says which nodes are replicas.
+        replica_ids = {node.node_id for node in nodes if views[0][node.node_id].master_id is not None}
         return all(replica_ids <= _slot_replicas(node) for node in nodes)
     except (redis.ConnectionError, redis.TimeoutError, KeyError):
         return False  # a node still starting, or a view still missing a node: not healthy yet

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from memflow.pipeline.holders import held_key, holder_of
 from memflow.pipeline.models import Candidate, ExtractTask, MType, Role, Source, Turn
 from memflow.pipeline.tagging import TAG_VERSION, place
 from memflow.pipeline.topics import normalize_key
@@ -52,15 +53,21 @@ class Draft:
     pinned: bool = False
     # Its key names one single-valued thing (pipeline.extract.statement_slot).
     slot: bool = True
+    # Whom it is about, when the extractor said (an LLM); None: read from the content (pipeline/holders.py).
+    about: str | None = None
 
 
 def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | None = None) -> Candidate:
     """The candidate, stamped with `turn`'s time and (by default) its event as provenance.
 
-    A named speaker owns what they state: with two people in one conversation (LoCoMo),
+    Whom it is about is part of its key (`holders.held_key`): "My wife is on a keto diet" never supersedes
+    "I'm vegetarian". A named speaker owns what they state: with two people in one conversation (LoCoMo),
     "I live in Boston" is Caroline's city, not Melanie's, so the key and the content say whose.
     """
     content, key = draft.content, draft.key
+    about = holder_of(content) if draft.about is None else draft.about
+    if draft.mtype is not MType.episode and turn.role is not Role.tool:
+        key = held_key(key, about)  # another person's fact is never a rival of the user's own
     if turn.speaker and draft.mtype is not MType.episode and turn.role is not Role.tool:
         content, key = f"{turn.speaker}: {content}", normalize_key(f"{turn.speaker}.{key}")
     return Candidate(
@@ -79,6 +86,7 @@ def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | No
         expires_at=draft.expires_at,
         pinned=draft.pinned,
         slot=draft.slot,
+        about=about,
         tag_version=TAG_VERSION,
         external_ref=task.external_ref,
     )

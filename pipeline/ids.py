@@ -91,6 +91,7 @@ def new_memory(
         valid_from=c.ts,
         extractor=c.extractor,
         slot=c.slot,
+        about=c.about,
         version=version,
         supersedes=supersedes,
         conflicts_with=list(conflicts_with),

@@ -237,7 +237,7 @@ def _pattern(key: str, group: list[Memory], sessions: int, now: datetime, policy
         key=pattern_key, content=content, confidence=REPEATED_CONFIDENCE, importance=latest.importance,
         source=Source.derived, created_at=now, updated_at=now, valid_from=now,
         source_event_ids=list(dict.fromkeys(e for m in group for e in m.source_event_ids)),
-        session_ids=sorted({s for m in group for s in m.session_ids}), evidence=latest.content,
+        session_ids=sorted({s for m in group for s in m.session_ids}), evidence=latest.content, about=latest.about,
     )
 
 
@@ -306,10 +306,10 @@ def plan_review(memories: Sequence[Memory], now: datetime, policy: Policy) -> Ve
     more support in all) wins: active, rivals superseded; a tie stays contested and is listed.
     """
     due = now - timedelta(hours=policy.review_after_hours)
-    groups: dict[str, list[Memory]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[Memory]] = defaultdict(list)
     for m in memories:
-        if m.status is Status.contested:
-            groups[m.key].append(m)
+        if m.status is Status.contested:  # whom it is about is part of what is contested (pipeline/holders.py)
+            groups[(m.about, m.key)].append(m)
     steps: list[Step] = []
     undecided: list[Memory] = []
     for key in sorted(groups):

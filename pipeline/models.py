@@ -33,6 +33,10 @@ Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
 MEMORY_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 MemoryId = Annotated[str, Field(pattern=MEMORY_ID_PATTERN, examples=["8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"])]
 Extractor = Literal["rules", "llm"]
+# Whom a memory is about (pipeline/holders.py): "self", a relation chain ("wife.sister"), a name (":tom") or both
+# ("friend:小李"). Bounded and free of separators a key or a log line would misread.
+HOLDER_PATTERN = r"^[^\s\x00-\x1f]{1,80}$"
+Holder = Annotated[str, Field(pattern=HOLDER_PATTERN, examples=["self", "mother", "wife.sister", "friend:小李"])]
 
 
 def aware(ts: datetime | None) -> datetime | None:
@@ -298,6 +302,8 @@ class Candidate(Wire):
     slot: bool = True
     # Who read it from the text: the rules, or an LLM (pipeline/llm_extract.py).
     extractor: Extractor = "rules"
+    # Whom it is about (pipeline/holders.py): "self", or a person by relation and/or name.
+    about: Holder = "self"
 
     _event_time = field_validator("ts")(event_time)
     _aware = field_validator("expires_at")(aware)
@@ -371,6 +377,8 @@ class Memory(Wire):
     # The operation that last changed this point ("<mutation id>:<op index>"): a retry of a mutation
     # cut short recognises what it already wrote (docs/write-path.md#the-applier).
     last_op: str | None = None
+    # Whom it is about (Candidate.about). Points written before it was recorded: the user's own.
+    about: Holder = "self"
 
     _aware = field_validator("created_at", "updated_at", "last_accessed_at", "strength_at", "expires_at",
                              "valid_from", "valid_to")(aware)
@@ -531,6 +539,8 @@ class QueryPlan(Wire):
     fallback: bool = False
     # What was said in this period ranks higher (pipeline.score.in_period).
     period: Period | None = None
+    # Whom the query asks about (pipeline.holders.asked_holder): memories about someone else rank lower.
+    about: str | None = None
 
 
 class SearchRequest(Wire):
@@ -540,6 +550,8 @@ class SearchRequest(Wire):
     now: datetime | None = None
     dirs: list[Dir] | None = None
     mtypes: list[MType] | None = None
+    # Only memories about this person ("self", "mother", "friend:小李"; pipeline/holders.py).
+    about: Holder | None = None
 
     _aware = field_validator("now")(aware)
 
@@ -558,6 +570,8 @@ class Hit(Wire):
     source_event_ids: list[str] = Field(default_factory=list)
     created_at: datetime
     contested: bool = False
+    # Whom it is about: "self" (the user) or a person in the user's life (pipeline/holders.py).
+    about: str = "self"
     # Said and not stored yet (the read-your-writes layer, pipeline/pending.py): `event_id` is the event it
     # comes from, `superseding` the stored memory it is about to replace. Its `id` is its own until it lands.
     pending: bool = False

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from memflow.pipeline import cues
+from memflow.pipeline.holders import SELF, asked_holder, held_key
 from memflow.pipeline.models import Dir, MType, QueryPlan, Route
 from memflow.pipeline.statements import CJK, is_question
 from memflow.pipeline.topics import TEMPORARY, asked_topic_key
@@ -329,7 +330,8 @@ def plan(query: str) -> QueryPlan:
     if is_transcript(query):
         return QueryPlan(intent="general_chat", routes=[Route(text=query)], source="heuristic")
     intent = classify(query)
-    return QueryPlan(intent=intent, routes=routes_for(query, intent), source="heuristic")
+    about = asked_holder(query)
+    return QueryPlan(intent=intent, routes=routes_for(query, intent, about), source="heuristic", about=about)
 
 
 def classify(query: str) -> Intent:
@@ -381,8 +383,9 @@ def _latin_names(query: str) -> list[str]:
     return [word for word in _EN_CAPITALISED.findall(query) if word not in _EN_NOT_NAME]
 
 
-def routes_for(query: str, intent: Intent) -> list[Route]:
-    """Semantic over the intent's dirs, then bm25, exact matches on names, and the whole-subject net."""
+def routes_for(query: str, intent: Intent, about: str | None = None) -> list[Route]:
+    """Semantic over the intent's dirs, then bm25, exact matches on names, the topic's key (of the person asked
+    about: "Where does my wife live?" reads her city's key, not the user's), and the whole-subject net."""
     dirs = list(INTENT_DIRS[intent])
     names = named_entities(query)[:MAX_EXACT_ROUTES]
     routes = [Route(text=query, dirs=dirs, strategy="semantic", weight=PRIMARY_WEIGHT)]
@@ -392,6 +395,7 @@ def routes_for(query: str, intent: Intent) -> list[Route]:
     routes += [Route(text=name, dirs=dirs, strategy="exact_match", weight=EXACT_WEIGHT) for name in names]
     topic = asked_topic_key(query)
     if topic is not None:
+        topic = held_key(topic, about or SELF)
         routes.append(Route(text=query, keys=[topic, topic + TEMPORARY], weight=TOPIC_WEIGHT))
     if dirs and WHOLE_SUBJECT_WEIGHT > 0:
         routes.append(Route(text=query, dirs=[], strategy="semantic", weight=WHOLE_SUBJECT_WEIGHT))

@@ -86,7 +86,9 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     `judge` is asked about each memory the rules cannot place (an LLM, through the resolve worker);
     without one, or when it answers None, the rules decide as they always have.
     """
-    mine = [n for n in neighbours if n.memory.subject == candidate.subject]
+    # Only what is known of the same person: a fact about the wife is no duplicate, rival or contradiction
+    # of the user's own on the topic (pipeline/holders.py), however close the words.
+    mine = [n for n in neighbours if n.memory.subject == candidate.subject and n.memory.about == candidate.about]
     # Its forms: under its key, under a key of its own (kept apart), or as a complement beside its key.
     forms = [candidate, own_key(candidate), *([] if judge is None else [_aside(candidate)])]
     if any(_recorded(f, n.memory) for n in mine for f in forms):

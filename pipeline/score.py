@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
+from memflow.pipeline.holders import matches
 from memflow.pipeline.models import Dir, Hit, Memory, MType, Period, QueryPlan, Route, Status, Tier
 from memflow.pipeline.statements import coverage
 from memflow.pipeline.topics import topic_base
@@ -67,15 +68,17 @@ class Found:
 
 
 def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0,
-               smoothing: float = 0.0) -> list[Scored]:
+               smoothing: float = 0.0, keyword_ceiling: float = 0.0) -> list[Scored]:
     """Every route's keyword and dense matches as one ranked list (score fusion).
 
     Scores are scaled against the best of their signal over ALL routes, not per route: a
     route scoped to one directory must not lift its best, however weak, to 1. A scoped
     route thus adds its weight × the same score a memory has in the whole-subject route,
     which boosts the planned directories without letting them outrank a better match.
+    Keyword scores are scaled against the best hit or `keyword_ceiling` (what the question's own
+    terms could score, `ceiling`), whichever is higher.
     """
-    keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
+    keyword_best = keyword_scale(found, keyword_ceiling)
     dense_low, dense_best = dense_scale(found, dense_floor)
     routes = []
     for f in found:
@@ -86,6 +89,37 @@ def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: floa
         meaning = normalised(f.dense, dense_low, dense_best)
         routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
     return fuse(routes)
+
+
+def keyword_scale(found: Sequence[Found], ceiling: float = 0.0) -> float:
+    """The BM25 score that counts 1: the best keyword hit over all routes, or `ceiling` if higher."""
+    return max(ceiling, max((score for f in found for _, score in f.keyword), default=0.0))
+
+
+def ceiling(idf: Mapping[int, float]) -> float:
+    """What a memory holding each of a question's terms once, at the average length, scores: the sum of their
+    IDFs (a term's BM25 weight is (k1 + 1)·tf / (tf + k1·length norm) = 1 there).
+
+    Scaled against the best hit, a keyword match scores 1 however little of the question it covers: "What
+    do I do for a living?" and "My brother does marketing for a living" share one word. Scaled against this,
+    a hit scores the share of the question's weight it matches, and a question whose rarest words nothing
+    holds leaves the ranking to meaning (docs/ranking.md#keyword-evidence)."""
+    return sum(idf.values())
+
+
+def context_discounted(keyword: Sequence[Scored], own: Mapping[str, float], share: float) -> list[Scored]:
+    """Keyword hits with what they matched only in the turns around them (an episode's context) counted at
+    `share`: score = own + share × (score − own), where `own` is what the memory's own words score, best first.
+
+    The turns around a reply are indexed with it because a reply means nothing without its question
+    (docs/ranking.md#what-is-indexed); at full weight, though, every turn of a session inherits its neighbours'
+    words, and "I do yoga on Sunday mornings" answered "What do I do for a living?" for having been said
+    right after "My brother does marketing for a living"."""
+    if share >= 1.0:
+        return list(keyword)
+    weighed = [(m, min(score, own.get(m.id, score)) + share * max(0.0, score - own.get(m.id, score)))
+               for m, score in keyword]
+    return sorted(weighed, key=lambda pair: pair[1], reverse=True)
 
 
 def dense_scale(found: Sequence[Found], floor: float) -> tuple[float, float]:
@@ -119,10 +153,11 @@ def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) ->
     return max((sum(map(operator.mul, query, ref)) for ref in unrelated), default=0.0)
 
 
-def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0) -> list[float]:
+def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0,
+                keyword_ceiling: float = 0.0) -> list[float]:
     """Each route's best relevance, on the scale `fuse_found` uses (signals scaled against their best
     over all routes), before route weights: how good the best match each route found is."""
-    keyword_best = max((score for f in found for _, score in f.keyword), default=0.0)
+    keyword_best = keyword_scale(found, keyword_ceiling)
     dense_low, dense_best = dense_scale(found, dense_floor)
     return [max((score for _, score in fuse([(1.0, normalised(f.keyword, 0.0, keyword_best)),
                                              (dense_weight, normalised(f.dense, dense_low, dense_best))])),
@@ -130,7 +165,7 @@ def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: flo
 
 
 def confirmed_scopes(found: Sequence[Found], scoped: Sequence[bool], whole: int, *, min_share: float,
-                     dense_weight: float, dense_floor: float = 0.0) -> list[Found]:
+                     dense_weight: float, dense_floor: float = 0.0, keyword_ceiling: float = 0.0) -> list[Found]:
     """The routes, with each scoped route dropped (weight 0) unless its best match holds up against
     the whole subject's: best ≥ min_share × the whole-subject route's best.
 
@@ -139,7 +174,7 @@ def confirmed_scopes(found: Sequence[Found], scoped: Sequence[bool], whole: int,
     a long dialogue whose words cue every intent), boosting them can only push better matches
     down: the whole subject ranks alone.
     """
-    bests = route_bests(found, dense_weight=dense_weight, dense_floor=dense_floor)
+    bests = route_bests(found, dense_weight=dense_weight, dense_floor=dense_floor, keyword_ceiling=keyword_ceiling)
     bar = min_share * bests[whole]
     return [replace(f, weight=0.0) if is_scoped and bests[i] < bar else f
             for i, (f, is_scoped) in enumerate(zip(found, scoped, strict=True))]
@@ -156,6 +191,19 @@ def in_period(found: Sequence[Scored], period: Period | None, boost: float) -> l
     if period is None or boost <= 0:
         return list(found)
     lifted = [(m, score * (1.0 + boost) if period.start <= m.created_at < period.end else score) for m, score in found]
+    return sorted(lifted, key=lambda pair: pair[1], reverse=True)
+
+
+def by_holder(found: Sequence[Scored], asked: str | None, mismatch: float) -> list[Scored]:
+    """The candidates, those about someone other than whom the query asks about scored × `mismatch`, best first.
+
+    "What diet do I follow?" shares "diet" with "My wife is on a keto diet"; the wife's diet is still an
+    answer to "what does my wife eat", not to this. Ranked down, never out: a question about the mother
+    asked with words the rules do not read as hers ("妈说她…") still finds what she said
+    (docs/ranking.md#holders)."""
+    if asked is None or mismatch >= 1.0:
+        return list(found)
+    lifted = [(m, score if matches(asked, m.about) else score * mismatch) for m, score in found]
     return sorted(lifted, key=lambda pair: pair[1], reverse=True)
 
 
@@ -441,4 +489,5 @@ def to_hit(memory: Memory, scores: dict[str, float], *, disputed: bool = False) 
     return Hit(id=memory.id, content=memory.content, dir=memory.dir, mtype=memory.mtype, key=memory.key,
                status=memory.status, tier=memory.tier, confidence=memory.confidence, score=scores["final"],
                scores=scores, source_event_ids=memory.source_event_ids,
-               created_at=memory.created_at, contested=disputed or memory.status is Status.contested)
+               created_at=memory.created_at, contested=disputed or memory.status is Status.contested,
+               about=memory.about)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from threading import Lock
 from typing import Generic, TypeVar
 
@@ -192,20 +191,12 @@ def _merged(a: Sequence[Scored], b: Sequence[Scored]) -> list[Scored]:
     return sorted([*a, *b], key=lambda pair: pair[1], reverse=True)
 
 
-def _doc_terms(memory: Memory) -> dict[int, float]:
-    return _terms_of(sparse.indexed_text(memory))
+def _doc_terms(memory: Memory) -> Mapping[int, float]:
+    return sparse.memory_terms(memory)
 
 
-def _terms_of(text: str) -> dict[int, float]:
-    return dict(_terms(text))
-
-
-@lru_cache(maxsize=8192)
-def _terms(text: str) -> tuple[tuple[int, float], ...]:
-    """A stored or pending memory's BM25 term weights, as the store indexed them (kept: the same memories
-    come back search after search)."""
-    indices, values = sparse.embed_document(text)
-    return tuple(zip(indices, values, strict=True))
+def _terms_of(text: str) -> Mapping[int, float]:
+    return sparse.text_terms(text)
 
 
 # A vector scaled to length 1, as a numpy array: the cosine of two is their dot product, as the store's Cosine

@@ -8,6 +8,7 @@ vectors carry only the term-frequency side of BM25.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 
 import qdrant_edge
@@ -60,3 +61,20 @@ def embed_query(text: str) -> SparseTerms:
     """Sparse vector of a search text: weight 1.0 per distinct term. Empty if no term survives."""
     vector = _model().embed_query(text)
     return list(vector.indices), list(vector.values)
+
+
+def memory_terms(memory: Memory) -> Mapping[int, float]:
+    """A stored (or pending) memory's BM25 term weights, as the store indexed them."""
+    return text_terms(indexed_text(memory))
+
+
+def text_terms(text: str) -> Mapping[int, float]:
+    """A text's BM25 term weights as a document ({term: weight})."""
+    return dict(_document_terms(text))
+
+
+@lru_cache(maxsize=8192)
+def _document_terms(text: str) -> tuple[tuple[int, float], ...]:
+    # Kept: the same memories come back search after search.
+    indices, values = embed_document(text)
+    return tuple(zip(indices, values, strict=True))

@@ -33,7 +33,7 @@ DENSE = "dense"
 SPARSE = "bm25"
 # Facets are answered in one call: past this many subjects, jobs that walk them need paging.
 MAX_SUBJECTS = 1_000_000
-INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key")
+INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key", "about")
 SearchMode = Literal["dense", "sparse", "hybrid"]
 # An index of collection "memflow" made by one model is "memflow__<model>"; names of that form are memflow's.
 INDEX_SEPARATOR = "__"
@@ -49,6 +49,8 @@ class MemoryFilter:
     mtypes: Sequence[MType] | None = None
     keys: Sequence[str] | None = None
     ids: Sequence[str] | None = None
+    # Whom the memories are about (pipeline/holders.py): "self", "mother", "friend:小李".
+    abouts: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,13 +158,14 @@ def match_terms(flt: MemoryFilter) -> dict[str, list[str]]:
     `subject` (always required) and `ids` (not a payload field) are left to the caller.
     An empty list is kept: it matches nothing, on both engines.
     """
-    wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys}
+    wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys, "about": flt.abouts}
     return {name: [_plain(v) for v in values] for name, values in wanted.items() if values is not None}
 
 
 def admits(flt: MemoryFilter, memory: Memory) -> bool:
     """Whether `flt` lets `memory` through, as both engines' filters do (`match_terms`, and `ids` by point id)."""
-    fields = {"dir": memory.dir, "status": memory.status, "mtype": memory.mtype, "key": memory.key}
+    fields = {"dir": memory.dir, "status": memory.status, "mtype": memory.mtype, "key": memory.key,
+              "about": memory.about}
     if memory.subject != flt.subject or (flt.ids is not None and memory.id not in flt.ids):
         return False
     return all(_plain(fields[name]) in allowed for name, allowed in match_terms(flt).items())

@@ -43,13 +43,16 @@ from memflow.pipeline.models import (
     Trace,
 )
 from memflow.pipeline.pack import pack as build_prompt
-from memflow.pipeline.pending import Said, served
+from memflow.pipeline.pending import Said, estimated_idf, keyword_score, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
 from memflow.pipeline.score import (
     Found,
     Scored,
+    by_holder,
+    ceiling,
     confirmed_scopes,
+    context_discounted,
     flat_plan,
     fuse,
     fuse_found,
@@ -61,7 +64,7 @@ from memflow.pipeline.score import (
     unscoped,
 )
 from memflow.pipeline.timeref import asked_period
-from memflow.shared import metrics, pending
+from memflow.shared import metrics, pending, sparse
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
 from memflow.shared.errors import MemflowError, Retryable, StoreUnavailable
@@ -254,7 +257,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     floor = ctx.settings.ranking.dense_floor
     if floor is None:  # pipeline.score.noise_floor, as one matrix product (0.05 ms, not 0.7)
         floor = float(np.max(ctx.unrelated @ np.asarray(vectors[req.query], dtype=np.float64)))
-    dense = Dense(dense_weight_for(ctx.settings, req.query), floor)
+    ranked, ceiling_score = weighed_keywords(ctx.settings, req.query, ranked)
+    dense = Scales(dense_weight_for(ctx.settings, req.query), floor, ceiling_score)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
@@ -291,11 +295,34 @@ class PendingRoutes:
         return with_pending(found, route.text, dense, admitted, self.shown.vectors)
 
 
-class Dense(NamedTuple):
-    """How much the dense side counts in this search, and the cosine that counts 0."""
+class Scales(NamedTuple):
+    """How much the dense side counts in this search and the cosine that counts 0; the BM25 score that counts
+    at least 1 (what the question's own terms could score, × the settings' share)."""
 
     weight: float
     floor: float
+    keyword_ceiling: float = 0.0
+
+
+def weighed_keywords(settings: Settings, query: str, ranked: list[tuple[Route, Found]]
+                     ) -> tuple[list[tuple[Route, Found]], float]:
+    """The routes' keyword hits with matches in an episode's context counted at the settings' share
+    (pipeline.score.context_discounted), and what a memory holding each of the query's terms once would score ×
+    the settings' share for a request or a dialogue (pipeline.score.ceiling). Both use the IDFs the store
+    applied, read off its keyword hits for the query (`estimated_idf`)."""
+    dialogue = is_transcript(query)
+    share = settings.ranking.dialogue_keyword_ceiling if dialogue else settings.ranking.keyword_ceiling
+    context = settings.ranking.dialogue_context_keyword_share if dialogue else settings.ranking.context_keyword_share
+    hits = [(m, score) for route, f in ranked if route.text == query for m, score in f.keyword]
+    if not hits or (share <= 0 and context >= 1.0):
+        return ranked, 0.0
+    terms, _ = sparse.embed_query(query)
+    idf = estimated_idf(terms, [(sparse.memory_terms(m), score) for m, score in hits])
+    if context < 1.0:
+        own = {m.id: keyword_score(sparse.text_terms(m.content), terms, idf) for m, _ in hits if m.context}
+        ranked = [(route, replace(f, keyword=context_discounted(f.keyword, own, context)) if route.text == query
+                   else f) for route, f in ranked]
+    return ranked, share * ceiling(idf) if share > 0 else 0.0
 
 
 def dense_weight_for(settings: Settings, query: str) -> float:
@@ -321,22 +348,23 @@ def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
 
 
 def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Found | None,
-               dense: Dense) -> list[Found]:
+               dense: Scales) -> list[Found]:
     found = [f for _, f in ranked]
     if whole is None or settings.ranking.scope_min_share <= 0:
         return found
     return confirmed_scopes(found, [bool(route.dirs) and not route.keys for route, _ in ranked],
                             next(i for i, f in enumerate(found) if f is whole),
                             min_share=settings.ranking.scope_min_share, dense_weight=dense.weight,
-                            dense_floor=dense.floor)
+                            dense_floor=dense.floor, keyword_ceiling=dense.keyword_ceiling)
 
 
-def _fused(settings: Settings, found: list[Found], dense: Dense, plan: QueryPlan) -> list[Scored]:
+def _fused(settings: Settings, found: list[Found], dense: Scales, plan: QueryPlan) -> list[Scored]:
     if settings.ranking.fusion == "rrf":
         fused = fuse([(f.weight, f.keyword) for f in found], "rrf")
     else:
         fused = fuse_found(found, dense_weight=dense.weight, dense_floor=dense.floor,
-                           smoothing=settings.ranking.context_smoothing)
+                           smoothing=settings.ranking.context_smoothing, keyword_ceiling=dense.keyword_ceiling)
+    fused = by_holder(fused, plan.about, settings.ranking.holder_mismatch)
     return in_period(fused, plan.period, settings.ranking.period_boost)
 
 
@@ -387,7 +415,7 @@ def _reads_off(route: Route, req: SearchRequest) -> bool:
 def route_filter(req: SearchRequest, route: Route) -> MemoryFilter:
     """What one route may find: the subject's searchable memories within the route's dirs and keys."""
     return MemoryFilter(req.subject, dirs=route.dirs or None, statuses=SEARCHABLE_STATUSES, mtypes=req.mtypes,
-                        keys=route.keys or None)
+                        keys=route.keys or None, abouts=None if req.about is None else [req.about])
 
 
 def _searches(req: SearchRequest, route: Route, vectors: dict[str, list[float]], limit: int) -> list[Query]:

@@ -74,8 +74,8 @@ _EN_REL = "|".join(sorted((re.escape(w).replace(r"\ ", r"\s+") for w in _EN_WORD
 # Words a sentence may open with before its subject: fillers, time phrases, connectives.
 _EN_LEAD = r"(?:(?:oh|well|so|and|but|also|actually|btw|by the way|anyway|yeah|yes|no|lately|recently|now|today"\
            r"|yesterday|these days|last \w+|this \w+|every \w+)[\s,]+)*"
-_ZH_LEAD = r"(?:(?:其实|对了|另外|还有|而且|但是|不过|最近|现在|今天|昨天|去年|今年|明年|上个?月|下个?月|这几天|平时|周末"\
-           r"|我们)[，,\s]*)*"
+_ZH_LEAD = r"(?:(?:其实|对了|另外|还有|而且|但是|不过|最近|现在|今天|昨天|去年|今年|明年|上个?月|下个?月|这几天"\
+           r"|平时|周末|我们)[，,\s]*)*"
 # A name after the relation ("my brother Tom"): capitalised, whatever the flags of the pattern around it.
 _EN_NAME = r"(?:\s+(?P<name>(?-i:[A-Z][a-z]+)))?"
 

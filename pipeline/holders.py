@@ -16,7 +16,11 @@ mentions: "I drive my son to school" is the user's routine, "我儿子今年上�
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from memflow.pipeline.models import SEARCHABLE_STATUSES, Memory, MType
 
 SELF = "self"
 
@@ -124,6 +128,39 @@ def asked_holder(question: str) -> str | None:
     if zh:
         return Person(_zh_chain(zh.group("chain"))).holder
     return SELF if _FIRST_PERSON.search(question) else None
+
+
+def people(memories: Iterable[Memory]) -> dict[str, list[Memory]]:
+    """The people a subject has talked about, each with what is known of them now (searchable memories, oldest
+    first; a verbatim record only when nothing was distilled from it), most talked about first."""
+    known: dict[str, list[Memory]] = defaultdict(list)
+    for m in sorted(memories, key=lambda m: (m.created_at, m.id)):
+        if m.about != SELF and m.status in SEARCHABLE_STATUSES:
+            known[m.about].append(m)
+    told = {e for group in known.values() for m in group if m.mtype is not MType.episode for e in m.source_event_ids}
+    kept = {who: [m for m in group if m.mtype is not MType.episode or not told.issuperset(m.source_event_ids)]
+            for who, group in known.items()}
+    return dict(sorted(kept.items(), key=lambda item: (-len(item[1]), item[0])))
+
+
+_SELF_WORDS = frozenset({"self", "user", "the user", "me", "i", "myself", "我", "用户", "自己"})
+
+
+def holder_named(given: str) -> str:
+    """A holder as an extractor (an LLM) names it, in the form the rules give: "the user" → SELF, "Mom" → "mother",
+    "wife's sister" / "老婆的妹妹" → "wife.sister", "friend:Li" → "friend:li", anything else a name."""
+    text = " ".join(given.split()).lower()
+    if text in _SELF_WORDS:
+        return SELF
+    relation, _, name = text.partition(":")
+    relation = re.sub(r"^(?:my|our|the user's)\s+|^我(?:们)?的?", "", relation)
+    parts = [p for p in re.split(r"\.|'s\s+|的", relation) if p]
+    if " of " in relation:  # "sister of my wife": the wife's sister
+        parts = [re.sub(r"^(?:my|our)\s+", "", p) for p in reversed(relation.split(" of "))]
+    canonical = [_EN_WORDS.get(p) or _ZH_WORDS.get(p) or (p if p in _RELATIONS else None) for p in parts]
+    if parts and all(canonical):
+        return Person(".".join(c for c in canonical if c), name or None).holder
+    return Person(None, name or relation).holder
 
 
 def relation_of(holder: str) -> str:

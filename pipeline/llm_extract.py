@@ -29,6 +29,7 @@ from memflow.pipeline.cues import TOPICS
 from memflow.pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
 from memflow.pipeline.extract import gated, statement_key, statement_slot, timed
 from memflow.pipeline.gate import gate
+from memflow.pipeline.holders import holder_named
 from memflow.pipeline.models import Candidate, Dir, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from memflow.pipeline.prompting import DATA_RULES, Message, Refused, clamp, data_block, json_object, messages
 from memflow.pipeline.statements import CJK, normal
@@ -96,7 +97,8 @@ _SHAPE = (
     'Reply with one JSON object and nothing else: {"items": [{"type": ..., "content": ..., "turn": <the t-id of '
     'the turn>, "evidence": <a span quoted from that turn>, "source": "explicit"|"inferred", "confidence": 0..1, '
     '"domain"?: ..., "topic"?: <one of the known topics, or omit>, "reasoning"?: ..., '
-    '"alternatives_rejected"?: [...], "steps"?: [...]}]}. {"items": []} when there is nothing to keep.'
+    '"alternatives_rejected"?: [...], "steps"?: [...], "about"?: "self" or whom it is about ("mother", '
+    '"wife\'s sister", a name)}]}. {"items": []} when there is nothing to keep.'
 )
 
 
@@ -129,6 +131,8 @@ class Item(BaseModel):
     reasoning: str | None = Field(default=None, max_length=MAX_CONTENT_CHARS)
     alternatives_rejected: list[str] = Field(default_factory=list, max_length=10)
     steps: list[str] = Field(default_factory=list, max_length=30)
+    # Whom the statement is about: "self", or the person ("mother", "wife's sister", a name); None: the rules read it.
+    about: str | None = Field(default=None, min_length=1, max_length=60)
 
     @field_validator("topic")
     @classmethod
@@ -245,7 +249,8 @@ def _draft(item: Item, turn: Turn) -> Draft:
     # A topic the model named is one thing; the rules' key is what the rules say it is.
     slot = key != statement_key(item.type, item.content) or statement_slot(item.type, item.content)
     return Draft(mtype=item.type, key=key, content=content, evidence=item.evidence.strip(),
-                 source=source, confidence=round(confidence, 4), slot=slot)
+                 source=source, confidence=round(confidence, 4), slot=slot,
+                 about=None if item.about is None else holder_named(item.about))
 
 
 def _binding(item: Item) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from memflow.pipeline.holders import SELF
 from memflow.pipeline.models import Dir, Hit, MType, PackedPrompt
 from memflow.pipeline.topics import topic_base
 
@@ -28,13 +29,25 @@ def line_for(hit: Hit) -> tuple[str, str]:
 
 def _line(hit: Hit) -> tuple[str, str]:
     if hit.contested:
-        return "memories", f"- [contested, not settled] {hit.content}"
+        return "memories", f"- [contested, not settled] {about(hit)}{hit.content}"
+    if hit.about != SELF:  # the wife's taste is no instruction on how to serve the user
+        return "memories", f"- [{hit.created_at.date().isoformat()}] {about(hit)}{hit.content}"
     if hit.mtype in PREFERENCE_TYPES:
         strength = "MUST" if hit.confidence >= MUST_CONFIDENCE else "SHOULD"
         return "preferences", f"- The user {strength} be served this way: {hit.content}"
     if hit.mtype is MType.rule or hit.dir is Dir.system:
         return "rules", f"- {hit.content}"
     return "memories", f"- [{hit.created_at.date().isoformat()}] {hit.content}"
+
+
+def about(hit: Hit) -> str:
+    """Whose fact a line states, when it is not the user's: a model reading "is on a keto diet" among the user's
+    memories would take it as the user's."""
+    if hit.about == SELF:
+        return ""
+    relation, _, name = hit.about.partition(":")
+    who = " ".join(filter(None, (relation.replace(".", "'s ").replace("_", "-"), name)))
+    return f"(about the user's {who}) " if relation else f"(about {name}) "
 
 
 def one_per_key(hits: Sequence[Hit]) -> list[Hit]:

@@ -139,9 +139,11 @@ class MemoryClient:
     # -- reading -----------------------------------------------------------------
 
     def search(self, subject: str, query: str, k: int | None = None, *, now: datetime | None = None,
-               dirs: Sequence[Dir | str] | None = None, mtypes: Sequence[MType | str] | None = None) -> SearchResult:
+               dirs: Sequence[Dir | str] | None = None, mtypes: Sequence[MType | str] | None = None,
+               about: str | None = None) -> SearchResult:
+        """`about` restricts the search to memories about one person ("self", "mother", "friend:小李")."""
         request = _request(SEARCH, subject=subject, query=query, k=k or self.settings.client.search_k, now=now,
-                           dirs=dirs, mtypes=mtypes)
+                           dirs=dirs, mtypes=mtypes, about=about)
         try:
             return self._ask(SEARCH, request, timeout_s=self.settings.client.search_timeout_s)
         except RpcError as exc:

@@ -231,6 +231,30 @@ class PendingEntry(Wire):
     ts: IsoTime
 
 
+class Known(Wire):
+    """One thing known of a person in the user's life."""
+
+    id: str
+    content: str
+    mtype: MType
+    status: Status
+    created_at: IsoTime
+
+
+class PersonEntry(Wire):
+    """A person the subject has talked about (pipeline/holders.py) and what is known of them now."""
+
+    about: str = Field(description='The holder: a relation chain ("wife.sister"), a name (":tom") or both')
+    relation: str | None = None
+    name: str | None = None
+    memories: list[Known]
+
+
+class People(Wire):
+    subject: str
+    people: list[PersonEntry]
+
+
 class InspectReport(Wire):
     subject: str
     now: IsoTime
@@ -239,6 +263,7 @@ class InspectReport(Wire):
     llm: LLMUse | None  # None: no LLM configured
     backlog: dict[str, tuple[int, int]]  # stage → (unread, pending)
     pending: list[PendingEntry] = Field(default_factory=list)
+    people: list[PersonEntry] = Field(default_factory=list)
 
 
 class JobChange(Wire):
@@ -311,6 +336,8 @@ class History(Wire):
     key: str
     asked: str
     versions: list[Version]
+    # Whom the memory is about (pipeline/holders.py).
+    about: str = "self"
 
 
 class Restored(Wire):

@@ -3,14 +3,16 @@ of a memory's identity on the write path, and a ranking factor that ranks down b
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memflow.pipeline import llm_extract
 from memflow.pipeline.extract import extract
-from memflow.pipeline.holders import SELF, asked_holder, held_key, holder_of, matches
+from memflow.pipeline.holders import SELF, asked_holder, held_key, holder_named, holder_of, matches, people
 from memflow.pipeline.ids import new_memory
 from memflow.pipeline.lifecycle import Policy, plan_patterns, plan_review
 from memflow.pipeline.models import (
@@ -18,14 +20,17 @@ from memflow.pipeline.models import (
     Candidate,
     Dir,
     ExtractTask,
+    Hit,
     MType,
     PatchOp,
     Role,
     Source,
     Status,
+    Tier,
     TriggerReason,
     Turn,
 )
+from memflow.pipeline.pack import pack
 from memflow.pipeline.pending import about_to_write
 from memflow.pipeline.plan import plan
 from memflow.pipeline.resolve import Neighbour, decide
@@ -183,3 +188,42 @@ def test_a_statement_never_changes_a_memory_of_another_holder(old: str, new: str
     if old != new:
         assert stored.id not in touched and batch.action is not Action.duplicate
         assert all(op.memory.id != stored.id for op in batch.ops if not isinstance(op, PatchOp))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("given", "holder"), [
+    ("the user", SELF), ("Mom", "mother"), ("wife's sister", "wife.sister"), ("老婆的妹妹", "wife.sister"),
+    ("sister of my wife", "wife.sister"), ("我妈妈", "mother"), ("friend:Li", "friend:li"), ("Tom", ":tom"),
+])
+def test_a_holder_an_llm_names_is_read_into_the_rules_form(given: str, holder: str) -> None:
+    assert holder_named(given) == holder
+
+
+def test_the_llm_extractor_records_the_holder_it_was_given_or_the_rules_read() -> None:
+    turn = Turn(event_id="e1", role=Role.user, text="My wife is on a keto diet. I'm vegetarian.", ts=T0)
+    task = ExtractTask(subject="u1", session_id="s1", reason=TriggerReason.session_end, turns=[turn], ts=T0)
+    batch = next(b for b in llm_extract.batches(task) if b.kind == "context")
+    items = [{"type": "fact", "content": "Wife follows a keto diet", "turn": "t1", "evidence": "My wife is on a keto diet",
+              "about": "my wife"},
+             {"type": "fact", "content": "I'm vegetarian", "turn": "t1", "evidence": "I'm vegetarian"}]
+    found, _ = llm_extract.read_reply(task, batch, json.dumps({"items": items}))
+    assert [(c.about, c.key == held_key(c.key.removeprefix("of.wife."), c.about)) for c in found] == [
+        ("wife", True), (SELF, True)]
+
+
+def test_inspect_lists_the_people_talked_about_with_what_is_known_of_them() -> None:
+    turns = [Turn(event_id=f"e{i}", role=Role.user, text=text, ts=T0 + timedelta(minutes=i)) for i, text in
+             enumerate(["My wife is on a keto diet.", "I'm vegetarian.", "我老婆的妹妹住在奥斯陆。", "My wife loves jazz."])]
+    task = ExtractTask(subject="u1", session_id="s1", reason=TriggerReason.session_end, turns=turns, ts=T0)
+    known = people(new_memory(c) for c in extract(task))
+    assert list(known) == ["wife", "wife.sister"]
+    # What was distilled from a turn stands for it; a turn nothing was distilled from is shown as said.
+    assert [m.content for m in known["wife"]] == ["My wife is on a keto diet", "My wife loves jazz."]
+
+
+def test_a_packed_prompt_says_whose_fact_a_line_is_and_never_makes_anothers_taste_a_users_rule() -> None:
+    theirs = Hit(id="a", content="likes very spicy food", dir=Dir.preferences, mtype=MType.preference, key="k",
+                 status=Status.active, tier=Tier.long_term, confidence=0.95, score=1.0, created_at=T0, about="wife")
+    mine = theirs.model_copy(update={"id": "b", "about": SELF, "content": "short answers", "key": "k2"})
+    packed = pack([theirs, mine], "", 500, lambda text: len(text.split()))
+    assert packed.preferences == ["- The user MUST be served this way: short answers"]
+    assert packed.memories == ["- [2026-06-10] (about the user's wife) likes very spicy food"]

@@ -232,6 +232,14 @@ def inspect(key: Caller, client: Client, subject: Subject, now: datetime | None 
     return ask(client, rpc.INSPECT, subject=allowed(key, subject), now=now)
 
 
+@v1.get("/subjects/{subject:path}/people", response_model=rpc.People, tags=["read"])
+def people(key: Caller, client: Client, subject: Subject) -> rpc.People:
+    """The people the subject has talked about ("wife", "mother", "friend:小李"), each with what is known of them
+    now: a search restricted to one of them is `about=` that holder."""
+    report = ask(client, rpc.INSPECT, subject=allowed(key, subject))
+    return rpc.People(subject=report.subject, people=report.people)
+
+
 @v1.get("/subjects/{subject:path}/traces", response_model=list[Trace], tags=["read"])
 def traces(key: Caller, client: Client, subject: Subject,
            count: Annotated[int, Query(ge=1, le=200)] = 20) -> list[Trace]:

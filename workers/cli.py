@@ -271,6 +271,7 @@ def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time
         _print_json(report)
         return
     _print_memories(report.memories)
+    _print_people(report.people)
     use = report.utilisation
     share = "n/a" if use.share is None else f"{use.share:.0%}"
     typer.echo(f"utilisation ({use.days} days): {use.adopted} adopted of {use.recalled} recalled = {share}")
@@ -293,10 +294,20 @@ def _print_llm(title: str, u: rpc.LLMUsage) -> None:
                f"candidate); fallbacks to the rules: {u.fallbacks} ({reasons})")
 
 
+def _print_people(people: list[rpc.PersonEntry]) -> None:
+    typer.echo(f"people talked about: {len(people)}")
+    for person in people:
+        typer.echo(f"  {person.about} ({len(person.memories)})")
+        for known in person.memories:
+            typer.echo(f"    {known.id[:8]} {known.mtype.value}: {known.content}")
+
+
 def _print_memories(memories: list[rpc.MemoryState]) -> None:
     for m in memories:
         last = m.last_change
-        typer.echo(f"{m.id[:8]} {m.status.value:<9} {m.tier.value:<10} {m.dir.value}/{m.mtype.value} key={m.key} "
+        about = "" if m.about == "self" else f" about={m.about}"
+        typer.echo(f"{m.id[:8]} {m.status.value:<9} {m.tier.value:<10} {m.dir.value}/{m.mtype.value} "
+                   f"key={m.key}{about} "
                    f"v{m.version} conf={m.confidence:.2f} strength={m.strength_now:.2f} "
                    f"uses={m.access_count}{' llm' if m.extractor == 'llm' else ''}  {m.content}"
                    f"\n         last change {last.at.isoformat()}: {last.why}")
@@ -318,7 +329,7 @@ def history(memory_id: str, subject: Annotated[str | None, typer.Option(help="It
     if as_json:
         _print_json(report)
         return
-    typer.echo(f"{report.subject} key={report.key}")
+    typer.echo(f"{report.subject} key={report.key}" + ("" if report.about == "self" else f" about={report.about}"))
     for v in report.versions:
         mark = "*" if v.id == report.asked else " "
         typer.echo(f"{mark} v{v.version} {v.id[:8]} {v.status.value:<14} {v.tier.value:<10} "

@@ -120,6 +120,8 @@ class Recollection(Reply):
     date: datetime = Field(description="When it was remembered.")
     pending: bool = Field(default=False, description="Just said, not stored yet: it is being written.")
     replaces: str | None = Field(default=None, description="The id of the memory this new value is replacing.")
+    about: str = Field(default="self", description='Whom it is about: "self" (the user) or a person in their life '
+                                                   '("mother", "wife.sister", "friend:小李").')
 
 
 class Recalled(Reply):
@@ -196,7 +198,7 @@ class MemoryTools:
             raise ToolError(f"memory unavailable: the search could not look ({error_line(result.error or '')}); "
                             "this does not mean nothing is remembered")
         found = [Recollection(id=h.id, content=h.content, type=h.mtype, date=h.created_at, pending=h.pending,
-                              replaces=h.superseding) for h in result.hits]
+                              replaces=h.superseding, about=h.about) for h in result.hits]
         note = f"{len(found)} memories, best first" if found else "nothing remembered matches this query"
         return Recalled(status="ok" if found else "empty", note=note, memories=found)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
+from memflow.pipeline.holders import people
 from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
@@ -48,7 +49,7 @@ def history(ctx: Context, memory_id: str, subject: str | None) -> dict[str, Any]
     memory = locate(ctx, memory_id, subject)
     shown = ("id", "version", "status", "tier", "content", "source", "confidence", "created_at", "updated_at",
              "supersedes", "superseded_by", "conflicts_with", "source_event_ids", "revisions")
-    return {"subject": memory.subject, "key": memory.key, "asked": memory.id,
+    return {"subject": memory.subject, "key": memory.key, "asked": memory.id, "about": memory.about,
             "versions": [{k: v for k, v in m.model_dump(mode="json").items() if k in shown}
                          for m in versions(ctx, memory)]}
 
@@ -137,6 +138,14 @@ def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATI
     adopted = sum(v for k, v in counts.items() if k.startswith("adopted:") and k.split(":", 1)[1] in window)
     return {"days": days, "recalled": recalled, "adopted": adopted,
             "share": round(adopted / recalled, 4) if recalled else None}
+
+
+def people_of(memories: list[Memory]) -> list[dict[str, Any]]:
+    """The people a subject has talked about, with what is known of each (pipeline.holders.people)."""
+    return [{"about": who, "relation": who.split(":", 1)[0] or None, "name": who.partition(":")[2] or None,
+             "memories": [{"id": m.id, "content": m.content, "mtype": m.mtype, "status": m.status,
+                           "created_at": m.created_at} for m in known]}
+            for who, known in people(memories).items()]
 
 
 def memory_state(m: Memory, now: datetime, tau_hours: dict[str, float]) -> dict[str, Any]:

@@ -540,7 +540,7 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
     return InspectReport.model_validate({
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
         "utilisation": ops.utilisation(ctx, req.subject, when), "llm": llm,
-        "backlog": backlog(ctx.client, ctx.keys, STAGES),
+        "backlog": backlog(ctx.client, ctx.keys, STAGES), "people": ops.people_of(memories),
         "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
                     for s in pending.read(ctx.client, ctx.keys, req.subject)
                     if (v := gate(s.turn.text, s.turn.role)).keep]})  # as a search would read it: gated

@@ -200,11 +200,22 @@ def held_key(key: str, holder: str) -> str:
 def _head_person(sentence: str) -> Person | None:
     en = _EN_CHAIN.match(sentence)
     if en and not _NOT_A_PERSON.match(en.group("chain")):
-        return _en_person(en)
+        return None if _EN_NAMES_WHO.match(sentence, en.end()) else _en_person(en)
     zh = _ZH_CHAIN.match(sentence)
     if zh and not _starts_another_word(sentence, zh):
-        return Person(_zh_chain(zh.group("chain")), _zh_name(sentence[zh.end():]))
+        return None if _ZH_NAMES_WHO.match(sentence, zh.end()) else Person(_zh_chain(zh.group("chain")),
+                                                                           _zh_name(sentence[zh.end():]))
     return None
+
+
+# "My manager is Tom Berger", "我老板是王总", "我女朋友叫小雨": who the user's manager or girlfriend is, a fact of the
+# user's own life (person.manager), not something about that person: a new manager replaces the old one.
+_EN_NAMES_WHO = re.compile(
+    r"\s+(?:is|was|'s)\s+(?:not\s+|no longer\s+)?(?:now\s+|still\s+|called\s+|named\s+)?"
+    r"(?-i:[A-Z][a-z]+)(?:\s|[,.;!]|$)", re.I)
+_ZH_NAMES_WHO = re.compile(
+    r"(?:现在)?(?:是|叫|换成了?)(?:[小老阿][\u4e00-\u9fff]|[\u4e00-\u9fff]{1,3}(?:总|老师|经理))[，,。.！!]?$"
+    r"|(?:现在)?叫[\u4e00-\u9fff]{1,3}[，,。.！!]?$")
 
 
 # Relation words of one character (or a title) that also start other words: "哥伦比亚", "先生活".

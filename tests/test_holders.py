@@ -227,3 +227,11 @@ def test_a_packed_prompt_says_whose_fact_a_line_is_and_never_makes_anothers_tast
     packed = pack([theirs, mine], "", 500, lambda text: len(text.split()))
     assert packed.preferences == ["- The user MUST be served this way: short answers"]
     assert packed.memories == ["- [2026-06-10] (about the user's wife) likes very spicy food"]
+
+
+@pytest.mark.parametrize("statement", ["My manager is Tom Berger.", "my manager is not Dana anymore, it's Priya now",
+                                       "我老板是王总", "我女朋友叫小雨", "My wife is Anna."])
+def test_naming_who_a_relation_is_is_a_fact_of_the_users_own(statement: str) -> None:
+    """A new manager replaces the old one on the user's key; "my manager is on holiday" is about the manager."""
+    assert holder_of(statement) == SELF
+    assert holder_of("My manager is on holiday.") == "boss" and holder_of("My husband is a doctor.") == "husband"

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 
+from memflow.pipeline.holders import SELF, held_key, holder_of
+from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.models import Dir, Memory, MType, Source
 
-TAG_VERSION = 1
+# 2: whom a memory is about (`held`).
+TAG_VERSION = 2
 
 # Category → directory. Decisions go to `events` with how they were reached (docs/write-path.md#directories:
 # events hold what happened, when, and how it was decided), which is where decision_trace looks.
@@ -94,4 +97,17 @@ def retag(memory: Memory, version: int = TAG_VERSION) -> dict[str, object] | Non
     if memory.tag_version >= version:
         return None
     where = place(memory.mtype, memory.source, memory.content)
-    return {"dir": where.value, "uri": f"mem://{memory.subject}/{where.value}/{memory.key}", "tag_version": version}
+    holder = held(memory)
+    key = holder.get("key", memory.key)
+    return {"dir": where.value, "uri": f"mem://{memory.subject}/{where.value}/{key}", "tag_version": version, **holder}
+
+
+def held(memory: Memory) -> dict[str, object]:
+    """Whom a memory written before holders were read is about (tag_version 2, pipeline/holders.py), and for a fact
+    about someone else the key of its own it would have been given: from then on it is never a rival of the
+    user's own facts. Nothing for the user's own, or for tool output (kept apart as it is)."""
+    about = holder_of(memory.content)
+    if about == memory.about or memory.source is Source.tool:
+        return {}
+    keyed = is_keyed(memory.mtype) and memory.about == SELF
+    return {"about": about, **({"key": held_key(memory.key, about)} if keyed else {})}

@@ -35,6 +35,7 @@ from memflow.pipeline.pending import about_to_write
 from memflow.pipeline.plan import plan
 from memflow.pipeline.resolve import Neighbour, decide
 from memflow.pipeline.score import by_holder
+from memflow.pipeline.tagging import TAG_VERSION, retag
 
 T0 = datetime(2026, 6, 10, 8, 0, tzinfo=UTC)
 
@@ -235,3 +236,15 @@ def test_naming_who_a_relation_is_is_a_fact_of_the_users_own(statement: str) -> 
     """A new manager replaces the old one on the user's key; "my manager is on holiday" is about the manager."""
     assert holder_of(statement) == SELF
     assert holder_of("My manager is on holiday.") == "boss" and holder_of("My husband is a doctor.") == "husband"
+
+
+def test_the_retag_job_migrates_memories_written_before_holders_were_read() -> None:
+    """A store written before: every memory reads as the user's (the payload's default), and `retag` (tag_version 2)
+    reads each one's holder from its words, giving another person's keyed fact the key it would have had."""
+    old = [new_memory(c).model_copy(update={"about": SELF, "key": "location.city", "tag_version": 1})
+           for c in said("My girlfriend lives in Singapore.", "e1")]
+    fields = retag(old[0])
+    assert fields is not None and fields["about"] == "girlfriend"
+    assert fields["key"] == held_key("location.city", "girlfriend") and str(fields["uri"]).endswith(str(fields["key"]))
+    mine = new_memory(said("我住在苏州。", "e2")[0]).model_copy(update={"tag_version": 1})
+    assert retag(mine) == {"dir": mine.dir.value, "uri": mine.uri, "tag_version": TAG_VERSION}

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
 from memflow.pipeline.holders import matches
 from memflow.pipeline.models import Dir, Hit, Memory, MType, Period, QueryPlan, Route, Status, Tier
-from memflow.pipeline.statements import coverage
+from memflow.pipeline.statements import CJK, coverage
 from memflow.pipeline.topics import topic_base
 
 # A document at rank r (0-based) in one list adds weight / (r + 1 + RRF_K); 60 is the value of the
@@ -67,7 +67,7 @@ class Found:
         return not self.keyword and not self.dense
 
 
-def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0,
+def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: Floor = 0.0,
                smoothing: float = 0.0, keyword_ceiling: float = 0.0) -> list[Scored]:
     """Every route's keyword and dense matches as one ranked list (score fusion).
 
@@ -79,14 +79,14 @@ def fuse_found(found: Sequence[Found], *, dense_weight: float, dense_floor: floa
     terms could score, `ceiling`), whichever is higher.
     """
     keyword_best = keyword_scale(found, keyword_ceiling)
-    dense_low, dense_best = dense_scale(found, dense_floor)
+    meaning_of = dense_scaler(found, dense_floor)
     routes = []
     for f in found:
         if f.flat:
             routes.append((f.weight, [(m, 1.0) for m in {m.id: m for m, _ in [*f.keyword, *f.dense]}.values()]))
             continue
         keyword = smoothed(normalised(f.keyword, 0.0, keyword_best), smoothing)
-        meaning = normalised(f.dense, dense_low, dense_best)
+        meaning = meaning_of(f.dense)
         routes.append((f.weight, fuse([(1.0, keyword), (dense_weight, meaning)])))
     return fuse(routes)
 
@@ -122,11 +122,25 @@ def context_discounted(keyword: Sequence[Scored], own: Mapping[str, float], shar
     return sorted(weighed, key=lambda pair: pair[1], reverse=True)
 
 
-def dense_scale(found: Sequence[Found], floor: float) -> tuple[float, float]:
-    """The cosine that counts 0 (`floor`, or the best if that is lower) and the one that counts 1 (the best
-    over all routes)."""
-    best = max((score for f in found for _, score in f.dense), default=floor)
-    return min(floor, best), best
+# The cosine that counts 0: one for every memory, or one per language of the memory (`noise_floors`).
+Floor = float | Mapping[str, float]
+
+
+def language(text: str) -> str:
+    """"zh" for text with Chinese characters, else "en": what a memory's noise floor is measured in."""
+    return "zh" if CJK.search(text) else "en"
+
+
+def dense_scaler(found: Sequence[Found], floor: Floor) -> Callable[[Sequence[Scored]], list[Scored]]:
+    """Cosines mapped onto [0, 1]: each one's margin over the floor of its memory's language, relative to the best
+    margin over all routes. When no candidate beats its floor, every one counts 1 (the dense side says nothing)."""
+    def margin(m: Memory, score: float) -> float:
+        return score - (floor if isinstance(floor, float | int) else floor.get(language(m.content), 0.0))
+
+    best = max((margin(m, score) for f in found for m, score in f.dense), default=0.0)
+    if best <= 0:
+        return lambda dense: [(m, 1.0) for m, _ in dense]
+    return lambda dense: [(m, max(0.0, margin(m, score)) / best) for m, score in dense]
 
 
 # Sentences about nothing a memory search asks (office, weather, errands; Chinese and English): how
@@ -143,6 +157,15 @@ UNRELATED = (
 )
 
 
+def noise_floors(query: Sequence[float], unrelated: Sequence[Sequence[float]]) -> dict[str, float]:
+    """The noise floor (`noise_floor`) per language of the memories it is compared with: e5 scores a Chinese
+    query 0.05–0.1 higher against unrelated Chinese than against an English sentence that answers it, so one
+    floor for both languages zeroed every cross-lingual answer ("What car do I drive?" — "我开的是比亚迪汉")."""
+    langs = [language(text) for text in UNRELATED]
+    return {lang: noise_floor(query, [v for v, other in zip(unrelated, langs, strict=True) if other == lang])
+            for lang in dict.fromkeys(langs)}
+
+
 def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) -> float:
     """The cosine a memory must beat to count as related to `query`: the best it scores against
     `UNRELATED` (unit vectors). MiniLM puts unrelated text near 0, e5 at 0.74–0.86, a paired vector
@@ -153,19 +176,19 @@ def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) ->
     return max((sum(map(operator.mul, query, ref)) for ref in unrelated), default=0.0)
 
 
-def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: float = 0.0,
+def route_bests(found: Sequence[Found], *, dense_weight: float, dense_floor: Floor = 0.0,
                 keyword_ceiling: float = 0.0) -> list[float]:
     """Each route's best relevance, on the scale `fuse_found` uses (signals scaled against their best
     over all routes), before route weights: how good the best match each route found is."""
     keyword_best = keyword_scale(found, keyword_ceiling)
-    dense_low, dense_best = dense_scale(found, dense_floor)
+    meaning_of = dense_scaler(found, dense_floor)
     return [max((score for _, score in fuse([(1.0, normalised(f.keyword, 0.0, keyword_best)),
-                                             (dense_weight, normalised(f.dense, dense_low, dense_best))])),
+                                             (dense_weight, meaning_of(f.dense))])),
                 default=0.0) for f in found]
 
 
 def confirmed_scopes(found: Sequence[Found], scoped: Sequence[bool], whole: int, *, min_share: float,
-                     dense_weight: float, dense_floor: float = 0.0, keyword_ceiling: float = 0.0) -> list[Found]:
+                     dense_weight: float, dense_floor: Floor = 0.0, keyword_ceiling: float = 0.0) -> list[Found]:
     """The routes, with each scoped route dropped (weight 0) unless its best match holds up against
     the whole subject's: best ≥ min_share × the whole-subject route's best.
 

@@ -47,6 +47,8 @@ from memflow.pipeline.pending import Said, estimated_idf, keyword_score, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
 from memflow.pipeline.score import (
+    UNRELATED,
+    Floor,
     Found,
     Scored,
     by_holder,
@@ -57,6 +59,7 @@ from memflow.pipeline.score import (
     fuse,
     fuse_found,
     in_period,
+    language,
     lifecycle_scores,
     rank,
     reweight,
@@ -254,9 +257,8 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     found = run_routes(ctx, req, plan.routes, vectors, pool)
     layer = PendingRoutes.of(ctx, req, vectors, found, said)
     ranked = [(route, layer.route(route, f)) for route, f in zip(plan.routes, found, strict=True)]
-    floor = ctx.settings.ranking.dense_floor
-    if floor is None:  # pipeline.score.noise_floor, as one matrix product (0.05 ms, not 0.7)
-        floor = float(np.max(ctx.unrelated @ np.asarray(vectors[req.query], dtype=np.float64)))
+    floor: Floor = ctx.settings.ranking.dense_floor if ctx.settings.ranking.dense_floor is not None else \
+        language_floors(ctx, vectors[req.query])
     ranked, ceiling_score = weighed_keywords(ctx.settings, req.query, ranked)
     dense = Scales(dense_weight_for(ctx.settings, req.query), floor, ceiling_score)
     scoped = [found for route, found in ranked if route.dirs]
@@ -295,12 +297,19 @@ class PendingRoutes:
         return with_pending(found, route.text, dense, admitted, self.shown.vectors)
 
 
+def language_floors(ctx: Context, query: Sequence[float]) -> dict[str, float]:
+    """pipeline.score.noise_floors, as one matrix product (0.05 ms, not 0.7): the query's floor per language."""
+    sims = ctx.unrelated @ np.asarray(query, dtype=np.float64)
+    langs = np.asarray([language(text) for text in UNRELATED])
+    return {lang: float(np.max(sims[langs == lang])) for lang in dict.fromkeys(langs.tolist())}
+
+
 class Scales(NamedTuple):
     """How much the dense side counts in this search and the cosine that counts 0; the BM25 score that counts
     at least 1 (what the question's own terms could score, × the settings' share)."""
 
     weight: float
-    floor: float
+    floor: Floor
     keyword_ceiling: float = 0.0
 
 

@@ -11,7 +11,7 @@ from memflow.pipeline.score import (
     Lifecycle,
     collapse_records,
     confirmed_scopes,
-    dense_scale,
+    dense_scaler,
     flat_plan,
     fuse,
     fuse_found,
@@ -227,12 +227,23 @@ def test_a_query_s_noise_floor_is_its_best_cosine_with_unrelated_text() -> None:
     assert noise_floor(query, []) == 0.0
     a, b, c = memory("a"), memory("b"), memory("c")
     route = Found(1.0, dense=[(a, 0.92), (b, 0.86), (c, 0.78)])
-    assert dense_scale([route], 0.8) == (0.8, 0.92)
-    assert dense_scale([Found(1.0, dense=[(a, 0.7)])], 0.8) == (0.7, 0.7)  # nothing beats the floor: no spread
+    assert [round(v, 6) for _, v in dense_scaler([route], 0.8)(route.dense)] == [1.0, 0.5, 0.0]
+    weak = Found(1.0, dense=[(a, 0.7)])
+    assert dense_scaler([weak], 0.8)(weak.dense) == [(a, 1.0)]  # nothing beats the floor: no spread
     spread = dict((m.id, round(s, 6)) for m, s in fuse_found([route], dense_weight=1.0, dense_floor=0.8))
     assert spread == {"a": 1.0, "b": 0.5, "c": 0.0}
     flat = dict((m.id, round(s, 6)) for m, s in fuse_found([route], dense_weight=1.0))
     assert flat["c"] > 0.84
+
+
+def test_each_memory_is_measured_against_the_noise_floor_of_its_language() -> None:
+    """A Chinese query comes closer to unrelated Chinese than to an English answer: one floor for both would zero
+    every cross-lingual match."""
+    zh, en = memory("zh").model_copy(update={"content": "办公室的空调总是太冷"}), memory("en")
+    route = Found(1.0, dense=[(zh, 0.86), (en, 0.80)])
+    scaled = dict((m.id, round(v, 6)) for m, v in dense_scaler([route], {"zh": 0.84, "en": 0.76})(route.dense))
+    assert scaled == {"zh": 0.5, "en": 1.0}
+    assert dict((m.id, v) for m, v in dense_scaler([route], 0.84)(route.dense))["en"] == 0.0
 
 
 def test_what_was_said_in_the_period_asked_about_ranks_higher_but_nothing_is_dropped() -> None:

@@ -100,11 +100,26 @@ CONTEXT_AFTER = 1
 
 
 def _records(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
-    """One record per turn, each with the turns around it (`CONTEXT_BEFORE`, `CONTEXT_AFTER`) as context."""
+    """One record per turn, each with the turns of its exchange around it (`exchange`) as context."""
     said = [t for t in turns if t.role is not Role.tool]
-    around = {t.event_id: (said[max(0, i - CONTEXT_BEFORE):i], said[i + 1:i + 1 + CONTEXT_AFTER])
-              for i, t in enumerate(said)}
+    around = {t.event_id: exchange(said, i) for i, t in enumerate(said)}
     return [turn_record(task, t, *around.get(t.event_id, ((), ()))) for t in turns]
+
+
+def exchange(said: list[Turn], i: int) -> tuple[list[Turn], list[Turn]]:
+    """The turns around turn `i` that belong to its exchange: up to `CONTEXT_BEFORE` before it and `CONTEXT_AFTER`
+    after it, each side only if the other party speaks in it. A reply means nothing without the question it
+    answers; a statement said right after another of the same speaker's is a statement of its own: "I do yoga
+    on Sundays", indexed with "My brother does marketing for a living" said just before it, answered "What do I
+    do for a living?"."""
+    before, after = said[max(0, i - CONTEXT_BEFORE):i], said[i + 1:i + 1 + CONTEXT_AFTER]
+    party = _party(said[i])
+    return (before if any(_party(t) != party for t in before) else [],
+            after if any(_party(t) != party for t in after) else [])
+
+
+def _party(turn: Turn) -> tuple[Role, str | None]:
+    return turn.role, turn.speaker
 
 
 def _explicit_write(task: ExtractTask) -> tuple[list[Candidate], list[Candidate]]:

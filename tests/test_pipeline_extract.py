@@ -286,13 +286,24 @@ def test_an_episode_is_indexed_with_the_turns_around_it_but_shows_only_its_own()
     episodes = {c.source_event_ids[0]: c for c in found if c.mtype is MType.episode}
     reply = episodes["D2:2"]
     assert reply.content == "Caro: Yes, twice, in May and June."
-    assert reply.context_event_ids == ["D2:1", "D2:3"] and "Mel: Have you been to the pottery class?" in reply.context
+    # The turn after it is the same speaker's: no part of the exchange it answers.
+    assert reply.context_event_ids == ["D2:1"] and "Mel: Have you been to the pottery class?" in reply.context
     assert "hunter2" not in reply.context and "weather" not in reply.context  # gated and tool turns: never context
     assert episodes["D2:1"].context_event_ids == ["D2:2"]  # the first turn has no turn before it
     # Two turns before are indexed (what the question was about); only the adjacent ones lift it.
     later = episodes["D2:3"]
     assert "pottery class" in later.context and "Yes, twice" in later.context and "Lovely" in later.context
     assert later.context_event_ids == ["D2:2", "D2:4"]
+
+
+def test_statements_said_one_after_another_by_one_speaker_are_not_each_others_context() -> None:
+    """A monologue of unrelated statements: none is indexed with the words of the one before it."""
+    found = run(TriggerReason.session_end, turn("My brother does marketing for a living.", "m1"),
+                turn("I do yoga on Sunday mornings.", "m2"), turn("What should I cook tonight?", "m3"),
+                turn("How about a stir-fry?", "m4", Role.assistant))
+    episodes = {c.source_event_ids[0]: c for c in found if c.mtype is MType.episode}
+    assert (episodes["m2"].context, episodes["m2"].context_event_ids) == ("", [])
+    assert episodes["m3"].context_event_ids == ["m4"] and episodes["m3"].context == "How about a stir-fry?"
 
 
 def test_a_named_speaker_owns_the_statement() -> None:

@@ -235,7 +235,7 @@ class RankingSettings(Group):
     period_boost: float = Field(default=1.0, ge=0.0)
     # A memory about someone other than whom a request asks about ("my wife's diet" for "what diet do I
     # follow?") keeps this share of its relevance (pipeline.score.by_holder); 1: holders are ignored.
-    holder_mismatch: float = Field(default=0.5, ge=0.0, le=1.0)
+    holder_mismatch: float = Field(default=0.2, ge=0.0, le=1.0)
     # Keyword scores are scaled against max(best hit, share × what the question's own terms could score)
     # (pipeline.score.keyword_ceiling): a hit sharing one word of a question of several scores as little as it
     # covers. 0: against the best hit alone. For requests, and for dialogues apart.
@@ -243,7 +243,7 @@ class RankingSettings(Group):
     dialogue_keyword_ceiling: float = Field(default=0.0, ge=0.0, le=2.0)
     # Share of an episode's keyword score that it owes to the turns around it (its context) that counts
     # (pipeline.score.context_discounted); 1: all of it, as its own words. For requests, and for dialogues.
-    context_keyword_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    context_keyword_share: float = Field(default=1.0, ge=0.0, le=1.0)
     dialogue_context_keyword_share: float = Field(default=1.0, ge=0.0, le=1.0)
     # Lifecycle scoring (docs/ranking.md#lifecycle-scoring, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas; τ is the lifecycle group's. Dicts are JSON in the

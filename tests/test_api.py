@@ -163,6 +163,27 @@ def test_publish_search_pack_inspect_history_feedback_forget(served: Served) -> 
         assert traced.json() and all(t["subject"] == subj for t in traced.json())
 
 
+def test_whom_memories_are_about_people_listed_searches_restricted_and_kept_apart(served: Served) -> None:
+    subj = subject()
+    remembered(served, subj, "I'm vegetarian.", "我住在苏州。", "My wife is on a keto diet.",
+               "My girlfriend lives in Singapore.")
+    with served.http(served.admin) as http:
+        people = http.get(f"/v1/subjects/{subj}/people").json()
+        assert people["subject"] == subj
+        assert {p["about"] for p in people["people"]} == {"wife", "girlfriend"}
+        assert all("Suzhou" not in m["content"] and "苏州" not in m["content"]
+                   for p in people["people"] for m in p["memories"])
+        mine = http.post("/v1/search", json={"subject": subj, "query": "Which city do I live in?"}).json()
+        assert "苏州" in mine["hits"][0]["content"] and mine["hits"][0]["about"] == "self"
+        assert mine["plan"]["about"] == "self"
+        theirs = http.post("/v1/search", json={"subject": subj, "query": "What diet?", "about": "wife"}).json()
+        assert theirs["hits"] and {h["about"] for h in theirs["hits"]} == {"wife"}
+        # The girlfriend's city never superseded the user's: both are current.
+        current = [m for m in http.get(f"/v1/subjects/{subj}/memories").json()["memories"] if m["status"] == "active"]
+        assert any("苏州" in m["content"] for m in current) and any("Singapore" in m["content"] for m in current)
+        assert http.post("/v1/search", json={"subject": subj, "query": "x", "about": "bad holder"}).status_code == 422
+
+
 def test_an_explicit_write_is_accepted_at_once_and_found_once_written(served: Served) -> None:
     subj = subject()
     with served.http(served.admin) as http:
@@ -304,6 +325,7 @@ def test_a_key_touches_only_its_subjects_everywhere(served: Served) -> None:
             ("POST", "/v1/pack", {"subject": theirs, "query": "PIN"}),
             ("GET", f"/v1/subjects/{theirs}/memories", None),
             ("GET", f"/v1/subjects/{theirs}/traces", None),
+            ("GET", f"/v1/subjects/{theirs}/people", None),
             ("GET", f"/v1/memories/{their_ids[0]}/history?subject={theirs}", None),
             ("POST", "/v1/feedback", {"subject": theirs, "memory_ids": their_ids}),
             ("DELETE", f"/v1/subjects/{theirs}/memories", {"memory_ids": their_ids}),

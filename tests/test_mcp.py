@@ -136,7 +136,8 @@ async def round_trip(client: Client, served: Served, subj: str) -> None:
 
     found = structured(await client.call_tool("recall", {"query": "what do I drink in the morning?", "k": 10}))
     assert found["status"] == "ok" and "tea" in found["memories"][0]["content"]
-    assert {"id", "content", "type", "date", "pending", "replaces"} == set(found["memories"][0])
+    assert {"id", "content", "type", "date", "pending", "replaces", "about"} == set(found["memories"][0])
+    assert found["memories"][0]["about"] == "self"
     assert found["memories"][0]["pending"] is False  # written: wait_idle above
     packed = structured(await client.call_tool("context", {"task": "offer the user a drink"}))
     assert "tea" in packed["text"] and packed["memory_ids"]

@@ -37,9 +37,9 @@ _RELATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "brother_in_law": (("姐夫", "妹夫", "大舅子", "小舅子", "小叔子", "大伯子"), ("brother-in-law", "brother in law")),
     "mother_in_law": (("婆婆", "岳母", "丈母娘"), ("mother-in-law", "mother in law")),
     "father_in_law": (("公公", "岳父", "老丈人"), ("father-in-law", "father in law")),
-    "wife": (("老婆", "妻子", "太太", "媳妇", "爱人"), ("wife",)),
+    "wife": (("老婆", "妻子", "太太", "媳妇"), ("wife",)),
     "husband": (("老公", "丈夫", "先生"), ("husband",)),
-    "partner": (("对象", "伴侣", "另一半"), ("partner", "spouse", "fiancé", "fiancée", "fiance", "fiancee")),
+    "partner": (("对象", "伴侣", "另一半", "爱人"), ("partner", "spouse", "fiancé", "fiancée", "fiance", "fiancee")),
     "girlfriend": (("女朋友", "女友"), ("girlfriend", "gf")),
     "boyfriend": (("男朋友", "男友"), ("boyfriend", "bf")),
     "son": (("儿子", "大儿子", "小儿子"), ("son", "boy")),
@@ -62,8 +62,9 @@ _RELATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "teacher": (("老师",), ("teacher",)),
 }
 
-# A holder asked about that takes in narrower ones: "my kids" asks about a son's school, "my parents" about
-# the mother's city. Never the other way: a question about the son is not answered by a daughter's fact.
+# A relation that takes in narrower ones: "my kids" asks about a son's school, and "My kids love Lego" answers
+# what the son likes; "my parents" and the mother's city likewise. Siblings never: a question about the son is
+# not answered by a daughter's fact.
 _WIDER: dict[str, frozenset[str]] = {
     "child": frozenset({"son", "daughter"}),
     "parents": frozenset({"mother", "father"}),
@@ -169,8 +170,8 @@ def relation_of(holder: str) -> str:
 
 
 def matches(asked: str, held: str) -> bool:
-    """Whether a memory held by `held` answers a question about `asked`: the same person, or one the asked
-    relation takes in ("child" takes in "son"). A name asked about matches the same name in any relation."""
+    """Whether a memory held by `held` answers a question about `asked`: the same person, or one of them a
+    relation that takes in the other ("child" and "son"). A name matches the same name in any relation."""
     if asked == held:
         return True
     a_rel, _, a_name = asked.partition(":")
@@ -185,7 +186,7 @@ def matches(asked: str, held: str) -> bool:
 def _takes_in(asked: str, held: str) -> bool:
     *a_path, a_last = asked.split(".")
     *h_path, h_last = held.split(".")
-    return a_path == h_path and h_last in _WIDER.get(a_last, frozenset())
+    return a_path == h_path and (h_last in _WIDER.get(a_last, ()) or a_last in _WIDER.get(h_last, ()))
 
 
 def held_key(key: str, holder: str) -> str:

@@ -47,6 +47,8 @@ T0 = datetime(2026, 6, 10, 8, 0, tzinfo=UTC)
     ("Peanuts make my throat swell up.", SELF),  # a capitalised word is no person
     ("My wife is on a keto diet.", "wife"),
     ("Oh, my mom loves gardening.", "mother"),
+    ("Mom loves gardening.", "mother"),
+    ("Momentum matters more than speed.", SELF),
     ("My sister-in-law works at a bank.", "sister_in_law"),  # never read as "sister"
     ("My wife's sister Anna lives in Oslo.", "wife.sister:anna"),
     ("Our kids love the beach.", "child"),
@@ -70,6 +72,7 @@ def test_the_holder_of_a_statement_is_its_subject(statement: str, holder: str) -
     ("Where does my husband work?", "husband"),
     ("Is my daughter allergic to anything?", "daughter"),
     ("What does my sister do for work?", "sister"),
+    ("What does Dad drink in the morning?", "father"),
     ("我生日是哪天？", SELF),
     ("我爸爸爱喝什么？", "father"),
     ("我女朋友住在哪？", "girlfriend"),

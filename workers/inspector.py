@@ -370,7 +370,8 @@ def contested(status: Status, conflicts_with: list[str]) -> Html | str:
 
 
 def memory_row(subject: str, m: rpc.MemoryState) -> list[object]:
-    return [cell(m.content, class_="content"), badge(m.mtype.value, "type"), badge(m.tier.value),
+    return [cell(m.content, class_="content"), badge(m.mtype.value, "type"), "" if m.about == "self" else m.about,
+            badge(m.tier.value),
             num(f"{m.strength_now:.2f}"), num(m.access_count), badge(m.status.value),
             contested(m.status, m.conflicts_with),
             cell(when(m.last_change.at), el("br"), el("span", m.last_change.why, class_="mute")),
@@ -378,7 +379,7 @@ def memory_row(subject: str, m: rpc.MemoryState) -> list[object]:
 
 
 def memory_table(subject: str, memories: list[rpc.MemoryState]) -> Html:
-    head = ["memory", "type", "tier", "strength", "uses", "status", "contested", "last change", ""]
+    head = ["memory", "type", "about", "tier", "strength", "uses", "status", "contested", "last change", ""]
     return table("memories", head, [memory_row(subject, m) for m in memories])
 
 

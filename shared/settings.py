@@ -239,7 +239,7 @@ class RankingSettings(Group):
     # Keyword scores are scaled against max(best hit, share × what the question's own terms could score)
     # (pipeline.score.keyword_ceiling): a hit sharing one word of a question of several scores as little as it
     # covers. 0: against the best hit alone. For requests, and for dialogues apart.
-    keyword_ceiling: float = Field(default=1.0, ge=0.0, le=2.0)
+    keyword_ceiling: float = Field(default=0.5, ge=0.0, le=2.0)
     dialogue_keyword_ceiling: float = Field(default=0.0, ge=0.0, le=2.0)
     # Share of an episode's keyword score that it owes to the turns around it (its context) that counts
     # (pipeline.score.context_discounted); 1: all of it, as its own words. For requests, and for dialogues.

@@ -90,11 +90,12 @@ _EN_BARE = r"(?:mom|mum|dad|mama|papa|grandma|grandpa)"
 _EN_POSSESSED = rf"(?:(?:my|our)\s+|(?={_EN_BARE}\b))(?P<chain>(?:{_EN_REL})(?:'s\s+(?:{_EN_REL}))*)\b{_EN_NAME}"
 _EN_CHAIN = re.compile(rf"^{_EN_LEAD}{_EN_POSSESSED}", re.I)
 # "我老婆的妹妹", "我家孩子", "我朋友小李", "妈妈说": the same in Chinese (我 may be left out before a relation).
-_ZH_CHAIN = re.compile(rf"^{_ZH_LEAD}(?:我|我们)?(?:的|家)?(?P<chain>(?:{_ZH_REL})(?:(?:家的|家|的)?(?:{_ZH_REL}))*)")
+_ZH_POSSESSED = rf"(?:的|家)?(?P<chain>(?:{_ZH_REL})(?:(?:家的|家|的)?(?:{_ZH_REL}))*)"
+_ZH_CHAIN = re.compile(rf"^{_ZH_LEAD}(?:我|我们)?{_ZH_POSSESSED}")
 _ZH_SPLIT = re.compile(rf"{_ZH_REL}")
 # Relations anywhere in a question, after "my" / "我": whom it asks about.
 _EN_ASKED = re.compile(rf"\b{_EN_POSSESSED}", re.I)
-_ZH_ASKED = re.compile(rf"我(?:们)?(?:的|家)?(?P<chain>(?:{_ZH_REL})(?:(?:家的|家|的)?(?:{_ZH_REL}))*)")
+_ZH_ASKED = re.compile(rf"我(?:们)?{_ZH_POSSESSED}")
 _FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|myself|i'm|i've|i'd|i'll)\b|我", re.I)
 # A word that reads as a relation but is not one there: "先生" as a title, "girl"/"boy" as exclamations.
 _NOT_A_PERSON = re.compile(r"^(?:boy|girl|baby)\b", re.I)
@@ -165,11 +166,6 @@ def holder_named(given: str) -> str:
     if parts and all(canonical):
         return Person(".".join(c for c in canonical if c), name or None).holder
     return Person(None, name or relation).holder
-
-
-def relation_of(holder: str) -> str:
-    """The relation part of a holder ("friend:小李" → "friend"; SELF → SELF)."""
-    return holder.split(":", 1)[0] or holder
 
 
 def matches(asked: str, held: str) -> bool:

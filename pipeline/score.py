@@ -107,22 +107,7 @@ def ceiling(idf: Mapping[int, float]) -> float:
     return sum(idf.values())
 
 
-def context_discounted(keyword: Sequence[Scored], own: Mapping[str, float], share: float) -> list[Scored]:
-    """Keyword hits with what they matched only in the turns around them (an episode's context) counted at
-    `share`: score = own + share × (score − own), where `own` is what the memory's own words score, best first.
-
-    The turns around a reply are indexed with it because a reply means nothing without its question
-    (docs/ranking.md#what-is-indexed); at full weight, though, every turn of a session inherits its neighbours'
-    words, and "I do yoga on Sunday mornings" answered "What do I do for a living?" for having been said
-    right after "My brother does marketing for a living"."""
-    if share >= 1.0:
-        return list(keyword)
-    weighed = [(m, min(score, own.get(m.id, score)) + share * max(0.0, score - own.get(m.id, score)))
-               for m, score in keyword]
-    return sorted(weighed, key=lambda pair: pair[1], reverse=True)
-
-
-# The cosine that counts 0: one for every memory, or one per language of the memory (`noise_floors`).
+# The cosine that counts 0: one for every memory, or one per language of the memory (`UNRELATED_LANGUAGES`).
 Floor = float | Mapping[str, float]
 
 
@@ -157,13 +142,10 @@ UNRELATED = (
 )
 
 
-def noise_floors(query: Sequence[float], unrelated: Sequence[Sequence[float]]) -> dict[str, float]:
-    """The noise floor (`noise_floor`) per language of the memories it is compared with: e5 scores a Chinese
-    query 0.05–0.1 higher against unrelated Chinese than against an English sentence that answers it, so one
-    floor for both languages zeroed every cross-lingual answer ("What car do I drive?" — "我开的是比亚迪汉")."""
-    langs = [language(text) for text in UNRELATED]
-    return {lang: noise_floor(query, [v for v, other in zip(unrelated, langs, strict=True) if other == lang])
-            for lang in dict.fromkeys(langs)}
+# The language of each of them: a memory's cosine counts from the query's floor among those of its own language
+# (e5 scores a Chinese query 0.05–0.1 higher against unrelated Chinese than against the English sentence that
+# answers it, so one floor for both zeroed every cross-lingual answer).
+UNRELATED_LANGUAGES = tuple(language(text) for text in UNRELATED)
 
 
 def noise_floor(query: Sequence[float], unrelated: Sequence[Sequence[float]]) -> float:

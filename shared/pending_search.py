@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from memflow.pipeline.models import Candidate, Memory
+from memflow.pipeline.models import Candidate
 from memflow.pipeline.pending import (
     Pending,
     Said,
@@ -139,7 +139,7 @@ def _vectors_for(embedder: Embedder, wanted: Sequence[tuple[str, int, Candidate]
     texts = [c.content for _, _, c in wanted]
     known = _kept_units(embedder, texts)
     terms, _ = sparse.embed_query(query)
-    order = sorted(range(len(wanted)), key=lambda i: (-keyword_score(_terms_of(texts[i]), terms, {}), -i))
+    order = sorted(range(len(wanted)), key=lambda i: (-keyword_score(sparse.text_terms(texts[i]), terms, {}), -i))
     new = list(dict.fromkeys(texts[i] for i in order if texts[i] not in known))[:ENCODE_PER_SEARCH]
     return known | _encoded(embedder, new)
 
@@ -166,7 +166,8 @@ def _most_relevant(wanted: list[tuple[str, int, Candidate]], vectors: Mapping[st
         return wanted
     terms, _ = sparse.embed_query(query)
     by_meaning = sorted(range(len(wanted)), key=lambda i: -_dot(vectors[wanted[i][2].content], query_vector))
-    by_words = sorted(range(len(wanted)), key=lambda i: -keyword_score(_terms_of(wanted[i][2].content), terms, {}))
+    by_words = sorted(range(len(wanted)),
+                      key=lambda i: -keyword_score(sparse.text_terms(wanted[i][2].content), terms, {}))
     chosen = set(by_meaning[:keep]) | set(by_words[:keep])
     return [w for i, w in enumerate(wanted) if i in chosen]
 
@@ -179,8 +180,8 @@ def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, a
     if not admitted:
         return found
     terms, _ = sparse.embed_query(route_text)
-    idf = estimated_idf(terms, [(_doc_terms(m), score) for m, score in found.keyword])
-    keyword = [(p.memory, keyword_score(_doc_terms(p.memory), terms, idf)) for p in admitted]
+    idf = estimated_idf(terms, [(sparse.memory_terms(m), score) for m, score in found.keyword])
+    keyword = [(p.memory, keyword_score(sparse.memory_terms(p.memory), terms, idf)) for p in admitted]
     toward = None if dense is None else unit(dense)
     meaning = [] if toward is None else [(p.memory, _dot(vectors[p.memory.id], toward)) for p in admitted]
     return replace(found, keyword=_merged(found.keyword, [(m, s) for m, s in keyword if s > 0]),
@@ -189,14 +190,6 @@ def with_pending(found: Found, route_text: str, dense: Sequence[float] | None, a
 
 def _merged(a: Sequence[Scored], b: Sequence[Scored]) -> list[Scored]:
     return sorted([*a, *b], key=lambda pair: pair[1], reverse=True)
-
-
-def _doc_terms(memory: Memory) -> Mapping[int, float]:
-    return sparse.memory_terms(memory)
-
-
-def _terms_of(text: str) -> Mapping[int, float]:
-    return sparse.text_terms(text)
 
 
 # A vector scaled to length 1, as a numpy array: the cosine of two is their dot product, as the store's Cosine

@@ -241,10 +241,6 @@ class RankingSettings(Group):
     # covers. 0: against the best hit alone. For requests, and for dialogues apart.
     keyword_ceiling: float = Field(default=0.5, ge=0.0, le=2.0)
     dialogue_keyword_ceiling: float = Field(default=0.0, ge=0.0, le=2.0)
-    # Share of an episode's keyword score that it owes to the turns around it (its context) that counts
-    # (pipeline.score.context_discounted); 1: all of it, as its own words. For requests, and for dialogues.
-    context_keyword_share: float = Field(default=1.0, ge=0.0, le=1.0)
-    dialogue_context_keyword_share: float = Field(default=1.0, ge=0.0, le=1.0)
     # Lifecycle scoring (docs/ranking.md#lifecycle-scoring, pipeline/score.py): relevance × decayed strength × hotness
     # × long-term bonus, then per-type quotas; τ is the lifecycle group's. Dicts are JSON in the
     # environment: MEMFLOW_TYPE_QUOTAS='{"episode": 0.5}'.

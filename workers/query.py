@@ -43,23 +43,21 @@ from memflow.pipeline.models import (
     Trace,
 )
 from memflow.pipeline.pack import pack as build_prompt
-from memflow.pipeline.pending import Said, estimated_idf, keyword_score, served
+from memflow.pipeline.pending import Said, estimated_idf, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
 from memflow.pipeline.score import (
-    UNRELATED,
+    UNRELATED_LANGUAGES,
     Floor,
     Found,
     Scored,
     by_holder,
     ceiling,
     confirmed_scopes,
-    context_discounted,
     flat_plan,
     fuse,
     fuse_found,
     in_period,
-    language,
     lifecycle_scores,
     rank,
     reweight,
@@ -259,7 +257,7 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     ranked = [(route, layer.route(route, f)) for route, f in zip(plan.routes, found, strict=True)]
     floor: Floor = ctx.settings.ranking.dense_floor if ctx.settings.ranking.dense_floor is not None else \
         language_floors(ctx, vectors[req.query])
-    ranked, ceiling_score = weighed_keywords(ctx.settings, req.query, ranked)
+    ceiling_score = keyword_ceiling_for(ctx.settings, req.query, [f for route, f in ranked if route.text == req.query])
     dense = Scales(dense_weight_for(ctx.settings, req.query), floor, ceiling_score)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
@@ -297,11 +295,15 @@ class PendingRoutes:
         return with_pending(found, route.text, dense, admitted, self.shown.vectors)
 
 
+# Which rows of `ctx.unrelated` are in which language (pipeline.score.UNRELATED_LANGUAGES), made once.
+_UNRELATED_ROWS = {lang: np.asarray([other == lang for other in UNRELATED_LANGUAGES])
+                   for lang in dict.fromkeys(UNRELATED_LANGUAGES)}
+
+
 def language_floors(ctx: Context, query: Sequence[float]) -> dict[str, float]:
-    """pipeline.score.noise_floors, as one matrix product (0.05 ms, not 0.7): the query's floor per language."""
+    """pipeline.score.noise_floor per language of the memory, as one matrix product (0.05 ms, not 0.7)."""
     sims = ctx.unrelated @ np.asarray(query, dtype=np.float64)
-    langs = np.asarray([language(text) for text in UNRELATED])
-    return {lang: float(np.max(sims[langs == lang])) for lang in dict.fromkeys(langs.tolist())}
+    return {lang: float(np.max(sims[rows])) for lang, rows in _UNRELATED_ROWS.items()}
 
 
 class Scales(NamedTuple):
@@ -313,25 +315,15 @@ class Scales(NamedTuple):
     keyword_ceiling: float = 0.0
 
 
-def weighed_keywords(settings: Settings, query: str, ranked: list[tuple[Route, Found]]
-                     ) -> tuple[list[tuple[Route, Found]], float]:
-    """The routes' keyword hits with matches in an episode's context counted at the settings' share
-    (pipeline.score.context_discounted), and what a memory holding each of the query's terms once would score ×
-    the settings' share for a request or a dialogue (pipeline.score.ceiling). Both use the IDFs the store
-    applied, read off its keyword hits for the query (`estimated_idf`)."""
-    dialogue = is_transcript(query)
-    share = settings.ranking.dialogue_keyword_ceiling if dialogue else settings.ranking.keyword_ceiling
-    context = settings.ranking.dialogue_context_keyword_share if dialogue else settings.ranking.context_keyword_share
-    hits = [(m, score) for route, f in ranked if route.text == query for m, score in f.keyword]
-    if not hits or (share <= 0 and context >= 1.0):
-        return ranked, 0.0
+def keyword_ceiling_for(settings: Settings, query: str, found: Sequence[Found]) -> float:
+    """What a memory holding each of the query's terms once would score (pipeline.score.ceiling) × the settings'
+    share for a request or a dialogue, from the IDFs the store applied to its keyword hits (`estimated_idf`)."""
+    share = settings.ranking.dialogue_keyword_ceiling if is_transcript(query) else settings.ranking.keyword_ceiling
+    hits = [(sparse.memory_terms(m), score) for f in found for m, score in f.keyword]
+    if share <= 0 or not hits:
+        return 0.0
     terms, _ = sparse.embed_query(query)
-    idf = estimated_idf(terms, [(sparse.memory_terms(m), score) for m, score in hits])
-    if context < 1.0:
-        own = {m.id: keyword_score(sparse.text_terms(m.content), terms, idf) for m, _ in hits if m.context}
-        ranked = [(route, replace(f, keyword=context_discounted(f.keyword, own, context)) if route.text == query
-                   else f) for route, f in ranked]
-    return ranked, share * ceiling(idf) if share > 0 else 0.0
+    return share * ceiling(estimated_idf(terms, hits))
 
 
 def dense_weight_for(settings: Settings, query: str) -> float:

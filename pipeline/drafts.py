@@ -68,8 +68,8 @@ def stamp(task: ExtractTask, turn: Turn, draft: Draft, event_ids: list[str] | No
     about = holder_of(content) if draft.about is None else draft.about
     if draft.mtype is not MType.episode and turn.role is not Role.tool:
         key = held_key(key, about)  # another person's fact is never a rival of the user's own
-    if turn.speaker and draft.mtype is not MType.episode and turn.role is not Role.tool:
-        content, key = f"{turn.speaker}: {content}", normalize_key(f"{turn.speaker}.{key}")
+        if turn.speaker:
+            content, key = f"{turn.speaker}: {content}", normalize_key(f"{turn.speaker}.{key}")
     return Candidate(
         subject=task.subject,
         session_id=task.session_id,

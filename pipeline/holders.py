@@ -114,6 +114,12 @@ class Person:
             return f"{self.relation}:{self.name}"
         return self.relation or (f":{self.name}" if self.name else SELF)
 
+    @classmethod
+    def of(cls, holder: str) -> Person:
+        """A stored holder read back ("friend:小李" → friend named 小李; SELF → neither)."""
+        relation, _, name = ("", "", "") if holder == SELF else holder.partition(":")
+        return cls(relation or None, name or None)
+
 
 def holder_of(statement: str) -> str:
     """Whom a statement is about: a relation chain (and name) when its subject is someone in the user's life,
@@ -173,13 +179,12 @@ def matches(asked: str, held: str) -> bool:
     relation that takes in the other ("child" and "son"). A name matches the same name in any relation."""
     if asked == held:
         return True
-    a_rel, _, a_name = asked.partition(":")
-    h_rel, _, h_name = held.partition(":")
-    if a_name and h_name:
-        return a_name.lower() == h_name.lower()
-    if not a_rel or not h_rel:
+    a, h = Person.of(asked), Person.of(held)
+    if a.name and h.name:
+        return a.name.lower() == h.name.lower()
+    if not a.relation or not h.relation:
         return False
-    return a_rel == h_rel or _takes_in(a_rel, h_rel)
+    return a.relation == h.relation or _takes_in(a.relation, h.relation)
 
 
 def _takes_in(asked: str, held: str) -> bool:

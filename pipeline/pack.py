@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from memflow.pipeline.holders import SELF
+from memflow.pipeline.holders import SELF, Person
 from memflow.pipeline.models import Dir, Hit, MType, PackedPrompt
 from memflow.pipeline.topics import topic_base
 
@@ -45,9 +45,11 @@ def about(hit: Hit) -> str:
     memories would take it as the user's."""
     if hit.about == SELF:
         return ""
-    relation, _, name = hit.about.partition(":")
-    who = " ".join(filter(None, (relation.replace(".", "'s ").replace("_", "-"), name)))
-    return f"(about the user's {who}) " if relation else f"(about {name}) "
+    person = Person.of(hit.about)
+    if person.relation is None:
+        return f"(about {person.name}) "
+    who = " ".join(filter(None, (person.relation.replace(".", "'s ").replace("_", "-"), person.name)))
+    return f"(about the user's {who}) "
 
 
 def one_per_key(hits: Sequence[Hit]) -> list[Hit]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
-from memflow.pipeline.holders import people
+from memflow.pipeline.holders import Person, people
 from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
@@ -142,7 +142,7 @@ def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATI
 
 def people_of(memories: list[Memory]) -> list[dict[str, Any]]:
     """The people a subject has talked about, with what is known of each (pipeline.holders.people)."""
-    return [{"about": who, "relation": who.split(":", 1)[0] or None, "name": who.partition(":")[2] or None,
+    return [{"about": who, "relation": Person.of(who).relation, "name": Person.of(who).name,
              "memories": [{"id": m.id, "content": m.content, "mtype": m.mtype, "status": m.status,
                            "created_at": m.created_at} for m in known]}
             for who, known in people(memories).items()]

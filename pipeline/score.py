@@ -199,6 +199,23 @@ def in_period(found: Sequence[Scored], period: Period | None, boost: float) -> l
     return sorted(lifted, key=lambda pair: pair[1], reverse=True)
 
 
+def second_look(found: Sequence[Scored], margins: Sequence[float], weight: float) -> list[Scored]:
+    """The head of a fused list (`found`, best first; one judge's margin per memory of the head) re-ranked by two
+    judges: each memory keeps (1 − weight) of its relevance and gains weight × its share of the head's best
+    margin, on the scale of the head's best relevance. A margin ≤ 0 (the judge reads it as unrelated) gains
+    nothing, and neither does what follows the head (the judge did not see it). When no margin is above 0 the
+    judge says nothing and `found` stays as it was (docs/ranking.md#the-second-look)."""
+    head = list(found[:len(margins)])
+    best_margin = max(margins, default=0.0)
+    top = max((score for _, score in head), default=0.0)
+    if weight <= 0 or best_margin <= 0 or top <= 0:
+        return list(found)
+    looked = [(m, (1 - weight) * score + weight * top * max(0.0, margin) / best_margin)
+              for (m, score), margin in zip(head, margins, strict=True)]
+    rest = [(m, (1 - weight) * score) for m, score in found[len(head):]]
+    return sorted(looked, key=lambda pair: pair[1], reverse=True) + rest
+
+
 def by_holder(found: Sequence[Scored], asked: str | None, mismatch: float) -> list[Scored]:
     """The candidates, those about someone other than whom the query asks about scored × `mismatch`, best first.
 

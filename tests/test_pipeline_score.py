@@ -21,6 +21,7 @@ from memflow.pipeline.score import (
     normalised,
     rank,
     reweight,
+    second_look,
     smoothed,
     strength,
     unscoped,
@@ -253,3 +254,22 @@ def test_what_was_said_in_the_period_asked_about_ranks_higher_but_nothing_is_dro
     lifted = in_period(found, period, boost=1.0)
     assert [(m.id, s) for m, s in lifted] == [("i", 1.2), ("b", 1.0), ("a", 0.9)]  # end is exclusive
     assert in_period(found, period, boost=0.0) == found and in_period(found, None, boost=1.0) == found
+
+
+def test_the_second_look_reorders_the_head_by_the_judge_and_keeps_the_tail_below() -> None:
+    shares, answer, near, tail = memory("shares-a-word"), memory("answer"), memory("near"), memory("tail")
+    fused = [(shares, 2.0), (answer, 1.0), (near, 0.9), (tail, 0.8)]
+    looked = second_look(fused, [0.0, 0.2, 0.1], weight=0.7)  # the judge saw the head of three
+    assert [m.id for m, _ in looked] == ["answer", "near", "shares-a-word", "tail"]
+    # the head's best margin gains weight × the head's best relevance; a margin ≤ 0 gains nothing
+    assert dict((m.id, round(s, 6)) for m, s in looked) == {
+        "answer": round(0.3 * 1.0 + 0.7 * 2.0, 6), "near": round(0.3 * 0.9 + 0.7 * 1.0, 6),
+        "shares-a-word": round(0.3 * 2.0, 6), "tail": round(0.3 * 0.8, 6)}
+    assert max(s for _, s in looked if _.id == "tail") < min(s for m, s in looked if m.id != "tail")
+
+
+def test_a_judge_with_nothing_to_say_leaves_the_list_as_it_was() -> None:
+    fused = [(memory("a"), 2.0), (memory("b"), 1.0)]
+    assert second_look(fused, [-0.1, 0.0], weight=0.7) == fused  # every margin at or below the noise floor
+    assert second_look(fused, [0.3, 0.1], weight=0.0) == fused
+    assert second_look([], [], weight=0.7) == []

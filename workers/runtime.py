@@ -24,6 +24,7 @@ from memflow.shared.applier import Applier
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
 from memflow.shared.embedder import Embedder, build_embedder
+from memflow.shared.judge import Judge
 from memflow.shared.keys import FIELD, Keys
 from memflow.shared.llm import LLM
 from memflow.shared.settings import Settings
@@ -62,6 +63,11 @@ class Context:
             if self._embedder is None:
                 self._embedder = build_embedder(self.settings)
             return self._embedder
+
+    @cached_property
+    def judge(self) -> Judge | None:
+        """The second look's judge (shared/judge.py), or None when the settings turn it off."""
+        return Judge.use() if self.settings.ranking.second_look == "use" else None
 
     @cached_property
     def unrelated(self) -> NDArray[np.float64]:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, NamedTuple
 
-import numpy as np
 import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
@@ -47,7 +46,6 @@ from memflow.pipeline.pending import Said, estimated_idf, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
 from memflow.pipeline.score import (
-    UNRELATED_LANGUAGES,
     Floor,
     Found,
     Scored,
@@ -70,6 +68,7 @@ from memflow.shared import metrics, pending, sparse
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
 from memflow.shared.errors import MemflowError, Retryable, StoreUnavailable
+from memflow.shared.judge import floors_by_language
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import Reading
 from memflow.shared.llm import usage as llm_usage
@@ -297,15 +296,9 @@ class PendingRoutes:
         return with_pending(found, route.text, dense, admitted, self.shown.vectors)
 
 
-# Which rows of `ctx.unrelated` are in which language (pipeline.score.UNRELATED_LANGUAGES), made once.
-_UNRELATED_ROWS = {lang: np.asarray([other == lang for other in UNRELATED_LANGUAGES])
-                   for lang in dict.fromkeys(UNRELATED_LANGUAGES)}
-
-
 def language_floors(ctx: Context, query: Sequence[float]) -> dict[str, float]:
-    """pipeline.score.noise_floor per language of the memory, as one matrix product (0.05 ms, not 0.7)."""
-    sims = ctx.unrelated @ np.asarray(query, dtype=np.float64)
-    return {lang: float(np.max(sims[rows])) for lang, rows in _UNRELATED_ROWS.items()}
+    """The first pass's noise floor per language of the memory (shared.judge.floors_by_language)."""
+    return floors_by_language(ctx.unrelated, query)
 
 
 class Scales(NamedTuple):

@@ -16,6 +16,7 @@ from rq.timeouts import JobTimeoutException
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
 from memflow.workers.query import QueryWorker, Watchdog, WatchedDeathPenalty
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -71,6 +72,8 @@ def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:
         # The watchdog and RQ's per-job timers, not whatever threads other tests are still ending.
         return [t for t in threading.enumerate() if t.name == "memflow-job-watchdog" or isinstance(t, threading.Timer)]
 
+    # Another test's system may still be stopping in the background under load, its worker holding the watchdog.
+    wait_for(lambda: Watchdog.current() is None, timeout_s=60, what="every other query worker to have stopped")
     before = len(job_threads())
     with Watchdog.running():
         threads = len(job_threads())

@@ -256,7 +256,7 @@ def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[S
     layer = PendingRoutes.of(ctx, req, vectors, found, said)
     ranked = [(route, layer.route(route, f)) for route, f in zip(plan.routes, found, strict=True)]
     floor: Floor = ctx.settings.ranking.dense_floor if ctx.settings.ranking.dense_floor is not None else \
-        language_floors(ctx, vectors[req.query])
+        floors_by_language(ctx.unrelated, vectors[req.query])
     ceiling_score = keyword_ceiling_for(ctx.settings, req.query, [f for route, f in ranked if route.text == req.query])
     dense = Scales(dense_weight_for(ctx.settings, req.query), floor, ceiling_score)
     looked = second_look_for(ctx, req.query, plan)
@@ -294,11 +294,6 @@ class PendingRoutes:
         admitted = [p for p in self.shown.by_id.values() if admits(route_filter(self.req, route), p.memory)]
         dense = self.vectors.get(route.text) if route.strategy == "semantic" else None
         return with_pending(found, route.text, dense, admitted, self.shown.vectors)
-
-
-def language_floors(ctx: Context, query: Sequence[float]) -> dict[str, float]:
-    """The first pass's noise floor per language of the memory (shared.judge.floors_by_language)."""
-    return floors_by_language(ctx.unrelated, query)
 
 
 class Scales(NamedTuple):

@@ -377,6 +377,9 @@ class Memory(Wire):
     # The operation that last changed this point ("<mutation id>:<op index>"): a retry of a mutation
     # cut short recognises what it already wrote (docs/write-path.md#the-applier).
     last_op: str | None = None
+    # The count that last added uses to this point ("<mutation id>:<op index>"): a fold of uses redone after
+    # a crash (shared/uses.py) counts them once. Apart from `last_op`: a count moves no revision.
+    last_count: str | None = None
     # Whom it is about (Candidate.about). Points written before it was recorded: the user's own.
     about: Holder = "self"
 
@@ -505,6 +508,8 @@ class Change(Wire):
     after: dict[str, Any] | None = None
     at: datetime
     source_event_ids: list[str] = Field(default_factory=list)
+    # The point's revision after the change (None: a deletion): the feed is in this order per memory.
+    rev: int | None = None
 
     _aware = field_validator("at")(aware)
 

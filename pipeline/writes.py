@@ -5,6 +5,9 @@ it and announces the changes. Per op the answer is one of: write this (and annou
 written by an earlier attempt of this mutation (announce only: the feed may not have heard of it), or
 stale (built on a revision that has moved on). A non-quiet write moves the revision by one, logs
 what it replaced, and stamps the point with its op key, which is how a retry recognises it.
+
+A put of something forgotten is never written (`Tombstones`): a redelivery of a write made before a
+forget, or a batch planned before it, would otherwise store the memory again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from memflow.pipeline.resolve import apply_patch
 # What a change announces of a put: enough to follow the feed, not the whole payload.
 SUMMARY_FIELDS = ("status", "version", "key", "content", "tier")
 # Bookkeeping a job refreshes often (decay): not worth a revision, a line of history or an announcement.
-QUIET_FIELDS = frozenset({"strength", "strength_at", "access_count", "last_accessed_at"})
+QUIET_FIELDS = frozenset({"strength", "strength_at", "access_count", "last_accessed_at", "last_count"})
 # Bookkeeping a patch rewrites on every change: not what the change is about.
 _BOOKKEEPING = frozenset({"rev", "updated_at", "revisions", "last_op"})
 
@@ -40,12 +43,39 @@ class Write:
     change: Change | None = None  # what the `changes` feed hears of it (None: bookkeeping)
     done: bool = False  # written before: only its announcement may be missing
     own: bool = False  # written by an earlier attempt of this very mutation (its op key is on the point)
+    # The revision the write was planned on: the store writes it only if the point is still there
+    # (compare-and-write; None: a put, written only where no point is).
+    at_rev: int | None = None
+
+
+@dataclass(frozen=True)
+class Tombstones:
+    """What forget left behind, as far as a mutation's puts are concerned (workers/forgetting.py): the
+    forgotten events among their sources, and when each of their contents (by SHA-256) was forgotten."""
+
+    events: frozenset[str] = frozenset()
+    contents: Mapping[str, datetime] = field(default_factory=dict)
+
+    def bury(self, memory: Memory, at: datetime) -> bool:
+        """Whether a put of `memory`, said at `at`, writes back something forgotten: every event it was
+        read from is forgotten, or its very words were forgotten after they were said (said again after the
+        forget, they are new: a user may tell again what they asked to forget)."""
+        if memory.source_event_ids and set(memory.source_event_ids) <= self.events:
+            return True
+        forgotten_at = self.contents.get(content_hash(memory.content))
+        return forgotten_at is not None and at <= forgotten_at
+
+
+def content_hash(content: str) -> str:
+    """How a forget's receipt and tombstone name words without keeping them."""
+    return hashlib.sha256(content.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class Plan:
     writes: list[Write]
     stale: list[str]  # ids of the points whose ops were built on another revision
+    forgotten: list[str] = field(default_factory=list)  # ids of the puts not written: forgotten (`Tombstones`)
 
     @property
     def started(self) -> bool:
@@ -81,18 +111,30 @@ def patches(steps: Sequence[Step], why: str = "") -> list[PatchOp]:
                     quiet=not set(st.fields) - QUIET_FIELDS) for st in steps]
 
 
-def plan(m: Mutation, current: Mapping[str, Memory], *, rebase: bool = False) -> Plan:
-    """What each op of `m` does to the points as they are now (`current`: the points its ops name)."""
+def plan(m: Mutation, current: Mapping[str, Memory], *, rebase: bool = False,
+         tombstones: Tombstones = Tombstones()) -> Plan:
+    """What each op of `m` does to the points as they are now (`current`: the points its ops name;
+    `tombstones`: what forget left of its puts' events and words)."""
     writes: list[Write] = []
     stale: list[str] = []
+    forgotten: list[str] = []
     rebase = rebase or m.on_stale == "rebase"
     for i, op in enumerate(m.ops):
-        write = _plan_op(m, f"{m.id}:{i}", op, current.get(target(op)), rebase)
+        there = current.get(target(op))
+        if isinstance(op, PutOp) and there is None and tombstones.bury(op.memory, m.at):
+            forgotten.append(op.memory.id)
+            continue
+        write = _plan_op(m, f"{m.id}:{i}", op, there, rebase)
         if write is None:
             stale.append(target(op))
         elif write.done or write.fields or write.memory is not None or write.kind == "delete":
             writes.append(write)  # the rest change nothing: a redelivered union, a count of a forgotten point
-    return Plan(writes, stale)
+    return Plan(writes, stale, forgotten)
+
+
+def puts(m: Mutation) -> list[Memory]:
+    """The memories `m` puts: what the applier asks forget's tombstones about."""
+    return [op.memory for op in m.ops if isinstance(op, PutOp)]
 
 
 def target(op: MutationOp) -> str:
@@ -110,7 +152,7 @@ def _plan_op(m: Mutation, key: str, op: MutationOp, there: Memory | None, rebase
 
 
 def _put(m: Mutation, key: str, op: PutOp, there: Memory | None) -> Write | None:
-    change = _change(m, op.memory.id, m.why, None, _summary(op.memory))
+    change = _change(m, op.memory.id, m.why, None, _summary(op.memory), op.memory.rev)
     if there is None:
         return Write(key, "put", op.memory.id, memory=op.memory.model_copy(update={"last_op": key}), change=change)
     # Same content from the same events is this put, written before (a redelivery). Same id and content
@@ -130,14 +172,14 @@ def _patch(m: Mutation, key: str, op: PatchOp, there: Memory | None, rebase: boo
         return None
     op = op.model_copy(update={"expected_rev": there.rev})
     if op.quiet:
-        return Write(key, "patch", op.id, fields=dict(op.set))
+        return Write(key, "patch", op.id, fields=dict(op.set), at_rev=there.rev)
     before, after = there.model_dump(mode="json"), apply_patch(there, op, m.at).model_dump(mode="json")
     changed = {k: v for k, v in after.items() if before.get(k) != v and k not in _BOOKKEEPING}
     if not changed:
         return Write(key, "patch", op.id)  # a redelivered union: nothing new to say or write
     fields = changed | {k: after[k] for k in ("rev", "updated_at", "revisions")} | {"last_op": key}
-    return Write(key, "patch", op.id, fields=fields,
-                 change=_change(m, op.id, op.why, {k: before.get(k) for k in changed}, changed))
+    return Write(key, "patch", op.id, fields=fields, at_rev=there.rev,
+                 change=_change(m, op.id, op.why, {k: before.get(k) for k in changed}, changed, after["rev"]))
 
 
 def _redone(m: Mutation, op: PatchOp, there: Memory) -> Change:
@@ -147,15 +189,16 @@ def _redone(m: Mutation, op: PatchOp, there: Memory) -> Change:
     after = there.model_dump(mode="json")
     names = [*op.set, *(["source_event_ids"] if op.add_source_event_ids else []),
              *(["session_ids"] if op.add_session_ids else [])]
-    return _change(m, op.id, op.why, {k: before.get(k) for k in names}, {k: after[k] for k in names})
+    return _change(m, op.id, op.why, {k: before.get(k) for k in names}, {k: after[k] for k in names}, there.rev)
 
 
 def _count(key: str, op: CountOp, there: Memory | None) -> Write:
-    if there is None:  # forgotten meanwhile: nothing left to count
+    if there is None or there.last_count == key:  # forgotten meanwhile, or counted by an earlier attempt
         return Write(key, "count", op.id)
     last = max((t for t in (there.last_accessed_at, op.at) if t is not None))
     return Write(key, "count", op.id, fields={"access_count": there.access_count + op.uses,
-                                              "last_accessed_at": last.isoformat()})
+                                              "last_accessed_at": last.isoformat(), "last_count": key},
+                 at_rev=there.rev)
 
 
 def _delete(key: str, op: DeleteOp, there: Memory | None) -> Write:
@@ -168,6 +211,6 @@ def _summary(memory: Memory) -> dict[str, Any]:
 
 
 def _change(m: Mutation, memory_id: str, why: str, before: dict[str, Any] | None,
-            after: dict[str, Any] | None) -> Change:
+            after: dict[str, Any] | None, rev: int | None = None) -> Change:
     return Change(memory_id=memory_id, subject=m.subject, action=m.action, why=why, before=before, after=after,
-                  at=m.at, source_event_ids=m.source_event_ids)
+                  at=m.at, source_event_ids=m.source_event_ids, rev=rev)

@@ -103,16 +103,24 @@ class EdgeStore:
             if name not in existing:
                 self._update(qe.UpdateOperation.create_field_index(name, _index_schema(name)))
 
-    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]]) -> None:
-        """Upsert whole points. Durable against a process crash once it returns (see module doc)."""
+    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
+        """Upsert whole points (`new_only`: insert only). Durable against a process crash once it returns."""
         points = [_point(m, v) for m, v in zip(memories, vectors, strict=True)]
         if points:
-            self._update(qe.UpdateOperation.upsert_points(points))
+            mode = qe.UpdateMode.InsertOnly if new_only else None
+            self._update(qe.UpdateOperation.upsert_points(points, update_mode=mode))
             self._count(len(points))
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
-        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing."""
-        self._update(qe.UpdateOperation.set_payload([memory_id], patch_payload(fields)))
+    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing (unconditional
+        writes only: a conditional one that finds no point at `if_rev` writes nothing)."""
+        payload = patch_payload(fields)
+        if if_rev is None:
+            self._update(qe.UpdateOperation.set_payload([memory_id], payload))
+        else:
+            at_rev = qe.Filter(must=[qe.HasIdCondition({memory_id}),
+                                     qe.FieldCondition("rev", match=qe.MatchValue(if_rev))])
+            self._update(qe.UpdateOperation.set_payload_by_filter(at_rev, payload))
         self._count(1)  # a point patched in an indexed segment moves to the appendable one
 
     def get(self, flt: MemoryFilter) -> list[Memory]:

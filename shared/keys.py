@@ -103,6 +103,24 @@ class Keys:
         # "a:b" + session "c" shared one buffer, and one subject's turns were stored under the other.
         return f"{self.prefix}session:{subject}\x1f{session_id}"
 
+    def uses(self, subject: str) -> str:
+        """Hash: the uses of the subject's memories recorded and not yet counted on their points (shared/uses.py).
+        Its hash tag keeps the subject's use keys in one cluster slot: one script records a request once."""
+        return f"{self.prefix}{{uses:{subject}}}"
+
+    def uses_folding(self, subject: str) -> str:
+        """Hash: the uses being counted on the points now (taken from `uses`; kept until they are)."""
+        return f"{self.prefix}{{uses:{subject}}}:folding"
+
+    def uses_seen(self, subject: str) -> str:
+        """Sorted set: the request ids whose uses were recorded lately, by when (ms): a retry counts once."""
+        return f"{self.prefix}{{uses:{subject}}}:seen"
+
+    @property
+    def uses_subjects(self) -> str:
+        """Set: the subjects with uses recorded and not yet counted (what the `uses` job walks)."""
+        return f"{self.prefix}uses-subjects"
+
     def utilisation(self, subject: str) -> str:
         # Per-day counters of recalled and adopted memories (workers/ops.py).
         return f"{self.prefix}util:{subject}"
@@ -125,14 +143,20 @@ class Keys:
         # The events forgotten memories were read from: nothing is written from them again.
         return f"{self.prefix}forgotten-events:{subject}"
 
+    def forgotten_contents(self, subject: str) -> str:
+        # SHA-256 of a forgotten memory's words → when it was forgotten: a put of the same words said
+        # before then is not written back (pipeline/writes.py Tombstones).
+        return f"{self.prefix}forgotten-contents:{subject}"
+
     def announced(self, mutation_id: str) -> str:
         # Which ops of one mutation the `changes` feed has heard of: a retry announces each once (shared/applier.py).
         # Beside the feed (one slot): the announcement checks the ledger and appends in one script.
         return f"{self.prefix}{{changes}}:announced:{mutation_id}"
 
     def write_lock(self, subject: str) -> str:
-        # Held while one subject's points are read, checked and written: revision checks hold across processes.
-        return f"{self.prefix}write-lock:{subject}"
+        # Held while one subject's points are read, checked, written and announced. Beside the feed (one slot):
+        # the announcement checks, in the script that appends it, that the lock is still its holder's.
+        return f"{self.prefix}{{changes}}:write-lock:{subject}"
 
     def plan_cache(self, subject: str, query_key: str) -> str:
         return f"{self.prefix}plan:{subject}:{query_key}"

@@ -88,18 +88,25 @@ class ServerStore:
                 if name not in info.payload_schema:
                     self._client.create_payload_index(self._collection, name, _index_schema(name))
 
-    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]]) -> None:
-        """Upsert whole points; returns once the server holds them (wait=True)."""
+    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
+        """Upsert whole points (`new_only`: insert only); returns once the server holds them (wait=True)."""
         points = [_point(m, v) for m, v in zip(memories, vectors, strict=True)]
         if points:
+            mode = models.UpdateMode.INSERT_ONLY if new_only else None
             with _server_errors("upsert"):
-                self._client.upsert(self._collection, points, wait=True)
+                self._client.upsert(self._collection, points, wait=True, update_mode=mode)
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
-        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing."""
+    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing (unconditional
+        writes only: a conditional one that finds no point at `if_rev` writes nothing)."""
         payload = patch_payload(fields)
+        points: Any = [memory_id]
+        if if_rev is not None:
+            points = models.FilterSelector(filter=models.Filter(must=[
+                models.HasIdCondition(has_id=[memory_id]),
+                models.FieldCondition(key="rev", match=models.MatchValue(value=if_rev))]))
         with _server_errors("set_payload"):
-            self._client.set_payload(self._collection, payload, points=[memory_id], wait=True)
+            self._client.set_payload(self._collection, payload, points=points, wait=True)
 
     def get(self, flt: MemoryFilter) -> list[Memory]:
         found: list[Memory] = []

@@ -77,14 +77,16 @@ class Store(Protocol):
     def ensure(self) -> None:
         """Create the collection/shard and its payload indexes if missing. Idempotent."""
 
-    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]]) -> None:
+    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
         """Write whole points (payload + dense vector; the BM25 vector is made from content).
 
-        Same id twice is one point: the second write replaces the first.
+        Same id twice is one point: the second write replaces the first. `new_only`: a conditional insert,
+        the engine leaves a point already there as it is (the applier's compare-and-write, docs/write-path.md).
         """
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
-        """Overwrite some payload fields of one point, keeping its vectors."""
+    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields of one point, keeping its vectors. `if_rev`: only if the point is at
+        that revision, checked by the engine in the same step (compare-and-write; otherwise nothing is written)."""
 
     def get(self, flt: MemoryFilter) -> list[Memory]:
         """Every point matching the filter (scrolls through all pages)."""

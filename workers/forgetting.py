@@ -23,7 +23,7 @@ import redis
 from memflow.pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
 from memflow.pipeline.pending import Said, drafts, pending_id
 from memflow.pipeline.records import unsaid
-from memflow.pipeline.writes import mutation
+from memflow.pipeline.writes import content_hash, mutation
 from memflow.shared import pending as pending_layer
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import STAGES
@@ -41,16 +41,21 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
            now: datetime) -> dict[str, Any]:
     """Soft-delete (status deleted, announced on `changes`), purge from the index, then scrub the words
     from Redis (`scrub`). After it returns no search, pack or inspect can return these
-    memories: they are not in the index. A receipt of each (never its words) is kept for `verify`."""
-    targets = _forget_targets(ctx, subject, memory_ids, contains)
-    said = _pending_targets(ctx, subject, memory_ids, contains)
-    keep_receipts(ctx, subject, targets, events=[s.turn.event_id for s in said])
-    deleted = {"status": Status.deleted.value}
-    ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
-                               for m in targets), *(DeleteOp(id=m.id) for m in targets),
-                             *unsaid(_records(ctx, subject, targets), targets)]
-    if ops:  # the wish wins over any change made since the targets were read ("rebase")
-        ctx.applier.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
+    memories: they are not in the index, and no write can put them back: what to forget is read, its
+    tombstones left and its deletion applied under the subject's write lock, and every later write
+    reads the tombstones (`keep_receipts`). A receipt of each (never its words) is kept for `verify`."""
+    if memory_ids is None and not contains:
+        raise MemflowError("forget needs memory ids or a `contains` text")
+    with ctx.applier.holding(subject) as held:
+        targets = _forget_targets(ctx, subject, memory_ids, contains)
+        said = _pending_targets(ctx, subject, memory_ids, contains)
+        keep_receipts(ctx, subject, targets, events=[s.turn.event_id for s in said], at=now)
+        deleted = {"status": Status.deleted.value}
+        ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
+                                   for m in targets), *(DeleteOp(id=m.id) for m in targets),
+                                 *unsaid(_records(ctx, subject, targets), targets)]
+        if ops:  # the wish wins over any change made since the targets were read ("rebase")
+            held.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
     scrubbed = scrub(ctx, subject, targets, events=[s.turn.event_id for s in said])
     shown = [i for s in said for i in _pending_ids(subject, s)]
     return {"count": len(targets) + len(said), "ids": [m.id for m in targets] + shown, "scrubbed": scrubbed}
@@ -77,8 +82,6 @@ def _records(ctx: Context, subject: str, targets: list[Memory]) -> list[Memory]:
 
 
 def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
-    if ids is None and not contains:
-        raise MemflowError("forget needs memory ids or a `contains` text")
     found = ctx.store.get(MemoryFilter(subject, ids=ids))
     if contains:
         found = [m for m in found if contains.lower() in m.content.lower()]
@@ -86,21 +89,25 @@ def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains:
 
 
 def receipt(memory: Memory) -> dict[str, Any]:
-    return {"id": memory.id, "events": memory.source_event_ids,
-            "sha256": hashlib.sha256(memory.content.encode()).hexdigest()}
+    return {"id": memory.id, "events": memory.source_event_ids, "sha256": content_hash(memory.content)}
 
 
-def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events: Iterable[str] = ()) -> None:
-    """A receipt per memory, and its source events (and `events`: pending ones) marked forgotten: a task still
-    in flight that carries them (a session's end being extracted) must not write the memory back."""
+def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events: Iterable[str] = (), *,
+                  at: datetime) -> None:
+    """A receipt per memory, and the tombstones every later write reads (pipeline/writes.py Tombstones): its
+    source events (and `events`: pending ones) marked forgotten, and its words (by hash) forgotten `at`. A
+    write still in flight that carries them (a session's end being extracted, a redelivered upsert, a batch
+    decided before the forget) must not write the memory back."""
     memories = list(memories)
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
     events = {e for m in memories for e in m.source_event_ids} | set(events)
-    # Not one MULTI: the two keys are the subject's, in two cluster slots. Both writes are idempotent
-    # and come before any deletion, so a forget cut short between them is reported failed and redone.
+    # Not one MULTI: the keys are the subject's, in several cluster slots. Every write is idempotent
+    # and comes before any deletion, so a forget cut short between them is reported failed and redone.
     pipe = ctx.client.pipeline(transaction=False)
     if mapping:
         pipe.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+        pipe.hset(ctx.keys.forgotten_contents(subject),
+                  mapping={content_hash(m.content): at.isoformat() for m in memories})
     if events:
         pipe.sadd(ctx.keys.forgotten_events(subject), *events)
     pipe.execute()

@@ -44,13 +44,13 @@ class Unplugged:
         self._check()
         self.store.ensure()
 
-    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]]) -> None:
+    def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
         self._check()
-        self.store.put(memories, vectors)
+        self.store.put(memories, vectors, new_only=new_only)
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any]) -> None:
+    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
         self._check()
-        self.store.set_fields(memory_id, fields)
+        self.store.set_fields(memory_id, fields, if_rev=if_rev)
 
     def get(self, flt: MemoryFilter) -> list[Memory]:
         self._check()

@@ -11,7 +11,7 @@ rollback — reaches the store as a `Mutation` applied here, and nowhere else. `
    the engine (a put only where no point is, a patch only on the revision it was planned on) and
    read back: the lock can expire under a stalled writer, the condition cannot (etcd's
    compare-and-write; STYLE.md "Under races");
-4. announces each change on `changes` exactly once, still under the lock and renewing it first, so
+4. announces each change on `changes` exactly once (within a day), still under the lock, so
    the feed is in revision order: a script appends the entry only if the op is not yet in the
    mutation's ledger, so a retry after a crash between the write and the announcement announces
    it, and one after the announcement stays silent.
@@ -47,7 +47,10 @@ from memflow.shared.store import MemoryFilter, Store
 log = logging.getLogger(__name__)
 
 # An op's announcement is remembered this long: a retry or replay of the mutation within it stays silent.
-LEDGER_TTL_S = 7 * 24 * 3600
+# One day, not a week: the ledgers share the feed's cluster slot and grow with a day's mutations there. A
+# retry comes within minutes (a reclaim); a replay after a day (a DLQ replay) may announce a done op again,
+# with the same `rev`, which a consumer mirroring the feed dedupes by (memory_id, rev).
+LEDGER_TTL_S = 24 * 3600
 # Longer than any mutation takes to apply (a job's steps for one subject), short enough that a
 # writer that died holding it delays the subject's next write by at most this.
 LOCK_TIMEOUT_S = 60.0

@@ -27,7 +27,7 @@ from memflow.shared import pending
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect_queue, connect_streams, replicated
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.keys import FIELD, STAGES
+from memflow.shared.keys import FIELD, STAGES, check_partitions
 from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
@@ -58,6 +58,7 @@ class MemoryClient:
         self.queue_redis = connect_queue(self.settings, self.redis)
         self._queue = Queue(self.keys.query_queue, connection=self.queue_redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.queue_redis, serializer=JSONSerializer)
+        self._partitions_checked = False
 
     # -- writing -----------------------------------------------------------------
 
@@ -98,6 +99,9 @@ class MemoryClient:
         """XADD the events to one partition's stream, and (MEMFLOW_REDIS_WAIT_REPLICAS) wait for its replicas:
         an event is acknowledged once it would survive its master's death. Before the XADDs, on the same
         connection: the pending entries a search serves until what they say is stored (shared/pending.py)."""
+        if not self._partitions_checked:  # routed by the deployment's partition count, or refused (shared/keys.py)
+            check_partitions(self.redis, self.keys)
+            self._partitions_checked = True
         subjects: list[str] = []
 
         def write(pipe: Pipeline) -> None:

@@ -9,12 +9,23 @@ at a time (shared/leases.py). Every key of a partition — its four work streams
 streams, their lease, reclaim cursor and error hash — carries the partition's hash tag `{p<n>}`, so
 that in a Redis Cluster they live in one slot: the MULTI and the scripts that move an entry from one
 stage to the next (XADD downstream + XACK upstream) stay atomic there too.
+
+The partition count is the deployment's, not a process's: a subject's partition depends on it, so two
+processes with two counts would send one subject's work through two partitions (two consumers, out of
+order), and a smaller count would leave partitions no one owns. The first process that opens the
+streams records it in Redis (`partition_count`); every consumer and publisher after it checks it and
+refuses another (`check_partitions`). It changes only drained, through `memflow partitions set`
+(shared/streams.change_partitions).
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+
+import redis
+
+from memflow.shared.errors import MemflowError
 
 STAGES = ("trigger", "extract", "resolve", "upsert")
 # The stream a stage reads from: each stage is named after what it does, each stream
@@ -84,6 +95,11 @@ class Keys:
     def lease(self, stage: str, partition: int) -> str:
         """String: the consumer that owns this partition of `stage`, expiring unless renewed (shared/leases.py)."""
         return self.tagged(partition, f"lease:{stage}")
+
+    @property
+    def partition_count(self) -> str:
+        """String: how many partitions this deployment's streams are split into, recorded at first start."""
+        return f"{self.prefix}partitions"
 
     def consumers(self, stage: str) -> str:
         """Sorted set: the live consumers of `stage` by their last heartbeat (server time, ms)."""
@@ -185,3 +201,47 @@ class Keys:
     @property
     def jobs_queue(self) -> str:
         return f"{self.prefix.rstrip(':')}-jobs"
+
+
+class PartitionCountMismatch(MemflowError):
+    """MEMFLOW_PARTITIONS is not the count this deployment's streams were started with."""
+
+    def __init__(self, recorded: int, configured: int, key: str) -> None:
+        super().__init__(
+            f"MEMFLOW_PARTITIONS is {configured} but this deployment's streams are split into {recorded} partitions "
+            f"(recorded in Redis under {key}): with {configured}, a subject's new work would go to another partition "
+            f"than its work in flight. Start with MEMFLOW_PARTITIONS={recorded}; to change the count, drain the "
+            f"pipeline, stop every worker, run `memflow partitions set {configured}`, then start them with "
+            f"MEMFLOW_PARTITIONS={configured} (README, \"Scaling out\").")
+        self.recorded, self.configured = recorded, configured
+
+
+# Change the recorded count only from the one the caller checked the pipeline under (two `set`s race safely).
+_SWAP_COUNT = """
+local now = redis.call('GET', KEYS[1])
+if now and now ~= ARGV[1] then return now end
+redis.call('SET', KEYS[1], ARGV[2])
+return ARGV[2]
+"""
+
+
+def recorded_partitions(client: redis.Redis, keys: Keys) -> int | None:
+    """The deployment's partition count, or None before anything opened its streams."""
+    recorded = client.get(keys.partition_count)
+    return None if recorded is None else int(recorded)
+
+
+def check_partitions(client: redis.Redis, keys: Keys) -> None:
+    """At the start of a consumer or publisher: record `keys.partitions` if no count is recorded yet (the
+    deployment's first start), else refuse a count other than the recorded one (PartitionCountMismatch)."""
+    client.set(keys.partition_count, keys.partitions, nx=True)
+    recorded = recorded_partitions(client, keys)
+    if recorded is not None and recorded != keys.partitions:
+        raise PartitionCountMismatch(recorded, keys.partitions, keys.partition_count)
+
+
+def swap_partitions(client: redis.Redis, keys: Keys, recorded: int | None, count: int) -> bool:
+    """Record `count` if `recorded` is still the recorded count (None: none is); False if it changed meanwhile.
+    Only after checking the pipeline drained under `recorded` (shared/streams.change_partitions)."""
+    got = client.eval(_SWAP_COUNT, 1, keys.partition_count, "" if recorded is None else str(recorded), str(count))
+    return int(got) == count

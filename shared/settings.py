@@ -54,8 +54,9 @@ class RedisSettings(Group):
     server: str | None = None
     stream_prefix: str = "memflow:"
     # Each stage's stream is split into this many partitions by subject (shared/keys.py), each owned by
-    # one consumer at a time: the most consumer processes a stage can keep busy. Change it only with the
-    # pipeline drained (`memflow status`): a subject's work moves to another partition.
+    # one consumer at a time: the most consumer processes a stage can keep busy. Recorded in Redis at first
+    # start; another count is refused (a subject's work would move to another partition): change it drained,
+    # with `memflow partitions set N` (shared/keys.py).
     partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024)
     # A Redis or Valkey cluster: `url` names any one of its nodes (shared/connections.connect).
     cluster: bool = False
@@ -141,6 +142,11 @@ class ConsumerSettings(Group):
     # A partition's owner renews its lease four times a lease; a dead consumer's partitions are taken
     # over once its leases run out (shared/leases.py).
     lease_ms: int = Field(default=10_000, ge=100)
+    # The bound on one batch's time (one entry's, for a per-entry stage): a consumer whose loop makes no
+    # progress for this long (a hung call, a retry in place that never ends) gives its partitions up to a
+    # healthy consumer (shared/leases.py; Kafka's max.poll.interval.ms). Six times an LLM call's worst
+    # case (3 tries × MEMFLOW_LLM_TIMEOUT_S 15 s, with backoff).
+    max_batch_s: float = Field(default=300.0, gt=0)
     # Consumer threads per stream stage in one process (each owns its share of the partitions). More
     # processes scale further: a thread of a stage that embeds or calls an LLM mostly waits.
     consumers: int = Field(default=1, ge=1, le=64)

@@ -2,12 +2,19 @@
 
 A stage supplies `(stage name, input model, handler)`. The loop:
 - owns some of the stage's partitions (shared/leases.py: leases in Redis, a fair share each, taken
-  over from a consumer that died once its lease runs out) and creates the stage's consumer group on
-  every partition's stream (ignoring only BUSYGROUP);
+  over from a consumer that died once its lease runs out, or that made no progress for
+  MEMFLOW_MAX_BATCH_S) and creates the stage's consumer group on every partition's stream (ignoring
+  only BUSYGROUP), once the partition count is the one recorded for the deployment (shared/keys.py);
+- marks progress at every turn and after every entry a handler is done with (`progress`): its leases
+  are renewed only while it does;
 - reclaims entries left pending by a failing consumer with XAUTOCLAIM (cursor kept in Redis;
   `min_idle_time` longer than any handler takes), and at once those of a partition it just took over;
 - reads new entries of all its partitions with XREADGROUP, decodes them, and hands them to the
-  handler as one batch (a stage whose cost is per batch, an embedding call, batches across partitions);
+  handler as one batch (a stage whose cost is per batch, an embedding call, batches across partitions),
+  once it has confirmed that it still holds each partition of the batch (shared/leases.py: `confirm`);
+  a per-entry handler (`per_item`) is handed an entry only after its partition's lease is confirmed
+  again, so a consumer that lost a partition mid-batch runs no further side effect of it (its entries
+  stay pending for the new owner);
 - for each entry that succeeded, XADDs what the handler emits and XACKs the entry in one script per
   partition, fenced by the partition's lease, so an entry is acknowledged exactly when its output is
   durable, and only by the partition's owner;
@@ -15,7 +22,8 @@ A stage supplies `(stage name, input model, handler)`. The loop:
   error) to its partition's `dlq:<stage>` at once, and one that keeps failing there after
   `max_deliveries` deliveries — again in one script with the XACK;
 - retries in place, with backoff, an entry that failed because a dependency is down
-  (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget, and keeps
+  (`Retryable`: Qdrant unavailable), so an outage shorter than MEMFLOW_MAX_BATCH_S never spends a
+  message's budget (past it, the partitions go to another consumer: see shared/leases.py), and keeps
   its claim on the entries it holds meanwhile (XCLAIM JUSTID resets their idle time without
   counting a delivery), so that no other consumer reclaims them;
 - leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
@@ -35,6 +43,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -45,9 +54,9 @@ from redis.cluster import RedisCluster
 
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import replicated
-from memflow.shared.errors import DecodeError, Permanent, Retryable
-from memflow.shared.keys import FIELD, Keys
-from memflow.shared.leases import Leases
+from memflow.shared.errors import DecodeError, MemflowError, Permanent, Retryable
+from memflow.shared.keys import FIELD, STAGES, Keys, check_partitions, recorded_partitions, swap_partitions
+from memflow.shared.leases import LeaseLost, Leases, live_consumers
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,20 +78,61 @@ BatchHandler = Callable[[Sequence[M]], Sequence[Outcome]]
 
 
 def per_item(handle: Callable[[M], list[Emit]]) -> BatchHandler[M]:
-    """Turn a one-message handler into a batch handler that isolates each message's failure."""
+    """Turn a one-message handler into a batch handler that isolates each message's failure, hands a message
+    over only while its partition's lease is still ours (confirmed just before: `Leases.confirm`), and marks
+    progress after each message it is done with (one failing with a `Retryable` error is not done: it is
+    retried in place, and a retry in place that never ends loses the partitions after MEMFLOW_MAX_BATCH_S)."""
 
     def run(items: Sequence[M]) -> list[Outcome]:
         outcomes: list[Outcome] = []
-        for item in items:
+        for i, item in enumerate(items):
             try:
-                outcomes.append(handle(item))
+                confirmed = _confirmed(i)
+            except redis.RedisError as exc:  # cannot tell: left pending, retried once Redis answers
+                outcomes.append(exc)
+                continue
+            if not confirmed:
+                outcomes.append(LeaseLost("the partition's lease was lost before this entry was handled"))
+                continue
+            try:
+                outcome: Outcome = handle(item)
             # A consumer loop must outlive any one bad message: the error is kept and the
             # message retried, then dead-lettered, never swallowed.
             except Exception as exc:  # noqa: BLE001
-                outcomes.append(exc)
+                outcome = exc
+            outcomes.append(outcome)
+            if not isinstance(outcome, Retryable):
+                progress()
         return outcomes
 
     return run
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The batch a consumer loop has handed its handler: the partition of each message, by index."""
+
+    leases: Leases
+    partitions: Sequence[int]
+
+
+# The batch in hand on this thread, while its handler runs (StreamConsumer._outcomes).
+_TURN: ContextVar[_Turn | None] = ContextVar("memflow_stream_turn", default=None)
+
+
+def progress() -> None:
+    """From inside a batch handler: the batch moves on (a message done), so its consumer keeps its partitions
+    for another MEMFLOW_MAX_BATCH_S (Temporal's activity heartbeat). A handler whose one batch makes many
+    slow calls says so after each; outside a consumer loop, nothing."""
+    turn = _TURN.get()
+    if turn is not None:
+        turn.leases.progress()
+
+
+def _confirmed(index: int) -> bool:
+    """Is the lease of the partition of message `index` of the batch in hand still ours (True outside a loop)?"""
+    turn = _TURN.get()
+    return turn is None or turn.leases.confirm(turn.partitions[index])
 
 
 def backoff_s(failures: int, base_s: float, max_s: float, rand: Callable[[], float] = random.random) -> float:
@@ -110,6 +160,8 @@ class ConsumerConfig:
     linger_ms: int = 0
     # A partition's owner renews its lease four times a lease; a dead one's partitions are free after it.
     lease_ms: int = 10_000
+    # A batch (or one entry of a per-item handler) that makes no progress for this long loses its partitions.
+    max_batch_s: float = 300.0
     # Acknowledged entries of the work streams are kept this long, then trimmed (0: trimmed at once).
     retention_ms: int = 3_600_000
     # Replicas that must hold a settled batch before the loop goes on (WAIT; 0: the master's word is enough).
@@ -123,7 +175,7 @@ class ConsumerConfig:
         s = settings.consumer
         return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
                    count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
-                   lease_ms=s.lease_ms, retention_ms=int(s.retention_s * 1000),
+                   lease_ms=s.lease_ms, max_batch_s=s.max_batch_s, retention_ms=int(s.retention_s * 1000),
                    wait_replicas=settings.redis.wait_replicas, wait_timeout_ms=settings.redis.wait_timeout_ms,
                    decode_context={"max_text_bytes": settings.limits.max_text_bytes})
 
@@ -142,7 +194,7 @@ class StreamConsumer(Generic[M]):
         self.handler, self.config = handler, config
         self.group = keys.group(stage)
         self.name = name or f"{stage}-{random.getrandbits(32):08x}"
-        self.leases = Leases(client, keys, stage, self.name, config.lease_ms)
+        self.leases = Leases(client, keys, stage, self.name, config.lease_ms, config.max_batch_s)
         self._partition_of = {keys.input_of(stage, p): p for p in range(keys.partitions)}
         self._cluster = isinstance(client, RedisCluster)
         self._failures = 0
@@ -160,6 +212,9 @@ class StreamConsumer(Generic[M]):
         return self.keys.input_of(self.stage, partition)
 
     def ensure_group(self) -> None:
+        """Refuse a partition count other than the deployment's (PartitionCountMismatch), then create the group
+        on every partition's stream."""
+        check_partitions(self.client, self.keys)
         for stream in self.keys.inputs_of(self.stage):
             try:
                 self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
@@ -174,6 +229,7 @@ class StreamConsumer(Generic[M]):
         self.ensure_group()
         log.info("consumer %s reading %d partitions of %s as group %s", self.name, self.keys.partitions,
                  self.stage, self.group)
+        self.leases.progress()
         renewing = self.leases.keep_renewing(stop)
         try:
             while not stop.is_set():
@@ -209,6 +265,7 @@ class StreamConsumer(Generic[M]):
     def step(self) -> bool:
         """Take or give up partitions, reclaim, read, process one batch. True when every entry of a
         non-empty batch failed."""
+        self.leases.progress()  # a turn of the loop: its leases stay renewed for another max_batch_s
         self._take_over(self.leases.refresh())
         owned = self.leases.owned()
         if not owned:  # every partition has an owner: wait for a share to come free
@@ -348,7 +405,7 @@ class StreamConsumer(Generic[M]):
 
     def _process(self, entries: list[Entry]) -> bool:
         decoded: list[tuple[Entry, M]] = []
-        for entry in entries:
+        for entry in self._still_ours(entries):
             try:
                 decoded.append((entry, decode(entry.raw, self.model, self.config.decode_context)))
             except DecodeError as exc:
@@ -356,10 +413,17 @@ class StreamConsumer(Generic[M]):
         if not decoded:
             return False
         done, failed = self._handle_through_outages(decoded)
+        self.leases.progress()
         self._ack_with(done)
         for entry, error in failed:
             self._settle_failure(entry, error)
         return not done
+
+    def _still_ours(self, entries: list[Entry]) -> list[Entry]:
+        """The entries whose partition's lease is still ours (`Leases.confirm`): the others are left to the
+        partition's new owner before any of their side effects runs."""
+        ours = {p for p in dict.fromkeys(entry.partition for entry in entries) if self.leases.confirm(p)}
+        return [entry for entry in entries if entry.partition in ours]
 
     def _handle_through_outages(self, decoded: list[tuple[Entry, M]]
                                 ) -> tuple[list[tuple[Entry, list[Emit]]], list[tuple[Entry, BaseException]]]:
@@ -374,9 +438,11 @@ class StreamConsumer(Generic[M]):
         todo, rounds = decoded, 0
         while todo:
             retry, why = [], ""
-            for pair, outcome in zip(todo, self._outcomes([item for _, item in todo]), strict=True):
+            for pair, outcome in zip(todo, self._outcomes(todo), strict=True):
                 if not isinstance(outcome, BaseException):
                     done.append((pair[0], outcome))
+                elif isinstance(outcome, LeaseLost) or not self.leases.holds(pair[0].partition):
+                    continue  # the partition has another owner (or soon will): its entry is that one's
                 elif isinstance(outcome, Retryable) and not self._stop.is_set():
                     retry.append(pair)
                     why = f"{type(outcome).__name__}: {outcome}"
@@ -400,7 +466,8 @@ class StreamConsumer(Generic[M]):
         every_s = self.config.reclaim_idle_ms / 3000
         deadline = time.monotonic() + wait_s
         while True:
-            held = self._refresh_claim(held)
+            # A partition given up meanwhile (no progress for max_batch_s) is its next owner's: not held, not retried.
+            held = self._refresh_claim([pair for pair in held if self.leases.holds(pair[0].partition)])
             left_s = deadline - time.monotonic()
             if not held or left_s <= 0 or self._stop.wait(min(left_s, every_s)):
                 return held
@@ -417,14 +484,18 @@ class StreamConsumer(Generic[M]):
                             self.stage, entry.id)
         return [pair for pair in held if (pair[0].partition, pair[0].id) in ours]
 
-    def _outcomes(self, items: list[M]) -> Sequence[Outcome]:
+    def _outcomes(self, pairs: list[tuple[Entry, M]]) -> Sequence[Outcome]:
         """The handler's outcome per item; an exception from the batch as a whole is every item's
-        (retried, then dead-lettered with its reason), never the end of the stage's thread."""
+        (retried, then dead-lettered with its reason), never the end of the stage's thread. While it
+        runs, the handler can confirm each item's lease and mark progress (`per_item`, `progress`)."""
+        turn = _TURN.set(_Turn(self.leases, [entry.partition for entry, _ in pairs]))
         try:
-            return self.handler(items)
+            return self.handler([item for _, item in pairs])
         except Exception as exc:  # noqa: BLE001 - a batch handler's bug must not stop the stream
             log.exception("stage %s: the batch handler failed as a whole", self.stage)
-            return [exc for _ in items]
+            return [exc for _ in pairs]
+        finally:
+            _TURN.reset(turn)
 
     def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:
         """Dead-letter a permanent failure; keep the error of a retryable one and leave it pending."""
@@ -598,6 +669,37 @@ def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str,
             lag, pending = _stage_backlog(keys.group(stage), info, groups)
             totals[stage] = (totals[stage][0] + lag, totals[stage][1] + pending)
     return totals
+
+
+class PartitionChangeRefused(MemflowError):
+    """`memflow partitions set` while the pipeline holds work, dead letters or live consumers."""
+
+
+def change_partitions(client: redis.Redis, keys: Keys, count: int, lease_ms: int) -> int | None:
+    """Record `count` as the deployment's partition count (`memflow partitions set`); the count it replaces.
+
+    Only drained: a subject's partition depends on the count, so an entry in flight (unread or pending in any
+    stage), a dead letter (replayed to the partition it came from) or a consumer still running on the old count
+    would carry a subject's work through two partitions, or leave it in one no one owns. The checks read the
+    partitions of the recorded count; the record changes only if it is still that count.
+    """
+    if not 1 <= count <= 1024:
+        raise PartitionChangeRefused(f"a partition count is between 1 and 1024, not {count}")
+    recorded = recorded_partitions(client, keys)
+    old = Keys(keys.prefix, recorded or keys.partitions)
+    busy = {stage: f"{lag} unread, {unacked} pending"
+            for stage, (lag, unacked) in backlog(client, old, STAGES).items() if lag or unacked}
+    dead = {stage: n for stage in STAGES if (n := sum(int(client.xlen(s)) for s in old.dlqs(stage)))}
+    live = {stage: n for stage in STAGES if (n := live_consumers(client, old, stage, lease_ms))}
+    why = [*(f"{stage}: {what}" for stage, what in busy.items()),
+           *(f"{stage}: {n} dead letters (replay or drop them first)" for stage, n in dead.items()),
+           *(f"{stage}: {n} consumers running (stop every worker first)" for stage, n in live.items())]
+    if why:
+        raise PartitionChangeRefused(f"cannot change the partition count from {old.partitions} to {count} while "
+                                     f"the pipeline is not drained: {'; '.join(why)}")
+    if not swap_partitions(client, keys, recorded, count):
+        raise PartitionChangeRefused(f"the partition count changed meanwhile (from {recorded}): check again")
+    return recorded
 
 
 def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:

@@ -87,7 +87,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 16: `memflow serve` and `memflow mcp`
     "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
     # issue 17: a cluster, and writes acknowledged once replicas hold them
-    "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms", "redis_queue_url")}
+    "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms", "redis_queue_url",
+    # issue 29: a lease means progress (the bound on one batch's time)
+    "max_batch_s")}
 
 
 def every_name_set() -> Settings:

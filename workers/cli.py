@@ -29,12 +29,13 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect_queue, connect_streams, require_url, running
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.errors import InvalidInput, MemflowError
-from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.keys import FIELD, STAGES, Keys, recorded_partitions
 from memflow.shared.reindex import DEFAULT_BATCH, Report, Step, reindex
 from memflow.shared.rpc import Rep
 from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.shared.status import PipelineStatus, read_status
 from memflow.shared.store import Catalog, catalog_for
+from memflow.shared.streams import change_partitions
 from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
 from memflow.workers.system import Part
 
@@ -51,6 +52,8 @@ app.add_typer(review_app, name="review")
 keys_app = typer.Typer(help="API keys for `memflow serve` and `memflow mcp`, each scoped to subjects.",
                        no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+partitions_app = typer.Typer(help="The partition count of the streams, recorded in Redis.", no_args_is_help=True)
+app.add_typer(partitions_app, name="partitions")
 bench_app = typer.Typer(help="Benchmarks: LoCoMo and MADial-Bench retrieval, performance.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -619,6 +622,29 @@ def _bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+# -- partitions -------------------------------------------------------------------------
+
+
+@partitions_app.command("show")
+def partitions_show() -> None:
+    """The count recorded for this deployment, and MEMFLOW_PARTITIONS here."""
+    client, keys = _redis_target()
+    typer.echo(f"recorded: {recorded_partitions(client, keys) or 'none yet'}; MEMFLOW_PARTITIONS: {keys.partitions}")
+
+
+@partitions_app.command("set")
+def partitions_set(count: Annotated[int, typer.Argument(help="The new partition count (1-1024).")]) -> None:
+    """Change the partition count, drained: nothing unread, pending or dead-lettered in any stage and no
+    worker running (refused otherwise, saying what is left). Then start every process with
+    MEMFLOW_PARTITIONS=COUNT."""
+    client, keys = _redis_target()
+    try:
+        was = change_partitions(client, keys, count, _settings().consumer.lease_ms)
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"partitions: {was or 'none recorded'} -> {count}; start every process with MEMFLOW_PARTITIONS={count}")
 
 
 # -- keys -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from memflow.shared.errors import EmbedderRejected
 from memflow.shared.llm import Reading
 from memflow.shared.pending import settled_by
 from memflow.shared.store import MemoryFilter, Query, Scored, Store
-from memflow.shared.streams import Emit, Outcome, StreamConsumer
+from memflow.shared.streams import Emit, Outcome, StreamConsumer, progress
 from memflow.workers import forgetting
 from memflow.workers.runtime import Context
 
@@ -56,6 +56,7 @@ def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
             outcomes.append([Emit(ctx.keys.work("resolve", candidate.subject), candidate)])
         else:
             outcomes.append(_resolved(ctx, candidate, *next(places)))
+            progress()  # one judge call each at most: a batch of many keeps its partitions while it moves on
     return outcomes
 
 

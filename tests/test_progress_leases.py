@@ -1,0 +1,166 @@
+"""Leases with progress semantics, on a real redis-server (issue 29, item 5; STYLE.md "Under races" 18).
+
+A partition's lease is renewed while its consumer's loop makes progress, not by a timer beside it
+(Kafka's max.poll.interval.ms): a consumer stuck in one batch past MEMFLOW_MAX_BATCH_S gives its
+partitions up for a healthy one to take, and one that lost a lease runs no further side effects of
+the batch in hand for that partition.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+
+from memflow.pipeline.models import Wire
+from memflow.shared.codec import encode
+from memflow.shared.errors import StoreUnavailable
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.settings import Settings
+from memflow.shared.streams import ConsumerConfig, Emit, StreamConsumer, backlog, per_item
+from tests.conftest import wait_for
+
+P = 2
+LEASE_MS = 400
+MAX_BATCH_S = 1.0
+
+
+class Say(Wire):
+    subject: str
+    n: int
+
+
+def config(**overrides: object) -> ConsumerConfig:
+    base = {"max_deliveries": 5, "reclaim_idle_ms": 30_000, "block_ms": 20, "count": 16, "retry_base_s": 0.01,
+            "retry_max_s": 0.05, "lease_ms": LEASE_MS, "max_batch_s": MAX_BATCH_S}
+    return ConsumerConfig(**(base | overrides))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pkeys(settings: Settings) -> Keys:
+    return Keys(settings.redis.stream_prefix, P)
+
+
+def publish(client: redis.Redis, keys: Keys, subject: str, n: int) -> None:
+    client.xadd(keys.work("extract", subject), {FIELD: encode(Say(subject=subject, n=n))})
+
+
+@pytest.fixture
+def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
+    started: list[tuple[threading.Event, threading.Thread]] = []
+    yield started
+    for stop, _ in started:
+        stop.set()
+    for _, thread in started:
+        thread.join(timeout=10)
+
+
+def run(consumer: StreamConsumer[Say], started: list[tuple[threading.Event, threading.Thread]]) -> threading.Event:
+    stop = threading.Event()
+    consumer.ensure_group()
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    started.append((stop, thread))
+    return stop
+
+
+def test_a_consumer_stuck_in_a_batch_loses_its_partitions_to_a_healthy_one(
+        client: redis.Redis, pkeys: Keys, running: list[tuple[threading.Event, threading.Thread]]) -> None:
+    """Its handler blocks for good (on an Event the test holds): its lease-renewing thread is alive, its loop is
+    not. Within the bound on one batch's time, a second consumer owns every partition and does the work."""
+    entered, unblock = threading.Event(), threading.Event()
+    stuck_calls: list[int] = []
+
+    def stuck(items: Sequence[Say]) -> list[list[Emit]]:
+        stuck_calls.extend(item.n for item in items)
+        entered.set()
+        unblock.wait()  # a call that never returns: a hung connection, a retired index waited on
+        return [[Emit(pkeys.work("resolve", item.subject), item)] for item in items]
+
+    handled: list[int] = []
+    first = StreamConsumer(client, pkeys, "extract", Say, stuck, config(), name="stuck")
+    run(first, running)
+    wait_for(lambda: first.leases.owned() == list(range(P)), what="the first consumer to own every partition")
+    publish(client, pkeys, "alice", 1)
+    wait_for(entered.is_set, what="the first consumer to be stuck in its batch")
+    stuck_at = time.monotonic()
+
+    second = StreamConsumer(client, pkeys, "extract", Say,
+                            per_item(lambda m: handled.append(m.n) or [Emit(pkeys.work("resolve", m.subject), m)]),
+                            config(), name="healthy")
+    run(second, running)
+    try:
+        wait_for(lambda: handled == [1], timeout_s=MAX_BATCH_S + 10 * LEASE_MS / 1000,
+                 what="the healthy consumer to take the stuck one's partitions and do its work")
+        took_s = time.monotonic() - stuck_at
+        print(f"take-over from a stuck consumer: {took_s * 1000:.0f} ms (bound {MAX_BATCH_S * 1000:.0f} ms, "
+              f"lease {LEASE_MS} ms)")
+        # The bound, then at most a renewal period for the stuck one to notice and one refresh for the healthy one.
+        assert took_s < MAX_BATCH_S + LEASE_MS / 1000 + 1.0
+        assert second.leases.owned() == list(range(P))
+        assert first.leases.owned() == []
+        publish(client, pkeys, "bob", 2)
+        wait_for(lambda: handled == [1, 2], what="new work to go to the healthy consumer")
+    finally:
+        unblock.set()
+    # The stuck batch returns at last: its owner no longer holds the lease, so it settles nothing.
+    wait_for(lambda: backlog(client, pkeys, ("extract",))["extract"] == (0, 0), what="everything settled once")
+    assert client.xlen(pkeys.work("resolve", "alice")) == 1, "the stale batch emitted a second time"
+    assert stuck_calls == [1]
+
+
+def test_a_consumer_that_lost_its_lease_applies_nothing_more_of_its_batch(client: redis.Redis, pkeys: Keys) -> None:
+    """The process stalled (or Redis did not answer its renewals) while the first entry was applied: the lease
+    ran out and another consumer took the partition. The stale owner does not go on to apply the batch's next
+    entries, nor settle any of it."""
+    applied: list[int] = []
+    lease = pkeys.lease("extract", pkeys.partition("alice"))
+
+    def apply(item: Say) -> list[Emit]:
+        applied.append(item.n)
+        if item.n == 1:  # stepped by hand, no renewing thread: the stall outlives the lease
+            wait_for(lambda: not client.exists(lease), what="the stalled consumer's lease to run out")
+            assert client.set(lease, "usurper", px=60_000, nx=True)
+        return [Emit(pkeys.work("resolve", item.subject), item)]
+
+    stale = StreamConsumer(client, pkeys, "extract", Say, per_item(apply), config(), name="stale")
+    stale.ensure_group()
+    for n in (1, 2, 3):
+        publish(client, pkeys, "alice", n)
+    stale.step()
+    assert applied == [1], "applied entries of a partition whose lease it had lost"
+    assert client.xlen(pkeys.work("resolve", "alice")) == 0, "emitted without the lease"
+    assert backlog(client, pkeys, ("extract",))["extract"] == (0, 3), "acknowledged without the lease"
+    assert pkeys.partition("alice") not in stale.leases.owned()
+
+
+def test_retrying_in_place_past_the_bound_hands_the_partitions_over(
+        client: redis.Redis, pkeys: Keys, running: list[tuple[threading.Event, threading.Thread]]) -> None:
+    """A consumer that retries in place for good (its store handle is down for it alone) is not making
+    progress: past the bound it stops retrying, and a healthy consumer takes the entry."""
+    down = threading.Event()
+    down.set()
+    tries: list[int] = []
+
+    def broken(item: Say) -> list[Emit]:
+        tries.append(item.n)
+        if down.is_set():
+            raise StoreUnavailable("this process's shard is retired")
+        return []
+
+    first = StreamConsumer(client, pkeys, "extract", Say, per_item(broken), config(), name="broken")
+    run(first, running)
+    wait_for(lambda: first.leases.owned() == list(range(P)), what="the first consumer to own every partition")
+    publish(client, pkeys, "alice", 1)
+    wait_for(lambda: len(tries) > 1, what="the first consumer to retry in place")
+    handled: list[int] = []
+    second = StreamConsumer(client, pkeys, "extract", Say, per_item(lambda m: handled.append(m.n) or []), config(),
+                            name="healthy")
+    stop_second = run(second, running)
+    wait_for(lambda: handled == [1], timeout_s=MAX_BATCH_S + 10 * LEASE_MS / 1000,
+             what="the healthy consumer to take over the entry retried in place")
+    stop_second.set()
+    wait_for(lambda: backlog(client, pkeys, ("extract",))["extract"] == (0, 0), what="the entry settled")

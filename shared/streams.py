@@ -22,8 +22,9 @@ A stage supplies `(stage name, input model, handler)`. The loop:
   error) to its partition's `dlq:<stage>` at once, and one that keeps failing there after
   `max_deliveries` deliveries — again in one script with the XACK;
 - retries in place, with backoff, an entry that failed because a dependency is down
-  (`Retryable`: Qdrant unavailable), so an outage shorter than MEMFLOW_MAX_BATCH_S never spends a
-  message's budget (past it, the partitions go to another consumer: see shared/leases.py), and keeps
+  (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget (past
+  MEMFLOW_MAX_BATCH_S the partitions go to another consumer, shared/leases.py: the entry's error hash
+  says it was waiting out an outage, and those handovers are not counted against it), and keeps
   its claim on the entries it holds meanwhile (XCLAIM JUSTID resets their idle time without
   counting a delivery), so that no other consumer reclaims them;
 - leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
@@ -52,6 +53,7 @@ import redis
 from pydantic import BaseModel
 from redis.cluster import RedisCluster
 
+from memflow.shared import pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import replicated
 from memflow.shared.errors import DecodeError, MemflowError, Permanent, Retryable
@@ -60,6 +62,11 @@ from memflow.shared.leases import LeaseLost, Leases, live_consumers
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# How an entry's last error says it was waiting out an outage (a `Retryable` failure): its deliveries since are
+# handovers between consumers (shared/leases.py gives partitions up after MEMFLOW_MAX_BATCH_S without progress),
+# which do not spend its budget.
+OUTAGE = "outage: "
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -384,7 +391,15 @@ class StreamConsumer(Generic[M]):
         alive = []
         for entry in entries:
             if entry.deliveries > self.config.max_deliveries:
-                last = self.client.hget(self.keys.errors(self.stage, entry.partition), entry.id)
+                errors = self.keys.errors(self.stage, entry.partition)
+                last = self.client.hget(errors, entry.id)
+                if last is not None and last.startswith(OUTAGE.encode()):
+                    # Its deliveries were handovers while it waited out an outage (every consumer saw it, none
+                    # could do better): not its fault, so not its budget. The mark goes now: should this try
+                    # crash the process, the next delivery counts as usual.
+                    self.client.hdel(errors, entry.id)
+                    alive.append(entry)
+                    continue
                 reason = f"gave up after {entry.deliveries - 1} deliveries: {_text(last or b'unknown error')}"
                 self._dead_letter(entry, reason, entry.deliveries - 1)
             else:
@@ -449,6 +464,8 @@ class StreamConsumer(Generic[M]):
                 else:
                     failed.append((pair[0], outcome))
             if retry:
+                if rounds == 0:
+                    self._record_outage([entry for entry, _ in retry], why)
                 rounds += 1
                 log.warning("stage %s: %d entries wait out an outage (round %d; %s)", self.stage, len(retry), rounds,
                             why[:300])
@@ -497,12 +514,19 @@ class StreamConsumer(Generic[M]):
         finally:
             _TURN.reset(turn)
 
+    def _record_outage(self, entries: list[Entry], why: str) -> None:
+        """Mark entries that meet an outage (once per batch that meets one, so a few writes per outage)."""
+        pipe = self.client.pipeline(transaction=False)
+        for entry in entries:
+            pipe.hset(self.keys.errors(self.stage, entry.partition), entry.id, f"{OUTAGE}{why}"[:2000])
+        pipe.execute()
+
     def _settle_failure(self, entry: Entry, outcome: BaseException) -> None:
         """Dead-letter a permanent failure; keep the error of a retryable one and leave it pending."""
         if isinstance(outcome, Permanent):
             self._dead_letter(entry, f"{type(outcome).__name__}: {outcome}", entry.deliveries)
             return
-        reason = f"{type(outcome).__name__}: {outcome}"
+        reason = f"{OUTAGE if isinstance(outcome, Retryable) else ''}{type(outcome).__name__}: {outcome}"
         log.warning("stage %s entry %s failed (delivery %d): %s", self.stage, entry.id, entry.deliveries, reason)
         self.client.hset(self.keys.errors(self.stage, entry.partition), entry.id, reason[:2000])
 
@@ -517,6 +541,9 @@ class StreamConsumer(Generic[M]):
 
     def _dead_letter(self, entry: Entry, reason: str, attempts: int) -> None:
         log.error("stage %s entry %s dead-lettered: %s", self.stage, entry.id, reason)
+        # What it carries will not be stored: no longer served as pending (before the move: a crash between
+        # leaves the entry to be dead-lettered again, never served for good).
+        pending.settle_dead(self.client, self.keys, self.stage, entry.raw)
         record = {"payload": entry.raw if entry.raw is not None else b"", "error": reason,
                   "attempts": attempts, "source": self.stream(entry.partition), "source_id": entry.id,
                   "stage": self.stage, "at": time.time()}

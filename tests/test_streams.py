@@ -256,3 +256,43 @@ def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, ke
              what="the entry to pass once the store is back")
     assert seen_by_second == []
     assert client.xlen(keys.dlq("extract", 0)) == 0
+
+
+def test_an_outage_handed_round_consumers_does_not_spend_the_delivery_budget(client, keys, running) -> None:
+    """An outage every consumer sees outlasts the progress bound (MEMFLOW_MAX_BATCH_S): the partition is
+    handed from consumer to consumer, each takeover a delivery. Waiting out an outage is not the entry's
+    fault: past the budget it is handled, not dead-lettered. A crash loop (no outage recorded) still is."""
+    from memflow.shared.errors import StoreUnavailable
+
+    stream = keys.input_of("extract", 0)
+    client.xgroup_create(stream, "extract", id="0", mkstream=True)
+    send(client, keys, 1, 2)
+    calls: Counter[int] = Counter()
+
+    def outage_then_handover(m: Note) -> list[Emit]:
+        calls[m.n] += 1
+        raise StoreUnavailable("qdrant down")
+
+    stop = threading.Event()
+    first = StreamConsumer(client, keys, "extract", Note, per_item(outage_then_handover), config(max_deliveries=3))
+    first.ensure_group()
+    thread = threading.Thread(target=first.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(lambda: calls[1] >= 2 and calls[2] >= 2, what="both entries waiting out the outage")
+    stop.set()  # the consumer gives its partitions up (as after MEMFLOW_MAX_BATCH_S without progress)
+    thread.join(timeout=10)
+    for _ in range(4):  # more handovers than max_deliveries allows: each a delivery of entry 1
+        client.xclaim(stream, "extract", "next-owner", 0, [client.xpending_range(stream, "extract", "-", "+", 1)[0]
+                                                           ["message_id"]])
+    client.xclaim(stream, "extract", "next-owner", 0, [client.xpending_range(stream, "extract", "-", "+", 2)[1]
+                                                       ["message_id"]])
+    client.hdel(keys.errors("extract", 0), client.xpending_range(stream, "extract", "-", "+", 2)[1]["message_id"])
+    for _ in range(4):  # entry 2: as many deliveries, but no outage on record (a crash loop)
+        client.xclaim(stream, "extract", "next-owner", 0, [client.xpending_range(stream, "extract", "-", "+", 2)[1]
+                                                           ["message_id"]])
+    handled: list[int] = []
+    run(StreamConsumer(client, keys, "extract", Note, per_item(lambda m: handled.append(m.n) or []),
+                       config(max_deliveries=3)), running)
+    wait_for(lambda: backlog(client, keys, ["extract"])["extract"] == (0, 0), what="both settled")
+    assert handled == [1]
+    assert client.xlen(keys.dlq("extract", 0)) == 1

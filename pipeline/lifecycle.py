@@ -58,6 +58,24 @@ STRENGTH_SCALE = 1000
 # A record goes with what faded only if that repeats this much of its wording (as record collapse).
 RECORD_COVERAGE = COLLAPSE_COVERAGE
 
+# What a point's payload keeps of its past (bounded: each change reads and rewrites the payload). Its last
+# MAX_REVISIONS revisions (`memflow history` shows them; a rollback restores a version, another point, so
+# it needs none of them), and PROVENANCE_MAX of its events and of its sessions (`provenance`).
+MAX_REVISIONS = 200
+PROVENANCE_MAX = 200
+PROVENANCE_FIRST = 20
+
+
+def provenance(ids: list[str]) -> list[str]:
+    """A point's events (or sessions), bounded: the first PROVENANCE_FIRST (where it was first said) and the
+    newest of the rest, PROVENANCE_MAX in all. A memory restated every day would otherwise carry every event
+    in its payload, read and rewritten by each change. What drops out is old: a redelivery of it (past the work
+    streams' retention) is decided against the content, and forget's tombstones name the words too."""
+    if len(ids) <= PROVENANCE_MAX:
+        return ids
+    return ids[:PROVENANCE_FIRST] + ids[len(ids) - (PROVENANCE_MAX - PROVENANCE_FIRST):]
+
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -236,7 +254,7 @@ def _pattern(key: str, group: list[Memory], sessions: int, now: datetime, policy
         uri=f"mem://{latest.subject}/{Dir.patterns.value}/{pattern_key}", dir=Dir.patterns, mtype=MType.pattern,
         key=pattern_key, content=content, confidence=REPEATED_CONFIDENCE, importance=latest.importance,
         source=Source.derived, created_at=now, updated_at=now, valid_from=now,
-        source_event_ids=list(dict.fromkeys(e for m in group for e in m.source_event_ids)),
+        source_event_ids=provenance(list(dict.fromkeys(e for m in group for e in m.source_event_ids))),
         session_ids=sorted({s for m in group for s in m.session_ids}), evidence=latest.content, about=latest.about,
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
 from memflow.pipeline.ids import is_keyed, new_memory, starting_tier
-from memflow.pipeline.lifecycle import retires_record, superseded, support
+from memflow.pipeline.lifecycle import MAX_REVISIONS, provenance, retires_record, superseded, support
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
@@ -413,8 +413,8 @@ def apply_patch(memory: Memory, op: PatchOp, at: datetime) -> Memory:
         raise ValueError(f"a patch may not set {', '.join(frozen)}")
     data = memory.model_dump()
     data.update(op.set)
-    data["source_event_ids"] = _union(memory.source_event_ids, op.add_source_event_ids)
-    data["session_ids"] = _union(memory.session_ids, op.add_session_ids)
+    data["source_event_ids"] = provenance(_union(memory.source_event_ids, op.add_source_event_ids))
+    data["session_ids"] = provenance(_union(memory.session_ids, op.add_session_ids))
     data["rev"] = memory.rev + 1
     data["updated_at"] = at
     after = Memory.model_validate(data)
@@ -422,7 +422,7 @@ def apply_patch(memory: Memory, op: PatchOp, at: datetime) -> Memory:
     if not before:
         return after
     revision = Revision(rev=after.rev, at=at, why=op.why, before=before)
-    return after.model_copy(update={"revisions": [*memory.revisions, revision]})
+    return after.model_copy(update={"revisions": [*memory.revisions, revision][-MAX_REVISIONS:]})
 
 
 def changed_fields(before: Memory, after: Memory, names: Iterable[str]) -> dict[str, Any]:

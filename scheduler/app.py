@@ -36,6 +36,8 @@ SCHEDULE = (
     Entry("consolidate", None, {"hour": 3, "minute": 30}, timedelta(days=1)),
     Entry("review", None, {"hour": 4, "minute": 0}, timedelta(days=1)),
     Entry("index", None, {"minute": "*/10"}, timedelta(minutes=10)),
+    # Uses a pack or feedback could not count at once (the write lock was taken: shared/uses.py).
+    Entry("uses", None, {"minute": "*/5"}, timedelta(minutes=5)),
 )
 # Looking back two periods finds the latest firing even when a day lasts 25 h (DST).
 LOOKBACK_PERIODS = 2

@@ -154,9 +154,10 @@ class MemoryClient:
             return SearchResult(subject=subject, query=query, status="failed", error=str(exc))
 
     def pack(self, subject: str, query: str, budget_tokens: int = 800, system_prompt: str = "", *,
-             now: datetime | None = None) -> PackedPrompt:
+             now: datetime | None = None, request_id: str | None = None) -> PackedPrompt:
+        """`request_id`: the uses this pack adopts count once per id (a retry passes the same; default: new)."""
         return self.call(PACK, subject=subject, query=query, budget_tokens=budget_tokens,
-                         system_prompt=system_prompt, now=now)
+                         system_prompt=system_prompt, now=now, **_named(request_id=request_id))
 
     def forget(self, subject: str, memory_ids: Sequence[str] | None = None, *, contains: str | None = None) -> int:
         return self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains).count
@@ -170,8 +171,11 @@ class MemoryClient:
         """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them."""
         return _plain(self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids))
 
-    def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None) -> int:
-        return self.call(FEEDBACK, subject=subject, memory_ids=memory_ids, at=at).count
+    def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None,
+                 request_id: str | None = None) -> int:
+        """`request_id`: counted once per id (a retry passes the same; default: a new one per call)."""
+        return self.call(FEEDBACK, subject=subject, memory_ids=memory_ids, at=at,
+                         **_named(request_id=request_id)).count
 
     def inspect(self, subject: str, *, now: datetime | None = None) -> dict[str, Any]:
         return _plain(self.call(INSPECT, subject=subject, now=now))
@@ -256,3 +260,8 @@ def _raised_kind(exc_string: str) -> str:
 def _plain(reply: BaseModel) -> dict[str, Any]:
     """A reply as the plain JSON the dict-returning methods have always given."""
     return reply.model_dump(mode="json")
+
+
+def _named(**fields: Any) -> dict[str, Any]:
+    """The fields given (not None): the others keep their request model's default (a fresh request id)."""
+    return {k: v for k, v in fields.items() if v is not None}

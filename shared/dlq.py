@@ -15,9 +15,11 @@ from typing import Any
 
 import redis
 
+from memflow.shared import pending
 from memflow.shared.codec import json_object
 from memflow.shared.errors import DecodeError, InvalidInput
 from memflow.shared.keys import FIELD, Keys
+from memflow.shared.settings import PendingSettings
 
 # The one table both ways: "15m" → 900,000 ms, and 900,000 ms → "15m".
 UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}
@@ -193,8 +195,9 @@ return 1
 
 
 def replay(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | None = None,
-           where: Where = Where()) -> int:
-    """Put the selected dead letters back on the stream they came from; how many went back.
+           where: Where = Where(), *, settings: PendingSettings | None = None) -> int:
+    """Put the selected dead letters back on the stream they came from; how many went back. What a replayed
+    letter says is served as pending again until it lands, as a publish is (`settings`: the pending layer's).
 
     The selection is read in full first: a replayed entry that fails again lands at the end of
     the same DLQ and must not be met, and replayed, again by this call.
@@ -204,7 +207,11 @@ def replay(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | Non
     for letter in list(select(client, keys, stage, ids, where)):
         # The source is a stream of the DLQ's partition (same slot): where the entry failed.
         source = letter.source or keys.input_of(stage, keys.partition_in(letter.stream))
-        replayed += int(script(keys=[letter.stream, source], args=[letter.id, FIELD, letter.payload]))
+        served = pending.serve_again(client, keys, settings or PendingSettings(), stage, letter.payload)
+        back = int(script(keys=[letter.stream, source], args=[letter.id, FIELD, letter.payload]))
+        if not back:  # replayed or dropped meanwhile by another shell: not served on our word
+            pending.settle(client, keys, served)
+        replayed += back
     return replayed
 
 

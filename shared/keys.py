@@ -137,6 +137,14 @@ class Keys:
         """Set: the subjects with uses recorded and not yet counted (what the `uses` job walks)."""
         return f"{self.prefix}uses-subjects"
 
+    def session_buffers(self, subject: str) -> str:
+        """Set: the sessions of the subject with a buffer (shared/buffers.py): what forget reads, not the keyspace."""
+        return f"{self.prefix}sessions:{subject}"
+
+    def traces_of(self, subject: str) -> str:
+        """List: the ids of the subject's newest search traces in the `traces` feed (shared/status.py)."""
+        return f"{self.prefix}traces-of:{subject}"
+
     def utilisation(self, subject: str) -> str:
         # Per-day counters of recalled and adopted memories (workers/ops.py).
         return f"{self.prefix}util:{subject}"

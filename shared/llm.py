@@ -33,10 +33,12 @@ from memflow.pipeline.prompting import Message, Refused
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import Keys
 from memflow.shared.settings import Settings
+from memflow.shared.usage import DailyCounters
 
 log = logging.getLogger(__name__)
 # Counters are kept this long (inspect sums the last 30 days).
-USAGE_KEEP_S = 40 * 24 * 3600
+USAGE_KEEP_DAYS = 40
+TOTAL = "total"  # the prefix of everyone's running totals (`total:<name>`)
 USAGE_DAYS = 30
 T = TypeVar("T")
 
@@ -187,13 +189,15 @@ def _traced(purpose: str, subject: str, session_id: str | None, started: float, 
 
 def count_usage(client: redis.Redis, keys: Keys, subject: str, amounts: dict[str, int],
                 at: datetime | None = None) -> None:
-    day = (at or datetime.now(UTC)).date().isoformat()
+    at = at or datetime.now(UTC)
+    day = at.date().isoformat()
+    counters = DailyCounters(client, USAGE_KEEP_DAYS)  # the days past the window are pruned as it is written
     pipe = client.pipeline(transaction=False)
-    for key in (keys.llm_usage(subject), keys.llm_usage(None)):
-        for name, n in amounts.items():
-            if n:
-                pipe.hincrby(key, f"{day}:{name}", n)
-        pipe.expire(key, USAGE_KEEP_S)
+    counters.add(keys.llm_usage(subject), at, {f"{day}:{name}": n for name, n in amounts.items()}, via=pipe)
+    # Everyone's also keeps running totals (no day: never pruned), which GET /metrics serves as counters:
+    # a sum over the days kept would fall each day a day is pruned, and Prometheus would read a reset.
+    counters.add(keys.llm_usage(None), at, {f"{day}:{name}": n for name, n in amounts.items()}
+                 | {f"{TOTAL}:{name}": n for name, n in amounts.items()}, via=pipe)
     pipe.execute()
 
 

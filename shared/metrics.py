@@ -135,9 +135,10 @@ def _cumulative(counts: Mapping[float, int]) -> list[tuple[str, float]]:
 
 
 # shared/llm.py's counters, per day `{day}:{name}`, as Prometheus counters: the sum over every day
-# still kept (the hash expires whole, USAGE_KEEP_S after its last write; Prometheus reads that as
-# a reset). A name `calls:<purpose>` or `fallback:<reason>` is labelled by what follows the colon;
-# `calls` and `fallbacks` alone are their sums, left to PromQL's sum().
+# still kept, or the running totals once kept (shared/llm.py count_usage; the hash expires whole
+# USAGE_KEEP_DAYS after its last write; Prometheus reads that as a reset). A name `calls:<purpose>` or
+# `fallback:<reason>` is labelled by what follows the colon; `calls` and `fallbacks` alone are their
+# sums, left to PromQL's sum().
 _LLM_FAMILIES: dict[str, tuple[str, str | None]] = {
     "memflow_llm_calls": ("LLM calls answered, by what they were for.", "purpose"),
     "memflow_llm_fallbacks": ("Times the rules stood in for the LLM, by reason (timeout, rate_limited, "
@@ -170,10 +171,13 @@ def llm_families(raw: Mapping[bytes | str, bytes | str]) -> Iterator[Metric]:
 
 
 def _llm_totals(raw: Mapping[bytes | str, bytes | str]) -> dict[tuple[str, str], int]:
-    """(metric, label value) → the sum over all days; a field no metric shows is left out."""
+    """(metric, label value) → the running total (`total:<name>`; before those were kept, the sum over the
+    days kept); a field no metric shows is left out."""
+    fields = {_text(f): a for f, a in raw.items()}
+    running = {f: a for f, a in fields.items() if f.startswith("total:")}
     totals: dict[tuple[str, str], int] = {}
-    for field, amount in raw.items():
-        sample = _llm_sample(_text(field).partition(":")[2])
+    for field, amount in (running or fields).items():
+        sample = _llm_sample(field.partition(":")[2])
         if sample is not None:
             totals[sample] = totals.get(sample, 0) + int(amount)
     return totals

@@ -7,10 +7,12 @@ process, so it outlives the restart of any stage.
 
 When it goes: the stage that settles what an entry became deletes it once that is in the store (upsert, after
 the write) or once it is known to become nothing (extract: a closed session's turn that yields no candidate;
-resolve: a candidate that writes nothing). A search reads the entries *before* it queries the store, so that an
-entry deleted in between was stored before the store was read: never neither. An entry whose memory the search
-also found is dropped (`pipeline.pending.landed`), and one resolve would skip as a duplicate is not shown: never
-both.
+resolve: a candidate that writes nothing; any stage: the work message carrying it dead-lettered, `settle_dead`,
+just before it is moved to the DLQ, so a crash in between leaves it to be dead-lettered again, never served for
+good). A dead letter replayed is served again (`serve_again`), as a publish is. A search reads the entries
+*before* it queries the store, so that an entry deleted in between was stored before the store was read:
+never neither. An entry whose memory the search also found is dropped (`pipeline.pending.landed`), and one
+resolve would skip as a duplicate is not shown: never both.
 
 Bounded three ways (settings `MEMFLOW_PENDING_*`): per subject (the oldest entries go first), per deployment
 (each partition keeps `subjects / partitions` subjects, those that published longest ago go first), and in time
@@ -30,9 +32,10 @@ import redis
 from redis.client import Pipeline
 
 from memflow.pipeline.gate import GateVerdict
-from memflow.pipeline.models import Candidate, ChatEvent
+from memflow.pipeline.models import Candidate, ChatEvent, ExtractTask, Role, TriggerReason
 from memflow.pipeline.pending import Said, gated, said
-from memflow.shared.codec import decode, encode
+from memflow.shared.codec import decode, encode, json_object
+from memflow.shared.errors import DecodeError
 from memflow.shared.keys import Keys
 from memflow.shared.settings import PendingSettings
 
@@ -144,3 +147,72 @@ def settled_by(candidates: Iterable[Candidate]) -> dict[str, list[str]]:
         if len(c.source_event_ids) == 1:
             out.setdefault(c.subject, []).extend(c.source_event_ids)
     return out
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+def held_by(stage: str, payload: bytes | None) -> dict[str, list[str]]:
+    """{subject: event ids} of the entries a work message of `stage` stands for: a published event its own,
+    an extract task its turns', a candidate (resolve) or a write batch's candidate (upsert) those it settles
+    (`settled_by`). Only the ids are read, not the model: a message dead-lettered because it does not
+    validate still settles its entries."""
+    try:
+        message = json_object(payload or b"")
+    except DecodeError:
+        return {}
+    subject = message.get("subject")
+    if stage == "upsert":
+        candidate = message.get("candidate")
+        message = candidate if isinstance(candidate, dict) else {}
+    if stage == "trigger":
+        ids = [message.get("event_id")]
+    elif stage == "extract":
+        ids = [t.get("event_id") for t in message.get("turns") or [] if isinstance(t, dict)]
+    else:
+        found = message.get("source_event_ids") or []
+        ids = found if isinstance(found, list) and len(found) == 1 else []
+    named = [i for i in ids if isinstance(i, str)]
+    return {subject: named} if isinstance(subject, str) and named else {}
+
+
+def settle_dead(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:
+    """A work message is being dead-lettered: what it carries will not be stored, so it is no longer served."""
+    settle(client, keys, held_by(stage, payload))
+
+
+def _served_again(stage: str, payload: bytes) -> tuple[str, dict[str, Said]] | None:
+    """(subject, the entries) a replayed message of `stage` stands for again: a published event's (as a publish
+    leaves it), an extract task's turns'. A candidate or a write batch carries no turn to serve: it is only
+    not served before it lands."""
+    try:
+        if stage == "trigger":
+            event = decode(payload, ChatEvent)
+            entry = said(event)
+            return (event.subject, {event.event_id: entry}) if entry is not None else None
+        if stage == "extract":
+            task = decode(payload, ExtractTask)
+            explicit = task.reason is TriggerReason.explicit_write
+            entries = {t.event_id: Said(turn=t, session_id=task.session_id, explicit=explicit,
+                                        external_ref=task.external_ref)
+                       for t in task.turns if t.role is Role.user or explicit}
+            return (task.subject, entries) if entries else None
+    except DecodeError:
+        return None
+    return None
+
+
+def serve_again(client: Client, keys: Keys, cfg: PendingSettings, stage: str, payload: bytes) -> dict[str, list[str]]:
+    """Serve again the entries of a dead letter about to be replayed, before it is back on its stream (so none
+    is settled before it is added); {subject: event ids} served, for `settle` to undo if the replay is refused."""
+    found = _served_again(stage, payload) if cfg.enabled else None
+    if found is None:
+        return {}
+    subject, entries = found
+    key = keys.pending(subject)
+    pipe = client.pipeline(transaction=True)  # one slot: the subject's partition
+    pipe.hset(key, mapping={i: encode(s) for i, s in entries.items()})
+    pipe.expire(key, cfg.ttl_s)
+    pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: int(time.time() * 1000)})
+    pipe.execute()
+    return {subject: list(entries)}

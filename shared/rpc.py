@@ -12,6 +12,7 @@ Replies keep the field names the callers have always read; times a handler write
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +44,14 @@ WORKERS_MODULE = "memflow.workers.query"
 # A time on the wire, written back as the handler wrote it (`isoformat()`: "+00:00", not "Z").
 IsoTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat(), return_type=str, when_used="json")]
 
+# Names one call of a client, so that its retries are recognised (printable, bounded: it is kept in Redis).
+RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
 Req = TypeVar("Req", bound=BaseModel)
 Rep = TypeVar("Rep", bound=BaseModel)
 
@@ -71,6 +80,8 @@ class PackRequest(Wire):
     budget_tokens: int = Field(default=800, ge=0)
     system_prompt: str = ""
     now: datetime | None = None
+    # The uses a pack adopts count once per request id: a retry sends the same one (shared/uses.py).
+    request_id: RequestId = Field(default_factory=new_request_id)
 
     _aware = field_validator("now")(aware)
 
@@ -90,6 +101,7 @@ class FeedbackRequest(Wire):
     subject: Subject
     memory_ids: list[MemoryId]
     at: datetime | None = None
+    request_id: RequestId = Field(default_factory=new_request_id)  # counted once per request id
 
     _aware = field_validator("at")(aware)
 

@@ -19,7 +19,6 @@ from memflow.shared.streams import backlog
 
 WINDOW_MS = 60_000
 _COUNT_PAGE = 1_000
-_TRACE_PAGE = 500
 
 # One page of a stream counted inside Redis: the count and the last id, never the payloads.
 _COUNT_ONE_PAGE = """
@@ -164,19 +163,85 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def recent_traces(client: redis.Redis, keys: Keys, subject: str, count: int, scan: int = 5_000) -> list[Trace]:
-    """The subject's last `count` search traces, newest first, from the shared feed's last `scan` entries
-    (the feed is capped; a quiet subject's old searches may have left it)."""
+# The subject's index of its search traces in the shared feed (Keys.traces_of): its newest ids, this many,
+# kept this long after its last search. A read of the subject's traces reads these, never a scan of the feed.
+TRACES_PER_SUBJECT = 100
+TRACES_KEEP_S = 7 * 24 * 3600
+
+
+def remember_trace(client: redis.Redis, keys: Keys, subject: str, entry_id: bytes | str) -> None:
+    """Index a search trace just added to the feed under its subject (bounded, expiring)."""
+    key = keys.traces_of(subject)
+    pipe = client.pipeline(transaction=True)  # one key
+    pipe.lpush(key, entry_id)
+    pipe.ltrim(key, 0, TRACES_PER_SUBJECT - 1)
+    pipe.expire(key, TRACES_KEEP_S)
+    pipe.execute()
+
+
+def recent_traces(client: redis.Redis, keys: Keys, subject: str, count: int) -> list[Trace]:
+    """The subject's last `count` search traces (at most TRACES_PER_SUBJECT), newest first: those its index
+    names still in the feed (the feed is capped; a quiet subject's old searches may have left it)."""
+    ids = [_text(i) for i in client.lrange(keys.traces_of(subject), 0, min(count, TRACES_PER_SUBJECT) - 1)]
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for entry_id in ids:
+        pipe.xrange(keys.traces, min=entry_id, max=entry_id)
     found: list[Trace] = []
-    last = "+"
-    while len(found) < count and scan > 0:
-        page: list[Any] = client.xrevrange(keys.traces, max=last, count=min(_TRACE_PAGE, scan)) or []
-        for entry_id, fields in page:
-            record = json_object(fields[FIELD.encode()])  # read once: the feed also holds LLM calls
+    for page in pipe.execute():
+        for _, fields in page:
+            record = json_object(fields[FIELD.encode()])
             if record.get("kind") == "search" and record.get("subject") == subject:
                 found.append(validated(record, Trace))
-            last = f"({_text(entry_id)}"
-        scan -= len(page)
-        if len(page) < _TRACE_PAGE:
-            break
-    return found[:count]
+    return found
+
+
+# -- one subject's footprint in Redis ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubjectKey:
+    what: str  # what the key holds (its owner's name for it)
+    key: str
+    bytes: int  # MEMORY USAGE (every element counted)
+    ttl_s: int | None  # None: kept until deleted (forget's receipts and tombstones)
+
+
+@dataclass(frozen=True)
+class SubjectFootprint:
+    """Every key memflow keeps for one subject that exists now, with its size and what is left of its life.
+    Not listed: its work in the shared partition streams and feeds (`stages` above), and the LLM plan cache
+    (`Keys.plan_cache`, one key per query, each expiring MEMFLOW_PLAN_CACHE_TTL_S after it was written)."""
+
+    subject: str
+    keys: list[SubjectKey]
+
+    @property
+    def bytes(self) -> int:
+        return sum(k.bytes for k in self.keys)
+
+
+def subject_keys(client: redis.Redis, keys: Keys, subject: str) -> list[tuple[str, str]]:
+    """(what, key) of every key a subject may have, by its owners' layouts (shared/keys.py)."""
+    sessions = sorted(_text(s) for s in client.smembers(keys.session_buffers(subject)))
+    return [("pending", keys.pending(subject)), ("sessions", keys.session_buffers(subject)),
+            *((f"session-buffer:{s}", keys.session_buffer(subject, s)) for s in sessions),
+            ("utilisation", keys.utilisation(subject)), ("llm-usage", keys.llm_usage(subject)),
+            ("uses", keys.uses(subject)), ("uses-folding", keys.uses_folding(subject)),
+            ("uses-seen", keys.uses_seen(subject)), ("traces", keys.traces_of(subject)),
+            ("forgotten", keys.forgotten(subject)), ("forgotten-events", keys.forgotten_events(subject)),
+            ("forgotten-contents", keys.forgotten_contents(subject))]
+
+
+def subject_footprint(client: redis.Redis, keys: Keys, subject: str) -> SubjectFootprint:
+    """What `subject` takes in Redis now (`memflow status --subject`)."""
+    named = subject_keys(client, keys, subject)
+    pipe = client.pipeline(transaction=False)
+    for _, key in named:
+        pipe.memory_usage(key, samples=0)
+        pipe.ttl(key)
+    replies = pipe.execute()
+    found = [SubjectKey(what, key, int(size), None if int(ttl) == -1 else int(ttl))
+             for (what, key), size, ttl in zip(named, replies[::2], replies[1::2], strict=True) if size is not None]
+    return SubjectFootprint(subject, found)

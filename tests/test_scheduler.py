@@ -65,6 +65,7 @@ def test_the_schedule_has_its_documented_jobs(shanghai: Settings) -> None:
         "consolidate": "cron[hour='3', minute='30']",
         "review": "cron[hour='4', minute='0']",
         "index": "cron[minute='*/10']",
+        "uses": "cron[minute='*/5']",
     }
     assert scheduler.timezone == SHANGHAI
     for job in jobs.values():
@@ -82,6 +83,7 @@ def test_next_fire_times_are_read_in_the_schedulers_timezone(shanghai: Settings)
         "consolidate": datetime(2026, 3, 3, 3, 30, tzinfo=SHANGHAI),
         "review": datetime(2026, 3, 3, 4, 0, tzinfo=SHANGHAI),
         "index": datetime(2026, 3, 2, 8, 0, tzinfo=SHANGHAI),  # a firing due at now is next
+        "uses": datetime(2026, 3, 2, 8, 0, tzinfo=SHANGHAI),
     }
 
 

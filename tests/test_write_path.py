@@ -213,12 +213,14 @@ def test_uses_counted_from_many_threads_are_all_kept(store_ctx: Context, embedde
     ctx = store_ctx
     memory = keyed("我住在北京", "location.city", 1, ["e1"], T0)
     ctx.store.put([memory], embedder.encode_passages([memory.content]))
-    threads = [threading.Thread(target=lambda: [ops.feedback(ctx, "u1", [memory.id], T0) for _ in range(20)])
+    threads = [threading.Thread(target=lambda: [ops.feedback(ctx, "u1", [memory.id], T0, uuid.uuid4().hex)
+                                                for _ in range(20)])
                for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    ops.fold_uses(ctx, "u1")  # what a call found the write lock taken for stayed recorded: counted now
     assert ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0].access_count == 80
 
 

@@ -33,7 +33,7 @@ from memflow.shared.keys import FIELD, STAGES, Keys, recorded_partitions
 from memflow.shared.reindex import DEFAULT_BATCH, Report, Step, reindex
 from memflow.shared.rpc import Rep
 from memflow.shared.settings import Settings, get_settings, to_env
-from memflow.shared.status import PipelineStatus, read_status
+from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
 from memflow.shared.store import Catalog, catalog_for
 from memflow.shared.streams import change_partitions
 from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
@@ -571,7 +571,7 @@ def dlq_replay(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, su
     """
     client, keys = _redis_target()
     where = dead.Where(error, subject, older_than, newer_than)
-    typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None, where)}")
+    typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None, where, settings=_settings().pending)}")
 
 
 @dlq_app.command("drop")
@@ -590,15 +590,32 @@ def dlq_drop(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
 def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SECONDS", min=0.0, help=(
                "Measure read/s as what each group reads over SECONDS (waits that long) instead of "
                "the last minute's arrivals already read."))] = None,
+           subject: Annotated[str | None, typer.Option("--subject", help=(
+               "Instead: every Redis key memflow keeps for SUBJECT, its bytes and time left."))] = None,
            as_json: JsonFlag = False) -> None:
     """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and
-    the live query workers."""
+    the live query workers. With --subject: what one subject takes in Redis."""
     client, keys = _redis_target()
+    if subject is not None:
+        footprint = subject_footprint(client, keys, subject)
+        if as_json:
+            _print_json(asdict(footprint) | {"bytes": footprint.bytes})
+            return
+        _print_footprint(footprint)
+        return
     report = read_status(client, keys, sample, connect_queue(_settings(), client))
     if as_json:
         _print_json(asdict(report))
         return
     _print_status(report)
+
+
+def _print_footprint(footprint: SubjectFootprint) -> None:
+    typer.echo(f"{'key':<28} {'memory':>10} {'expires in':>11}")
+    for k in footprint.keys:
+        left = "never" if k.ttl_s is None else dead.format_duration(k.ttl_s * 1000)
+        typer.echo(f"{k.what[:28]:<28} {_bytes(k.bytes):>10} {left:>11}")
+    typer.echo(f"{footprint.subject}: {len(footprint.keys)} keys, {_bytes(footprint.bytes)}")
 
 
 def _print_status(report: PipelineStatus) -> None:

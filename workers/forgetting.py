@@ -12,7 +12,6 @@ store holds no point for it and that no stream, buffer or feed still names it.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -29,12 +28,12 @@ from memflow.shared.errors import MemflowError
 from memflow.shared.keys import STAGES
 from memflow.shared.store import MemoryFilter
 from memflow.workers.runtime import Context
+from memflow.workers.trigger import buffers
 
 PAGE = 1000
 # The action of a deletion's announcement on `changes`: it names the memory, never its words, and is
 # the one entry naming a forgotten memory that scrub keeps (a consumer mirroring the feed must learn of it).
 FORGET = "forget"
-_GLOB = re.compile(r"[*?\[\]\\]")
 
 
 def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: str | None,
@@ -202,27 +201,42 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# One page of a stream searched inside Redis: its last id, then the ids of the entries whose values hold one
+# of the marks (ARGV[4..]), but, on the `changes` feed (ARGV[3] = 1), the announcements of deletions. Only ids
+# come back: a scrub of a partition's retention window, or of the whole feed, moves no payload.
+_NAMING_PAGE = """
+local page = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+local out = {#page > 0 and page[#page][1] or ''}
+for _, entry in ipairs(page) do
+  local values = {}
+  for i = 2, #entry[2], 2 do values[#values + 1] = entry[2][i] end
+  local blob = table.concat(values, ' ')
+  for m = 4, #ARGV do
+    if string.find(blob, ARGV[m], 1, true) then
+      local ok, change = pcall(cjson.decode, blob)
+      if ARGV[3] ~= '1' or not (ok and type(change) == 'table' and change['action'] == 'forget') then
+        out[#out + 1] = entry[1]
+      end
+      break
+    end
+  end
+end
+return out
+"""
+
+
 def _naming(ctx: Context, stream: str, marks: list[bytes]) -> Iterator[str]:
-    """The ids of the entries of `stream` whose payload names one of `marks` (paged XRANGE), but for
-    the announcements of deletions on `changes`."""
+    """The ids of the entries of `stream` whose payload names one of `marks`, but for the announcements of
+    deletions on `changes`: searched in Redis a page at a time, only the ids read back."""
+    search = ctx.client.register_script(_NAMING_PAGE)
+    feed = "1" if stream == ctx.keys.changes else "0"
     start = "-"
-    feed = stream == ctx.keys.changes
     while True:
-        page: Any = ctx.client.xrange(stream, min=start, max="+", count=PAGE)
-        for entry_id, fields in page:
-            blob = b" ".join(v for v in fields.values() if isinstance(v, bytes))
-            if any(mark in blob for mark in marks) and not (feed and _announces_deletion(blob)):
-                yield entry_id.decode()
-        if len(page) < PAGE:
+        last, *found = search(keys=[stream], args=[start, PAGE, feed, *marks])
+        yield from (_text(i) for i in found)
+        if not last:
             return
-        start = "(" + page[-1][0].decode()
-
-
-def _announces_deletion(blob: bytes) -> bool:
-    try:
-        return bool(orjson.loads(blob).get("action") == FORGET)
-    except orjson.JSONDecodeError:
-        return False
+        start = "(" + _text(last)
 
 
 def _scrub_stream(ctx: Context, stream: str, marks: list[bytes], pending: set[str]) -> int:
@@ -231,10 +245,8 @@ def _scrub_stream(ctx: Context, stream: str, marks: list[bytes], pending: set[st
 
 
 def _buffers(ctx: Context, subject: str) -> Iterator[str]:
-    # A subject may hold glob characters ("*", "[a]"): escaped, it matches only its own buffers.
-    pattern = _GLOB.sub(r"\\\g<0>", ctx.keys.session_buffer(subject, "")) + "*"  # ends in \x1f: no other subject
-    for key in ctx.client.scan_iter(match=pattern, count=PAGE):
-        yield key.decode() if isinstance(key, bytes) else key
+    # The subject's own index of its buffers (shared/buffers.py), not a SCAN of the keyspace.
+    return buffers(ctx).of(subject)
 
 
 def _scrub_buffers(ctx: Context, subject: str, events: set[str]) -> int:
@@ -247,4 +259,3 @@ def _buffered(ctx: Context, subject: str, events: set[str]) -> int:
     if not events:
         return 0
     return sum(sum(1 for e in events if ctx.client.hexists(key, e)) for key in _buffers(ctx, subject))
-

@@ -25,6 +25,7 @@ from memflow.shared.codec import encode
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import FIELD
 from memflow.shared.store import MemoryFilter, Optimizable
+from memflow.workers import ops
 from memflow.workers.runtime import Context, fields_of
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,23 @@ def index(ctx: Context, now: datetime, dry_run: bool) -> dict[str, Any]:
             "now": now.isoformat(), "changed": [], "written": [], "sent": [], "undecided": [], "skipped": []}
 
 
+def uses(ctx: Context, subject: str | None, now: datetime, dry_run: bool) -> dict[str, Any]:
+    """Count on their points the uses packs and feedback recorded (shared/uses.py) and could not count at once
+    (the subject's write lock was taken): of `subject`, or of every subject that has some."""
+    folded = 0 if dry_run else (ops.fold_uses(ctx, subject) if subject else ops.fold_all_uses(ctx))
+    return {"job": "uses", "tier": None, "subjects": 1 if subject else 0, "examined": folded, "dry_run": dry_run,
+            "now": now.isoformat(), "changed": [], "written": [], "sent": [], "undecided": [], "skipped": []}
+
+
 def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bool,
         tier: str | None = None) -> dict[str, Any]:
     """One job over one subject (or all), or `index` over the store; what it changed, or would change."""
     if name == "index":
         return index(ctx, now, dry_run)
+    if name == "uses":
+        return uses(ctx, subject, now, dry_run)
     if name not in JOBS:
-        raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted([*JOBS, 'index']))}")
+        raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted([*JOBS, 'index', 'uses']))}")
     only = Tier(tier) if tier else None
     policy = ctx.settings.lifecycle.policy()
     subjects = [subject] if subject else ctx.store.subjects()
@@ -108,6 +119,8 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
                               "dry_run": dry_run, "now": now.isoformat(), "changed": [], "written": [],
                               "sent": [], "undecided": [], "skipped": []}
     for s in subjects:
+        if not dry_run:  # the counts a plan reads (hotness, support) include every use recorded
+            ops.fold_uses(ctx, s)
         memories = ctx.store.get(MemoryFilter(s))
         report["examined"] += len(memories)
         plan = JOBS[name](memories, now, policy, only)

@@ -8,6 +8,7 @@ tooling, not a tenant's query: nothing here is reachable from search or pack).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,9 +19,11 @@ from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from memflow.pipeline.score import strength
-from memflow.pipeline.writes import mutation, patches
-from memflow.shared.errors import MemflowError, NotFound
+from memflow.pipeline.writes import mutation, mutation_id, patches
+from memflow.shared.errors import MemflowError, NotFound, StaleVersion
 from memflow.shared.store import MemoryFilter
+from memflow.shared.usage import DailyCounters
+from memflow.shared.uses import Uses
 from memflow.workers.runtime import Context
 
 REVIEWABLE = (Status.pending_review, Status.contested)
@@ -102,14 +105,46 @@ def apply_steps(ctx: Context, steps: list[Step], action: str, at: datetime) -> l
     return ctx.applier.apply(mutation(subject, action, action, at, patches(steps))).stale
 
 
-def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime) -> int:
-    """Count memories of `subject` as adopted (used in an answer): access_count + 1 each."""
-    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids))
-    if found:
-        uses: list[MutationOp] = [CountOp(id=m.id, at=when) for m in found]
-        ctx.applier.apply(mutation(subject, "feedback", "adopted in an answer", when, uses))
-    count_use(ctx, subject, when, adopted=len(found))
+def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime, request_id: str, *,
+             recalled: int = 0) -> int:
+    """Count memories of `subject` as adopted (used in an answer): access_count + 1 each, once per request
+    (`request_id`: a retry of the same request counts nothing more, nor its `recalled` memories). Recorded
+    without waiting for the subject's write lock (shared/uses.py), counted on the points at once if it is free."""
+    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids)) if memory_ids else []
+    if Uses(ctx.client, ctx.keys).record(subject, request_id, [m.id for m in found], when, _clock_ms()):
+        count_use(ctx, subject, when, recalled=recalled, adopted=len(found))
+    fold_uses(ctx, subject, wait=False)
     return len(found)
+
+
+def fold_uses(ctx: Context, subject: str, *, wait: bool = True) -> int:
+    """Count the uses recorded for `subject` on its points (a `CountOp` each, through the applier); how many
+    points. `wait=False`: only if the write lock is free now (a read path never waits for it), else they
+    stay recorded for the next fold."""
+    ledger = Uses(ctx.client, ctx.keys)
+    try:
+        with ctx.applier.holding(subject, **({} if wait else {"wait_s": 0})) as held:
+            taken = ledger.take(subject)
+            if taken.uses:  # the same snapshot after a crash: the same mutation (by its fold id), counted once
+                ops: list[MutationOp] = [CountOp(id=u.memory_id, uses=u.uses, at=u.at) for u in taken.uses]
+                counts = mutation(subject, "feedback", "adopted in an answer", max(u.at for u in taken.uses), ops)
+                held.apply(counts.model_copy(update={"id": mutation_id("uses", subject, taken.fold)}))
+            ledger.counted(subject)
+    except StaleVersion:
+        if wait:
+            raise
+        return 0
+    return len(taken.uses)
+
+
+def fold_all_uses(ctx: Context) -> int:
+    """Count every subject's recorded uses on their points (the `uses` job); how many points."""
+    return sum(fold_uses(ctx, s) for s in Uses(ctx.client, ctx.keys).subjects())
+
+
+def _clock_ms() -> int:
+    # The retry window of a request's uses is measured on this clock; the uses are dated by the request.
+    return int(time.time() * 1000)
 
 
 # -- utilisation -----------------------------------------------------------------------
@@ -119,15 +154,10 @@ def count_use(ctx: Context, subject: str, at: datetime, *, recalled: int = 0, ad
               via: Pipeline | None = None) -> None:
     """Add to the subject's per-day counters of memories recalled (returned) and adopted (used); `via`: a pipeline
     the caller sends with more (a search's trace), else they are sent now."""
-    if not recalled and not adopted:
-        return
-    key, day = ctx.keys.utilisation(subject), at.date().isoformat()
-    pipe = ctx.client.pipeline(transaction=False) if via is None else via
-    pipe.hincrby(key, f"recalled:{day}", recalled)
-    pipe.hincrby(key, f"adopted:{day}", adopted)
-    pipe.expire(key, UTILISATION_KEEP)
-    if via is None:
-        pipe.execute()
+    day = at.date().isoformat()
+    # The days past UTILISATION_KEEP are pruned as the hash is written (shared/usage.py).
+    DailyCounters(ctx.client, UTILISATION_KEEP.days).add(
+        ctx.keys.utilisation(subject), at, {f"recalled:{day}": recalled, f"adopted:{day}": adopted}, via=via)
 
 
 def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:

@@ -117,6 +117,7 @@ from memflow.shared.rpc import (
     request_of,
 )
 from memflow.shared.settings import Settings
+from memflow.shared.status import remember_trace
 from memflow.shared.store import MemoryFilter, Query, SearchMode, admits, narrowed
 from memflow.shared.store import Scored as StoreScored
 from memflow.shared.streams import backlog
@@ -501,7 +502,8 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
     ctx.trace(trace, via=pipe)
     metrics.record_search(pipe, ctx.keys, result.status, result.latency_ms / 1000)
     ops.count_use(ctx, req.subject, now, recalled=len(result.hits), via=pipe)
-    pipe.execute()
+    traced = pipe.execute()[0]  # the trace's id in the feed: indexed under its subject (bounded)
+    remember_trace(ctx.client, ctx.keys, req.subject, traced)
 
 
 def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:
@@ -521,8 +523,8 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
     scored, _, shown = retrieve(ctx, search_req, plan, said)
     hits = ranked(ctx.settings, scored, when, search_req.k, shown)
     packed = build_prompt(hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
-    ops.count_use(ctx, req.subject, when, recalled=len(hits))
-    ops.feedback(ctx, req.subject, packed.used_ids, when)
+    # Its uses are recorded once per request and counted on the points without waiting for the write lock.
+    ops.feedback(ctx, req.subject, packed.used_ids, when, req.request_id, recalled=len(hits))
     return packed
 
 
@@ -531,7 +533,7 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
 
 def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
-    return Adopted(count=ops.feedback(ctx, req.subject, req.memory_ids, req.at or datetime.now(UTC)))
+    return Adopted(count=ops.feedback(ctx, req.subject, req.memory_ids, req.at or datetime.now(UTC), req.request_id))
 
 
 def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:

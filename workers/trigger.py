@@ -15,14 +15,11 @@ from memflow.pipeline.gate import gate
 from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
 from memflow.pipeline.triggers import realtime_signals
 from memflow.shared import pending
-from memflow.shared.codec import decode, encode
+from memflow.shared.buffers import SessionBuffers
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
-# A closed session's buffer outlives its session_end by this much, so that a
-# redelivered session_end still finds its turns.
-CLOSED_BUFFER_TTL_S = 3600
 
 
 def build(ctx: Context) -> StreamConsumer[ChatEvent]:
@@ -62,30 +59,28 @@ def on_close(ctx: Context, event: ChatEvent) -> list[Emit]:
         verdict = gate(event.text, Role.assistant)
         if verdict.keep:
             turns.append(Turn(event_id=event.event_id, role=Role.assistant, text=verdict.text, ts=event.ts))
-    ctx.client.expire(ctx.keys.session_buffer(event.subject, event.session_id), CLOSED_BUFFER_TTL_S)
+    buffers(ctx).close(event.subject, event.session_id)
     if not turns:
         return []
     reason = TriggerReason.session_end if event.kind is Kind.session_end else TriggerReason.task_complete
     return [_emit(ctx, event, reason, turns, outcome=event.meta.get("outcome"))]
 
 
+def buffers(ctx: Context) -> SessionBuffers:
+    limits = ctx.settings.limits
+    return SessionBuffers(ctx.client, ctx.keys, limits.session_buffer_max_turns, limits.session_buffer_ttl_s)
+
+
 def buffer_turn(ctx: Context, event: ChatEvent, turn: Turn) -> None:
-    # A hash keyed by event id: a redelivered or re-published event overwrites itself.
-    key = ctx.keys.session_buffer(event.subject, event.session_id)
-    pipe = ctx.client.pipeline(transaction=True)
-    pipe.hset(key, event.event_id, encode(turn))
-    pipe.expire(key, ctx.settings.limits.session_buffer_ttl_s)
-    pipe.execute()
+    # Keyed by event id: a redelivered or re-published event overwrites itself.
+    buffers(ctx).add(event.subject, event.session_id, turn)
 
 
 def buffered_turns(ctx: Context, event: ChatEvent) -> list[Turn]:
     """The session's turns up to `event`, by event time. A close ends what was said before it: a turn
     said after it waits for the session's next close, and a close published again (a replay) reads
     exactly what it read the first time."""
-    raw = ctx.client.hvals(ctx.keys.session_buffer(event.subject, event.session_id))
-    said = [turn for turn in (decode(r, Turn) for r in raw) if turn.ts <= event.ts]
-    turns = sorted(said, key=lambda t: (t.ts, t.event_id))
-    return turns[-ctx.settings.limits.session_buffer_max_turns:]
+    return buffers(ctx).turns(event.subject, event.session_id, until=event.ts)
 
 
 def _emit(ctx: Context, event: ChatEvent, reason: TriggerReason, turns: list[Turn], *,

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -21,6 +21,9 @@ from memflow.shared.polling import TimedOut, until
 from memflow.shared.redis_cluster import LocalCluster, start_cluster
 from memflow.shared.redis_server import RedisServer, find_binary, start_redis
 from memflow.shared.settings import Settings
+
+if TYPE_CHECKING:
+    from memflow.workers.runtime import Context
 
 
 def pytest_report_header() -> str:
@@ -74,6 +77,28 @@ def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
 def client(settings: Settings) -> redis.Redis:
     """A plain connection to the test's Redis (for tests below the worker stack)."""
     return connect(settings.redis.url or "")
+
+
+@pytest.fixture
+def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
+    """Threads a test starts (each with its stop event): stopped, then joined, when it ends."""
+    started: list[tuple[threading.Event, threading.Thread]] = []
+    yield started
+    for stop, _ in started:
+        stop.set()
+    for _, thread in started:
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def store_ctx(settings: Settings, embedder: Embedder) -> Iterator[Context]:
+    """A context on the real store and Redis, no stage running: the write path driven by hand."""
+    from memflow.workers.runtime import Context
+
+    ctx = Context.from_settings(settings)
+    ctx._embedder = embedder
+    yield ctx
+    ctx.close()
 
 
 @pytest.fixture

@@ -58,15 +58,6 @@ def said(subject: str, event_id: str, text: str, session: str = "s1") -> ChatEve
                      text=text, ts=T0)
 
 
-@pytest.fixture
-def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
-    started: list[tuple[threading.Event, threading.Thread]] = []
-    yield started
-    for stop, thread in started:
-        stop.set()
-        thread.join(timeout=5)
-
-
 def _refusing(items: Sequence[ChatEvent]) -> list[Outcome]:
     return [Permanent("this one can never be read") for _ in items]
 

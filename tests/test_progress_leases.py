@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -46,16 +46,6 @@ def pkeys(settings: Settings) -> Keys:
 
 def publish(client: redis.Redis, keys: Keys, subject: str, n: int) -> None:
     client.xadd(keys.work("extract", subject), {FIELD: encode(Say(subject=subject, n=n))})
-
-
-@pytest.fixture
-def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
-    started: list[tuple[threading.Event, threading.Thread]] = []
-    yield started
-    for stop, _ in started:
-        stop.set()
-    for _, thread in started:
-        thread.join(timeout=10)
 
 
 def run(consumer: StreamConsumer[Say], started: list[tuple[threading.Event, threading.Thread]]) -> threading.Event:

@@ -8,7 +8,7 @@ would be overtaken."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,10 +33,8 @@ from memflow.pipeline.models import (
 from memflow.pipeline.writes import mutation
 from memflow.shared.applier import Applier
 from memflow.shared.codec import decode
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StaleVersion
 from memflow.shared.keys import FIELD
-from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter, Store
 from memflow.workers import forgetting, upsert
 from memflow.workers.runtime import Context
@@ -70,11 +68,8 @@ class Hooked:
 
 
 @pytest.fixture
-def ctx(settings: Settings, embedder: Embedder) -> Iterator[Context]:
-    context = Context.from_settings(settings)
-    context._embedder = embedder
-    yield context
-    context.close()
+def ctx(store_ctx: Context) -> Context:
+    return store_ctx
 
 
 def hooked(ctx: Context) -> Hooked:

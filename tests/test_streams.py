@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -32,15 +32,6 @@ def config(**overrides: object) -> ConsumerConfig:
 def send(client: redis.Redis, keys: Keys, *values: int) -> None:
     for n in values:
         client.xadd(keys.input_of("extract", 0), {FIELD: encode(Note(n=n))})
-
-
-@pytest.fixture
-def running() -> Iterator[list[tuple[threading.Event, threading.Thread]]]:
-    started: list[tuple[threading.Event, threading.Thread]] = []
-    yield started
-    for stop, thread in started:
-        stop.set()
-        thread.join(timeout=5)
 
 
 def run(consumer: StreamConsumer[Note], started: list[tuple[threading.Event, threading.Thread]]) -> None:

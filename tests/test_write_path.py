@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,7 +38,6 @@ from memflow.shared.codec import decode
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected, StoreUnavailable
 from memflow.shared.keys import FIELD
-from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter, Store
 from memflow.workers import ops, resolve, upsert
 from memflow.workers.runtime import Context
@@ -141,14 +140,6 @@ class FailingStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-@pytest.fixture
-def store_ctx(settings: Settings, embedder: Embedder) -> Iterator[Context]:
-    ctx = Context.from_settings(settings)
-    ctx._embedder = embedder
-    yield ctx
-    ctx.close()
 
 
 def keyed(content: str, key: str, version: int, events: Sequence[str], at: datetime) -> Memory:

@@ -21,10 +21,12 @@ stalls every Python thread of the process.
 Indexes. The engine builds a segment's HNSW graph only in `optimize()`; until then its
 points are searched by brute force, which grows with the subject (measured on a busy
 2-core machine: a dense query filtered to one subject of 100k points took ~100 ms, ~7 ms
-once indexed). `optimize()` holds the GIL for the whole build (a 5 ms ticker thread
-stalled for all of the 50 s an optimize of 20k 768-dim points took there), so no search
-ever calls it: the `index` job does (workers/jobs.py), once enough points changed, and
-every other thread of the process waits meanwhile.
+once indexed). The engine's `optimize()` holds the GIL for the whole build (a 5 ms ticker
+thread stalled for all of the 22 s an optimize of 20k 768-dim points took), so no search
+ever calls it, and neither does this process: `EdgeStore.optimize` (the `index` job,
+workers/jobs.py) builds a copy of the shard in a child process and hands the result over
+(shared/edge_build.py), and the threads of this process wait only for the copy (writes)
+and the handover's load (everyone: ~0.25 s at 20k points).
 
 One process per shard: a second `EdgeShard.load` of the same directory fails on the
 WAL lock.
@@ -49,7 +51,7 @@ import orjson
 import qdrant_edge as qe
 
 from memflow.pipeline.models import Memory
-from memflow.shared import sparse
+from memflow.shared import edge_build, sparse
 from memflow.shared.errors import StoreUnavailable
 from memflow.shared.store import (
     DENSE,
@@ -88,16 +90,22 @@ class EdgeStore:
     """`Store` on an EdgeShard in `path` (created on first use, reopened after)."""
 
     def __init__(self, path: Path, dim: int) -> None:
-        self._closed = False
+        self._closed, self._path, self._config = False, path, _config(dim)
+        edge_build.recover(path)  # an index build a crash interrupted
         with _engine_errors(f"open {path}"):
-            self._shard = _open(path, _config(dim))
+            self._shard = _open(path, self._config)
             # What this process wrote is all it knows of: after a start, every point may be unindexed.
             self._changed = self._shard.info().points_count
         self._counting = threading.Lock()
+        # Every write holds it; an index build too, while it copies the shard and while it hands the new one over.
+        self._writing = threading.Lock()
+        # The writes since the copy an index build is building, replayed on its result before it serves.
+        self._journal: list[qe.UpdateOperation] | None = None
+        self._readers = _Readers()
         self._recent = _Recent()
 
     def ensure(self) -> None:
-        with _engine_errors("read shard info"):
+        with self._readers.reading(), _engine_errors("read shard info"):
             existing = self._shard.info().payload_schema
         for name in INDEXED_FIELDS:
             if name not in existing:
@@ -129,7 +137,7 @@ class EdgeStore:
         offset: Any = None
         while True:
             request = qe.ScrollRequest(offset=offset, limit=_PAGE, filter=engine_filter, with_payload=True)
-            with _engine_errors("scroll"):
+            with self._readers.reading(), _engine_errors("scroll"):
                 records, offset = self._shard.scroll(request)
             found.extend(Memory.model_validate(r.payload) for r in records)
             if offset is None:
@@ -141,7 +149,7 @@ class EdgeStore:
     ) -> list[Scored]:
         """Best first. Scores: cosine ("dense"), BM25 with IDF ("sparse"), RRF ("hybrid")."""
         require_inputs(mode, dense, text)
-        with _engine_errors("query"):
+        with self._readers.reading(), _engine_errors("query"):
             points = self._shard.query(_request(_filter(flt), mode, limit, dense, text))
         return [Scored(Memory.model_validate(p.payload), p.score) for p in points]
 
@@ -152,7 +160,7 @@ class EdgeStore:
         if not queries:
             return []
         batch = qe.QueryBatchRequest([_request(_filter(q.flt), q.mode, q.limit, q.dense, q.text) for q in queries])
-        with _engine_errors("query"):
+        with self._readers.reading(), _engine_errors("query"):
             answers = self._shard.query_batch(batch)
         return [[Scored(self._recent.memory(p), p.score) for p in points] for points in answers]
 
@@ -163,17 +171,17 @@ class EdgeStore:
 
     def count(self, subject: str | None = None) -> int:
         flt = None if subject is None else qe.Filter(must=[_subject(subject)])
-        with _engine_errors("count"):
+        with self._readers.reading(), _engine_errors("count"):
             return self._shard.count(qe.CountRequest(exact=True, filter=flt))
 
     def page(self, offset: str | None, limit: int) -> tuple[list[Memory], str | None]:
         request = qe.ScrollRequest(offset=offset, limit=limit, with_payload=True)
-        with _engine_errors("scroll"):
+        with self._readers.reading(), _engine_errors("scroll"):
             records, after = self._shard.scroll(request)
         return [Memory.model_validate(r.payload) for r in records], None if after is None else str(after)
 
     def subjects(self) -> list[str]:
-        with _engine_errors("facet"):
+        with self._readers.reading(), _engine_errors("facet"):
             found = self._shard.facet(qe.FacetRequest("subject", limit=MAX_SUBJECTS, exact=True))
         return sorted(str(hit.value) for hit in found.hits)
 
@@ -181,36 +189,86 @@ class EdgeStore:
         return self._changed
 
     def optimize(self) -> bool:
-        """Build what the engine's optimizer plans (HNSW graphs, merges, vacuum); True if anything changed.
-        Holds the GIL throughout: every other thread of the process waits (module doc)."""
+        """Build what the engine's optimizer plans (HNSW graphs, merges, vacuum) in a process of its own, and
+        serve the result; True if anything changed. Writes wait while the shard is copied and while the result
+        is handed over; searches only for its load (module doc, shared/edge_build.py)."""
         with self._counting:
             changed, self._changed = self._changed, 0
         try:
-            with _engine_errors("optimize"):
-                return self._shard.optimize()
+            return self._build_elsewhere()
         except BaseException:
             self._count(changed)  # not built: still to do
             raise
 
     def flush(self) -> None:
         """Write every segment to disk (fsync): what `close` does, for a point that must survive power loss."""
-        with _engine_errors("flush"):
+        with self._writing, _engine_errors("flush"):  # never while an index build copies the shard
             self._shard.flush()
 
     def close(self) -> None:
         """Flush segments to disk and release the directory lock. Safe to call twice."""
-        if self._closed:
-            return
-        with _engine_errors("close"):
-            try:
-                self._shard.flush()
-            finally:
-                self._closed = True
-                self._shard.close()
+        with self._writing:
+            if self._closed:
+                return
+            with _engine_errors("close"):
+                try:
+                    self._shard.flush()
+                finally:
+                    self._closed = True
+                    self._shard.close()
 
     def _update(self, operation: qe.UpdateOperation) -> None:
-        with _engine_errors("update"):
-            self._shard.update(operation)
+        with self._writing:
+            with _engine_errors("update"):
+                self._shard.update(operation)
+            if self._journal is not None:  # an index build is building a copy: its result gets this write too
+                self._journal.append(operation)
+
+    def _build_elsewhere(self) -> bool:
+        with self._writing:  # a copy of one instant: no write halfway through it
+            built = edge_build.copy(self._path)
+            self._journal = []
+        try:
+            if not edge_build.build(built):
+                return False
+            self._hand_over(built)
+            return True
+        finally:
+            with self._writing:
+                self._journal = None
+            edge_build.recover(self._path)  # a build that failed: its copy
+
+    def _hand_over(self, built: Path) -> None:
+        """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""
+        with self._writing:
+            edge_build.swap_in(self._path, built)
+            fresh = self._caught_up(self._journal or [])
+            retired = edge_build.commit(self._path)
+            with self._readers.alone():
+                old, self._shard, self._recent = self._shard, fresh, _Recent()  # point versions start anew
+        edge_build.write_back(retired)
+        with _engine_errors("close the retired shard"):
+            old.close()
+        shutil.rmtree(retired, ignore_errors=True)
+
+    def _caught_up(self, journal: Sequence[qe.UpdateOperation]) -> qe.EdgeShard:
+        """The built shard, loaded where the shard lives, with the journal replayed; on any failure the old
+        shard is put back (`recover`) and the build dropped."""
+        try:
+            with _engine_errors("load the built shard"):
+                fresh = _open(self._path, self._config)
+        except BaseException:
+            edge_build.recover(self._path)
+            raise
+        try:
+            with _engine_errors("replay the writes made during the build"):
+                for operation in journal:
+                    fresh.update(operation)
+        except BaseException:
+            fresh.close()
+            edge_build.recover(self._path)
+            raise
+        return fresh
 
     def _count(self, points: int) -> None:
         with self._counting:  # writers of several threads
@@ -360,6 +418,33 @@ def _point(memory: Memory, vector: Sequence[float]) -> qe.Point:
     vectors: dict[str, list[float] | qe.SparseVector | list[list[float]]] = {
         DENSE: list(vector), SPARSE: qe.SparseVector(indices, values)}
     return qe.Point(memory.id, vectors, memory.model_dump(mode="json"))
+
+
+class _Readers:
+    """The reads in flight, so that a shard handed over (`EdgeStore._hand_over`) is closed only once no read uses
+    it: a read takes the shard inside `reading`, the swap happens inside `alone` (new reads wait that long)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._reads = 0
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._changed:
+            self._reads += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._reads -= 1
+                if self._reads == 0:
+                    self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self._reads == 0)
+            yield
 
 
 class _Recent:

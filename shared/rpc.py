@@ -59,7 +59,7 @@ Rep = TypeVar("Rep", bound=BaseModel)
 @dataclass(frozen=True)
 class Rpc(Generic[Req, Rep]):
     """One call: its name, what it is asked with and what it answers; `jobs` calls (long maintenance
-    runs) wait in their own queue, behind every search."""
+    runs) wait in their own queue, served by a worker of their own: never in a search's way."""
 
     name: str
     request: type[Req]

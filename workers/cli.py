@@ -834,6 +834,18 @@ def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publish
                              settings=_settings("WARNING")))
 
 
+@bench_app.command("jobs")
+def bench_jobs(size: Annotated[int, typer.Option(help="Memories in the store (random vectors).")] = 100_000,
+               rate: Annotated[float, typer.Option(help="Searches per second, steady.")] = 5.0,
+               idle_seconds: Annotated[float, typer.Option(help="How long searches are measured idle.")] = 30.0,
+               as_json: JsonFlag = False) -> None:
+    """Search p99 while the index and consolidate jobs run, next to idle; failed searches, partitions lost."""
+    from memflow.bench.jobs import run_cli
+
+    raise typer.Exit(run_cli(size=size, rate=rate, idle_s=idle_seconds, as_json=as_json,
+                             settings=_settings("WARNING")))
+
+
 @bench_app.command("pending")
 def bench_pending(sizes: Annotated[str, typer.Option(help="Memories in each searched subject.")] = "10000,100000",
                   queries: int = 200, burst: int = 2000, as_json: JsonFlag = False) -> None:

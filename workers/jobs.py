@@ -1,5 +1,5 @@
-"""Maintenance jobs, run by a query worker (the process that holds the store) from the
-`<prefix>-jobs` RQ queue, where the scheduler puts them, or by hand:
+"""Maintenance jobs, run by the jobs worker (beside the query worker, in the process that holds the
+store: workers/system.py) from the `<prefix>-jobs` RQ queue, where the scheduler puts them, or by hand:
 `memflow jobs run <decay|consolidate|review|retag|index> [--subject S] [--now T] [--dry-run]`.
 
 A job takes `now` and a subject (or walks every subject the store holds), plans with the
@@ -82,8 +82,8 @@ INDEX_AFTER_CHANGES = 5_000
 
 def index(ctx: Context, now: datetime, dry_run: bool) -> dict[str, Any]:
     """Build the store's search indexes (HNSW) once INDEX_AFTER_CHANGES points changed since the last build, off
-    every search's path. On an Edge shard the build holds this process's interpreter lock: searches and writes
-    of the process wait for it (shared/edge_store.py). A Qdrant server builds its own: nothing to do."""
+    every search's path. On an Edge shard the build runs in a process of its own and is handed over
+    (shared/edge_build.py): searches go on meanwhile. A Qdrant server builds its own: nothing to do."""
     store = ctx.store
     changed = store.changed_since_optimize() if isinstance(store, Optimizable) else 0
     if isinstance(store, Optimizable) and changed >= INDEX_AFTER_CHANGES and not dry_run:

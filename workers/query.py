@@ -791,16 +791,24 @@ class QueryWorker(SimpleWorker):
             self._suspension_checked_at = time.monotonic()
 
 
-def build_worker(ctx: Context, stop: threading.Event | None = None) -> QueryWorker:
+SEARCHES, JOBS = "query", "jobs"
+
+
+def build_worker(ctx: Context, stop: threading.Event | None = None,
+                 serves: Sequence[str] = (SEARCHES, JOBS)) -> QueryWorker:
+    """A worker of the queues named in `serves` (SEARCHES: every call but the maintenance jobs; JOBS: those).
+    A process runs one of each (workers/system.py), so a job of an hour never holds a search: one worker
+    serving both runs one job at a time, whatever its queues' order."""
     ctx.store  # noqa: B018 - load the model and open the store before the first job, not during it
     try:  # and measure what a query's noise floor is measured against, if the embedder answers now
         ctx.unrelated  # noqa: B018
     except MemflowError as exc:  # an endpoint that is down: the first search that can will measure it
         log.warning("noise floor not measured at start: %s", exc)
-    # Searches first: RQ takes from the first non-empty queue, so a long job never delays a search
-    # waiting behind it in the queue (only one already running).
-    queues = [Queue(name, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer)
-              for name in (ctx.keys.query_queue, ctx.keys.jobs_queue)]
+    # Searches first: RQ takes from the first non-empty queue, so a worker of both never starts a job
+    # while a search waits in the queue.
+    names = {SEARCHES: ctx.keys.query_queue, JOBS: ctx.keys.jobs_queue}
+    queues = [Queue(names[kind], connection=ctx.queue_client or ctx.client, serializer=JSONSerializer)
+              for kind in (SEARCHES, JOBS) if kind in serves]
     # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
     # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
     return QueryWorker(queues, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer, worker_ttl=16,

@@ -2,7 +2,8 @@
 
 `memflow worker`, `memflow up` (workers/process.run_stages) and the embedded mode
 (workers/embedded.py) all run their parts here: a stream stage's consumer loop, the RQ query
-worker, a child process running other stages (workers/process.ChildProcess). Each part runs in a
+worker and the jobs worker beside it (a maintenance job never holds a search), a child process running
+other stages (workers/process.ChildProcess). Each part runs in a
 thread of its own; the runner notices when one ends while the process is still running.
 
 When a part dies. A stage's consumer loop outlives anything one batch raises (it logs and backs
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,12 +33,13 @@ from typing import Any
 from memflow.shared.errors import MemflowError
 from memflow.shared.migrate import migrate_unpartitioned
 from memflow.shared.streams import StreamConsumer
-from memflow.workers.query import build_worker
+from memflow.workers.query import JOBS, SEARCHES, build_worker
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
 
 QUERY = "query"
+SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,21 @@ def build_consumer(ctx: Context, stage: str) -> StreamConsumer[Any]:
 
 
 def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "WARNING") -> list[Part]:
-    """A part per stage: its consumer loops (MEMFLOW_CONSUMERS of them), or ("query") the RQ query worker.
+    """A part per stage: its consumer loops (MEMFLOW_CONSUMERS of them), or ("query") the RQ query worker and
+    the jobs worker beside it.
     Every consumer group exists when this returns, so that nothing published from here on is missed; what
     a deployment from before partitions left in Redis has been moved into them (shared/migrate.py)."""
     if not ctx.settings.redis.cluster:  # a cluster deployment starts on the partitioned layout
         migrate_unpartitioned(ctx.client, ctx.keys)
     parts = []
     for stage in stages:
-        if stage == QUERY:
-            parts.append(Part(QUERY, _query_worker(ctx, query_log_level)))
+        if stage == QUERY:  # two workers: a search never waits for a job (an index build, an hour's consolidate)
+            # They share one interpreter lock. A job's pure-Python stretch keeps it 5 ms at a time (Python's
+            # default), and a search asks for it again after every Redis reply and every torch op: hundreds of
+            # 5 ms waits (measured: search p50 1.6 s during consolidate at 20k memories). 1 ms bounds them.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            parts += [Part(QUERY, _query_worker(ctx, query_log_level, (SEARCHES,))),
+                      Part(JOBS, _query_worker(ctx, query_log_level, (JOBS,)))]
             continue
         for i in range(ctx.settings.consumer.consumers):
             consumer = build_consumer(ctx, stage)
@@ -189,9 +198,9 @@ def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "
     return parts
 
 
-def _query_worker(ctx: Context, log_level: str) -> Callable[[threading.Event], object]:
+def _query_worker(ctx: Context, log_level: str, serves: Sequence[str]) -> Callable[[threading.Event], object]:
     # A worker per start: RQ's worker registers its birth and death under its name, once.
-    return lambda stop: build_worker(ctx, stop).work(logging_level=log_level)
+    return lambda stop: build_worker(ctx, stop, serves).work(logging_level=log_level)
 
 
 def run(ctx: Context, stages: Sequence[str], *, also: Sequence[Part] = (),

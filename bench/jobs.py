@@ -1,0 +1,155 @@
+"""`memflow bench jobs`: searches at a steady rate while the maintenance jobs run beside them (issue 29).
+
+A fresh embedded system (as `memflow up` runs it: its own Redis, trigger and extract as child processes, the
+store stages, the query worker and the jobs worker in this process) is filled with `size` memories straight
+through the store (random unit vectors, in subjects of SUBJECT_SIZE, nothing through the LLM path). Then one
+thread sends searches of random subjects at `rate` per second, first with nothing else running (idle), then
+while the `index` job runs (an HNSW build of everything written: on an Edge shard, in a process of its own,
+shared/edge_build.py) and then while `consolidate` runs. A search's latency is counted from the moment it
+was due, not when it was sent: a stall delays every search due meanwhile, and each one counts (no coordinated
+omission). `partitions_lost`: partitions a live stream consumer of this process lost during the job, counted from
+the lease owner's own warnings (shared/leases.py logs each loss).
+
+Target (issue 29): during each job p99 <= 2x idle p99, no failed search, no partition lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, on_fresh_system, pct_ms, say
+from memflow.shared import rpc
+from memflow.shared.settings import Settings
+from memflow.workers.embedded import Embedded
+
+SUBJECT_SIZE = 1000
+JOBS = ("index", "consolidate")
+JOB_TIMEOUT_S = 3600.0
+
+
+class LeaseLosses(logging.Handler):
+    """Counts the partitions stream consumers lose, from shared/leases.py's warnings: "consumer %s lost partition
+    %d of %s" (one), and "... giving up partitions %s of %s ..." (a stalled consumer: each of them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+        self._lock_count = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lost = 0
+        if "lost partition" in str(record.msg):
+            lost = 1
+        elif "giving up partitions" in str(record.msg) and isinstance(record.args, tuple):
+            lost = next((len(a) for a in record.args if isinstance(a, list)), 1)
+        with self._lock_count:
+            self.count += lost
+
+
+class Searches:
+    """Searches of random subjects, one due every 1/rate s, sent by one thread until stopped."""
+
+    def __init__(self, system: Embedded, subjects: list[str], rate: float, seed: int = 29) -> None:
+        self.system, self.subjects, self.every_s = system, subjects, 1.0 / rate
+        self.rng = random.Random(seed)
+        self.latencies: list[float] = []
+        self.failed = 0
+
+    def run_while(self, busy: Callable[[], bool]) -> None:
+        due = time.perf_counter()
+        while busy():
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            subject = self.rng.choice(self.subjects)
+            found = self.system.client.search(
+                subject, f"what did {self.rng.choice(NAMES)} do with the {self.rng.choice(NOUNS)}")
+            self.latencies.append(time.perf_counter() - due)
+            self.failed += found.status == "failed"
+            due += self.every_s
+
+
+def searched_idle(system: Embedded, subjects: list[str], rate: float, seconds: float) -> dict[str, Any]:
+    searches = Searches(system, subjects, rate)
+    ends = time.perf_counter() + seconds
+    searches.run_while(lambda: time.perf_counter() < ends)
+    return {"p99_ms": pct_ms(searches.latencies, 0.99), "p50_ms": pct_ms(searches.latencies, 0.5),
+            "max_ms": pct_ms(searches.latencies, 1.0), "searches": len(searches.latencies),
+            "failed": searches.failed}
+
+
+def searched_during(system: Embedded, subjects: list[str], rate: float, job: str,
+                    losses: LeaseLosses) -> dict[str, Any]:
+    """Searches while `job` runs on the jobs worker (enqueued as the scheduler does), and what the job took."""
+    searches = Searches(system, subjects, rate, seed=hash(job) % 1000)
+    reports: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            reports.append(system.client.call(rpc.RUN_JOB, name=job, timeout_s=JOB_TIMEOUT_S))
+        except BaseException as exc:  # noqa: BLE001 - told in the report, not lost in a thread
+            errors.append(exc)
+
+    lost_before, started = losses.count, time.perf_counter()
+    runner = threading.Thread(target=run, name=f"bench-{job}", daemon=True)
+    runner.start()
+    searches.run_while(runner.is_alive)
+    seconds = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    detail = {"p50_ms": pct_ms(searches.latencies, 0.5), "max_ms": pct_ms(searches.latencies, 1.0),
+              "searches": len(searches.latencies), "examined": reports[0].examined if reports else None}
+    say(f"{job}: {orjson.dumps(detail).decode()}")
+    return {"seconds": round(seconds, 1), "p99_ms": pct_ms(searches.latencies, 0.99), "failed": searches.failed,
+            "partitions_lost": losses.count - lost_before}
+
+
+def measure(system: Embedded, *, size: int, rate: float, idle_s: float) -> dict[str, Any]:
+    each = min(SUBJECT_SIZE, size)
+    say(f"filling the store with {size} memories ({size // each} subjects) ...")
+    subjects = bulk_load_subjects(system, max(1, size // each), each)
+    losses = LeaseLosses()
+    leases = logging.getLogger("memflow.shared.leases")
+    leases.addHandler(losses)
+    try:
+        for subject in subjects:  # steady state: a subject's first search is not what a job could slow down
+            system.client.search(subject, "warming up")
+        say(f"searches at {rate:g}/s, idle, for {idle_s:g} s ...")
+        idle = searched_idle(system, subjects, rate, idle_s)
+        say(f"idle: {orjson.dumps(idle).decode()}")
+        jobs = {}
+        for job in JOBS:
+            say(f"searches at {rate:g}/s while {job} runs ...")
+            jobs[job] = searched_during(system, subjects, rate, job, losses)
+            say(f"{job}: {orjson.dumps(jobs[job]).decode()}")
+    finally:
+        leases.removeHandler(losses)
+    return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"]}, "jobs": jobs}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    idle = report["idle"]["p99_ms"]
+    print(f"jobs beside searches @ {report['size']} memories: idle search p99 {idle:.1f} ms")
+    for job, figures in report["jobs"].items():
+        verdict = "ok" if (figures["p99_ms"] <= 2 * idle and not figures["failed"]
+                           and not figures["partitions_lost"]) else "MISSED"
+        print(f"  {job:<12} {figures['seconds']:>7.1f} s  search p99 {figures['p99_ms']:.1f} ms "
+              f"({figures['p99_ms'] / idle:.2f}x idle), failed {figures['failed']}, "
+              f"partitions lost {figures['partitions_lost']}  [{verdict}]")
+
+
+def run_cli(*, size: int, rate: float, idle_s: float, as_json: bool, settings: Settings) -> int:
+    report = on_fresh_system(settings, "jobs", lambda system: measure(system, size=size, rate=rate, idle_s=idle_s))
+    if as_json:
+        print(orjson.dumps(report).decode())
+    else:
+        print_report(report)
+    return 0

@@ -304,7 +304,7 @@ class Interleaving:
         return not applied.stale
 
 
-@settings_(max_examples=60, deadline=None, phases=[Phase.generate],
+@settings_(max_examples=30, deadline=None, phases=[Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=STEPS)
 def test_no_interleaving_resurrects_loses_or_reorders(ctx: Context, steps: list[Step]) -> None:

@@ -5,6 +5,12 @@ millisecond on a local Redis); the rest are calls to the query worker over RQ, e
 (a request model validated here and again in the worker, a reply model validated here).
 A search that could not be answered comes back with `status="failed"` and the error,
 never as an empty list an agent would read as "nothing remembered".
+
+Every connection has a socket timeout (shared/connections.client_socket_timeout_s): a reply is waited
+for in reads of at most CLIENT_BLOCK_S each, until the call's own timeout, so that a server that stops
+answering raises within the socket timeout instead of holding the caller forever. A caller on an event
+loop (the HTTP API) sends in a thread (`send`: RQ is sync) and waits for the reply on its loop
+(`wait_async`), holding no thread while the query worker works.
 """
 
 from __future__ import annotations
@@ -13,19 +19,23 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic
 
+import redis
+import redis.asyncio
 from pydantic import BaseModel, ValidationError
 from redis.client import Pipeline
 from rq import Queue, Worker
+from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.shared import pending
 from memflow.shared.codec import encode
-from memflow.shared.connections import connect_queue, connect_streams, replicated
+from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.keys import FIELD, STAGES, check_partitions
 from memflow.shared.rpc import (
@@ -214,28 +224,95 @@ class MemoryClient:
         return self._ask(rpc, _request(rpc, **fields), timeout_s=timeout_s)
 
     def _ask(self, rpc: Rpc[Req, Rep], request: Req, *, timeout_s: float | None = None) -> Rep:
-        queue = self._jobs if rpc.queue == "jobs" else self._queue
-        raw = self._call(rpc.name, timeout_s=timeout_s, queue=queue, fields=request.model_dump(mode="json"))
-        try:
-            return rpc.reply.model_validate(raw)
-        except ValidationError as exc:
-            raise RpcError(f"{rpc.name}: the query worker's reply is not a {rpc.reply.__name__}: {exc}") from exc
+        sent = self._send(rpc, request, timeout_s)
+        return self.reply(sent, self.wait(sent))
 
     def _call(self, name: str, *args: Any, timeout_s: float | None = None, queue: Queue | None = None,
               fields: dict[str, Any] | None = None) -> Any:
         """Enqueue `workers.query.<name>` and wait for its JSON reply. A request travels as the job's keyword
         arguments (`fields`, by name); the worker validates them whoever enqueued them."""
+        sent = self._enqueue(name, args, fields or {}, queue or self._queue, timeout_s)
+        return _returned(sent, self.wait(sent))
+
+    # -- a call in two halves: sent from a thread, its reply waited for on an event loop --------------------
+
+    def send(self, rpc: Rpc[Any, Rep], *, timeout_s: float | None = None, **fields: Any) -> Sent[Rep]:
+        """Validate and enqueue one call (InvalidInput naming the field); its reply is `reply(sent, wait)`,
+        or on an event loop `reply(sent, await wait_async(sent, connection))`."""
+        return self._send(rpc, _request(rpc, **fields), timeout_s)
+
+    def _send(self, rpc: Rpc[Req, Rep], request: Req, timeout_s: float | None) -> Sent[Rep]:
+        queue = self._jobs if rpc.queue == "jobs" else self._queue
+        sent = self._enqueue(rpc.name, (), request.model_dump(mode="json"), queue, timeout_s)
+        return Sent(sent.name, sent.job, sent.timeout_s, sent.deadline, rpc.reply)
+
+    def _enqueue(self, name: str, args: Sequence[Any], fields: dict[str, Any], queue: Queue,
+                 timeout_s: float | None) -> Sent[Any]:
         timeout = timeout_s or self.settings.client.rpc_timeout_s
-        job = (queue or self._queue).enqueue(f"{WORKERS_MODULE}.{name}", args=args, kwargs=fields or {},
-                                             ttl=math.ceil(timeout), result_ttl=60, failure_ttl=3600,
-                                             job_timeout=math.ceil(timeout))
-        result = job.latest_result(timeout=math.ceil(timeout))
-        if result is None:
-            raise RpcError(f"{name}: no answer from a query worker within {timeout} s (is one running?)", "timeout")
-        if result.type != Result.Type.SUCCESSFUL:
-            raised = (result.exc_string or "").strip()
-            raise RpcError(f"{name} failed in the query worker: {raised[-500:]}", _raised_kind(raised))
-        return result.return_value
+        job = queue.enqueue(f"{WORKERS_MODULE}.{name}", args=tuple(args), kwargs=fields, ttl=math.ceil(timeout),
+                            result_ttl=60, failure_ttl=3600, job_timeout=math.ceil(timeout))
+        return Sent(name, job, timeout, time.monotonic() + timeout, BaseModel)
+
+    def wait(self, sent: Sent[Any]) -> Result | None:
+        """The call's result, or None when none came by its deadline: read in slices of CLIENT_BLOCK_S, each
+        well within the connection's socket timeout."""
+        while (left := sent.deadline - time.monotonic()) > 0:
+            found = self.queue_redis.xread({_result_key(sent.job): "0-0"}, block=_block_ms(left))
+            if found:
+                return _restored(sent.job, found, self.queue_redis)
+        return None
+
+    async def wait_async(self, sent: Sent[Any], connection: redis.asyncio.Redis) -> Result | None:
+        """`wait` on an event loop: `connection` is an asyncio client of the queues' server."""
+        while (left := sent.deadline - time.monotonic()) > 0:
+            found = await connection.xread({_result_key(sent.job): "0-0"}, block=_block_ms(left))
+            if found:
+                return _restored(sent.job, found, self.queue_redis)
+        return None
+
+    def reply(self, sent: Sent[Rep], result: Result | None) -> Rep:
+        """The reply the call's result carries, validated: RpcError when none came, the call failed in the
+        worker or its reply is not one."""
+        raw = _returned(sent, result)
+        try:
+            return sent.reply.model_validate(raw)
+        except ValidationError as exc:
+            raise RpcError(f"{sent.name}: the query worker's reply is not a {sent.reply.__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Sent(Generic[Rep]):
+    """A call enqueued: its job, and when the caller stops waiting for its reply."""
+
+    name: str
+    job: Job
+    timeout_s: float
+    deadline: float  # time.monotonic()
+    reply: type[Rep]
+
+
+def _block_ms(left_s: float) -> int:
+    return max(1, math.ceil(min(left_s, CLIENT_BLOCK_S) * 1000))
+
+
+def _result_key(job: Job) -> str:
+    return str(Result.get_key(job.id))  # type: ignore[no-untyped-call]  # untyped in rq
+
+
+def _restored(job: Job, found: Any, connection: redis.Redis) -> Result:
+    """The last result of an XREAD of a job's result stream (RQ's own `Result.fetch_latest`, sliced)."""
+    result_id, payload = found[0][1][-1]
+    return Result.restore(job.id, result_id.decode(), payload, connection=connection, serializer=job.serializer)
+
+
+def _returned(sent: Sent[Any], result: Result | None) -> Any:
+    if result is None:
+        raise RpcError(f"{sent.name}: no answer from a query worker within {sent.timeout_s} s (is one running?)",
+                       "timeout")
+    if result.type != Result.Type.SUCCESSFUL:
+        raised = (result.exc_string or "").strip()
+        raise RpcError(f"{sent.name} failed in the query worker: {raised[-500:]}", _raised_kind(raised))
+    return result.return_value
 
 
 def _request(rpc: Rpc[Req, Any], **fields: Any) -> Req:

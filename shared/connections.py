@@ -60,46 +60,74 @@ RQ_DEQUEUE_S = 1.0
 KEEPALIVE_S = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 # Before a command on a connection idle this long, a PING checks it is still there.
 HEALTH_CHECK_S = 30
+# The longest a client connection's own command asks the server to block: the RPC reply's wait is read in
+# slices this long (shared/client.py), `memflow traces --follow` blocks 5 s. Its socket timeout is past it.
+CLIENT_BLOCK_S = 5.0
+# How long connecting may take, unless a caller says (MEMFLOW_CONNECT_TIMEOUT_S for the clients).
+CONNECT_TIMEOUT_S = 5.0
 
 
 @overload
-def connect(url: str, *, socket_timeout_s: float | None = None, cluster: Literal[False] = False) -> redis.Redis: ...
+def connect(url: str, *, socket_timeout_s: float | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            cluster: Literal[False] = False) -> redis.Redis: ...
 @overload
-def connect(url: str, *, socket_timeout_s: float | None = None, cluster: Literal[True]) -> RedisCluster: ...
+def connect(url: str, *, socket_timeout_s: float | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            cluster: Literal[True]) -> RedisCluster: ...
 @overload
-def connect(url: str, *, socket_timeout_s: float | None = None, cluster: bool) -> Client: ...
+def connect(url: str, *, socket_timeout_s: float | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            cluster: bool) -> Client: ...
 
 
-def connect(url: str, *, socket_timeout_s: float | None = None, cluster: bool = False) -> Client:
+def connect(url: str, *, socket_timeout_s: float | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            cluster: bool = False) -> Client:
     """A client to a server checked to be new enough, with TCP keepalive and a health check.
 
     `socket_timeout_s` must be longer than any blocking command the client sends (a stage's
-    XREADGROUP BLOCK, RQ's BLMOVE): `stage_socket_timeout_s` for a stage's connection. With it,
-    a read that hears nothing raises redis.TimeoutError (not retried). None: no socket timeout,
-    for a client whose blocking waits are as long as its callers ask (the MemoryClient waits up
-    to ten minutes for a job's result); keepalive still notices a peer that is gone.
+    XREADGROUP BLOCK, RQ's BLMOVE): `stage_socket_timeout_s` for a stage's connection,
+    `client_socket_timeout_s` for a client's (connect_streams and connect_queue give it by default).
+    With it, a read that hears nothing raises redis.TimeoutError (not retried). None: no socket
+    timeout (tests' own connections); keepalive still notices a peer that is gone.
 
     `cluster`: `url` names any node of a cluster, and the client (a RedisCluster) finds the others and
     sends each command to the node that owns its keys' slot; every node's version is checked. Unlike
     the single server's, it connects at once: it raises here when no node answers.
     """
-    options: dict[str, Any] = dict(socket_timeout=socket_timeout_s, socket_connect_timeout=5, socket_keepalive=True,
-                                   socket_keepalive_options=_keepalive_options(), health_check_interval=HEALTH_CHECK_S)
+    options: dict[str, Any] = dict(socket_timeout=socket_timeout_s, socket_connect_timeout=connect_timeout_s,
+                                   socket_keepalive=True, socket_keepalive_options=_keepalive_options(),
+                                   health_check_interval=HEALTH_CHECK_S)
     client: Client = RedisCluster.from_url(url, **options) if cluster else redis.Redis.from_url(url, **options)
     if url not in _checked:
         _check_version(client, url)
     return client
 
 
-def connect_async(url: str, *, cluster: bool = False) -> redis.asyncio.Redis:
+def connect_async(url: str, *, socket_timeout_s: float, max_connections: int,
+                  connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster: bool = False) -> redis.asyncio.Redis:
     """An asyncio client with `connect`'s options, for a front door's per-request reads on its event loop
     (the server's version is checked by the sync client every process also makes); a cluster's client
-    when `cluster` (typed as one server's: its reads name one key each)."""
-    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_keepalive": True,
-                               "socket_keepalive_options": _keepalive_options()}
+    when `cluster` (typed as one server's: its reads name one key each). `socket_timeout_s`: past its
+    longest blocking read (`client_socket_timeout_s` for reads in CLIENT_BLOCK_S slices).
+
+    At most `max_connections` (per node): a blocking read holds one for its whole wait, and the pool's
+    default (100) would refuse the 101st waiting request. One more waits for a connection to free, as
+    long as connecting may take."""
+    options: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": connect_timeout_s,
+                               "socket_keepalive": True, "socket_keepalive_options": _keepalive_options()}
     if cluster:
-        return cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(url, **options))
-    return redis.asyncio.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S, **options)
+        return cast(redis.asyncio.Redis, redis.asyncio.RedisCluster.from_url(url, max_connections=max_connections,
+                                                                             **options))
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=max_connections,
+                                                         timeout=connect_timeout_s,
+                                                         health_check_interval=HEALTH_CHECK_S, **options)
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+def client_socket_timeout_s(settings: Settings) -> float:
+    """The socket timeout of a client's connection (MemoryClient, the HTTP API, the CLI, the scheduler):
+    MEMFLOW_SOCKET_TIMEOUT_S past the longest its commands ask the server to wait (a blocking read's
+    slice, a WAIT for replicas)."""
+    longest = max(CLIENT_BLOCK_S, settings.redis.wait_timeout_ms / 1000)
+    return settings.client.socket_timeout_s + longest
 
 
 def stage_socket_timeout_s(block_ms: int) -> float:
@@ -251,22 +279,27 @@ def _alive(pid: int) -> bool:
 
 
 def connect_streams(settings: Settings, *, socket_timeout_s: float | None = None) -> redis.Redis:
-    """The deployment's stream server: one server, or (MEMFLOW_REDIS_CLUSTER) a cluster client.
+    """The deployment's stream server: one server, or (MEMFLOW_REDIS_CLUSTER) a cluster client; its socket
+    timeout `socket_timeout_s`, else a client's (`client_socket_timeout_s`).
 
     Typed as one server's client: everything memflow sends through it names keys of one slot (a
     partition's hash tag, or one key), which a cluster client routes by itself."""
-    url = require_url(settings)
+    url, timeout_s = require_url(settings), socket_timeout_s or client_socket_timeout_s(settings)
     if settings.redis.cluster:
-        return cast(redis.Redis, connect(url, socket_timeout_s=socket_timeout_s, cluster=True))
-    return connect(url, socket_timeout_s=socket_timeout_s)
+        return cast(redis.Redis, connect(url, socket_timeout_s=timeout_s, cluster=True,
+                                         connect_timeout_s=settings.client.connect_timeout_s))
+    return connect(url, socket_timeout_s=timeout_s, connect_timeout_s=settings.client.connect_timeout_s)
 
 
 def connect_queue(settings: Settings, streams: redis.Redis | None = None, *,
                   socket_timeout_s: float | None = None) -> redis.Redis:
-    """The server of the RPC queues (RQ): MEMFLOW_REDIS_QUEUE_URL, else the streams' own (`streams`, reused)."""
-    if settings.redis.queue_url:
-        return connect(settings.redis.queue_url, socket_timeout_s=socket_timeout_s)
-    return streams if streams is not None else connect(require_url(settings), socket_timeout_s=socket_timeout_s)
+    """The server of the RPC queues (RQ): MEMFLOW_REDIS_QUEUE_URL, else the streams' own (`streams`, reused);
+    its socket timeout as connect_streams'."""
+    if streams is not None and not settings.redis.queue_url:
+        return streams
+    return connect(settings.redis.queue_url or require_url(settings),
+                   socket_timeout_s=socket_timeout_s or client_socket_timeout_s(settings),
+                   connect_timeout_s=settings.client.connect_timeout_s)
 
 
 def require_url(settings: Settings) -> str:

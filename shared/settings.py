@@ -4,12 +4,17 @@ The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because
 the README and the docker-compose file use. Each group (`settings.redis`, `settings.store`,
 `settings.embedder`, ...) is a model of its own and says which of them it answers to: the names of its
 fields prefixed with its `prefix`, or as `renamed` lists. `Settings(redis_url=...)` and
-`settings.replace(dense_weight=...)` take the same flat names.
+`settings.replace(dense_weight=...)` take the same flat names, and refuse any other (TypeError): a
+misspelt name would otherwise leave the setting it meant at its default, silently. An unknown MEMFLOW_*
+variable is named in a warning when a process loads its settings (`get_settings`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
+import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +27,8 @@ from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.plan import TOPIC_WEIGHT
 from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
 from memflow.shared.keys import DEFAULT_PARTITIONS, Keys
+
+log = logging.getLogger(__name__)
 
 # The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
 _LC = Lifecycle()
@@ -198,6 +205,12 @@ class ClientSettings(Group):
     search_k: int = 5
     search_timeout_s: float = 10.0
     rpc_timeout_s: float = 30.0
+    # A client connection's socket timeout, past the longest wait its own commands ask the server for
+    # (shared/connections.client_socket_timeout_s): a server silent that long (paused, wedged, a half-open
+    # connection) raises instead of holding the caller (an HTTP route, an agent) forever. And how long
+    # connecting may take.
+    socket_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
 
 
 class RankingSettings(Group):
@@ -329,6 +342,13 @@ class HttpSettings(Group):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_batch: int = Field(default=500, ge=1)
     api_key: SecretStr | None = None
+    # How much one server process takes on at once (workers/api.py): requests being worked on (past it:
+    # 503 with Retry-After at once; a search waiting for the query worker holds no thread, only one of
+    # these and a Redis connection), the threads their blocking Redis calls run in (enqueueing a call, a
+    # publish), and how long a request waits for one of those threads before the same 503.
+    max_requests: int = Field(default=256, ge=1)
+    threads: int = Field(default=16, ge=1)
+    thread_wait_s: float = Field(default=2.0, gt=0)
 
 
 class LLMSettings(Group):
@@ -372,8 +392,8 @@ _FLAT: dict[str, tuple[str, str]] = {flat: (group, name) for group, model in GRO
 
 
 class Settings(BaseSettings):
-    # The variables are read by _FlatEnvironment (MEMFLOW_ + a flat name).
-    model_config = SettingsConfigDict(extra="ignore")
+    # The variables are read by _FlatEnvironment (MEMFLOW_ + a flat name); a keyword is a flat name or a group.
+    model_config = SettingsConfigDict(extra="forbid")
 
     redis: RedisSettings = Field(default_factory=RedisSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
@@ -392,7 +412,8 @@ class Settings(BaseSettings):
 
     def __init__(self, **values: Any) -> None:
         """Flat keywords (`redis_url=...`) or groups (`redis=RedisSettings(...)`); the environment fills
-        in what they leave out. An unknown keyword is ignored, as an unknown variable is."""
+        in what they leave out. An unknown keyword is a TypeError naming it."""
+        _refuse_unknown(values)
         super().__init__(**_grouped(values))
 
     @classmethod
@@ -411,7 +432,9 @@ class Settings(BaseSettings):
         return Keys(self.redis.stream_prefix, self.redis.partitions)
 
     def replace(self, **flat: Any) -> Settings:
-        """A copy with these settings changed (flat names, validated); the environment is not read again."""
+        """A copy with these settings changed (flat names, validated); the environment is not read again. An
+        unknown name is a TypeError naming it."""
+        _refuse_unknown(flat)
         return type(self).model_validate(_grouped(flat, onto=self.model_dump()))
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -423,6 +446,32 @@ class Settings(BaseSettings):
 
 
 FLAT_NAMES: frozenset[str] = frozenset({*_FLAT, "log_level"})
+# MEMFLOW_* variables that are not settings: read by a command itself, never named in the unknown warning.
+OTHER_VARIABLES: frozenset[str] = frozenset({
+    "MEMFLOW_MCP_SUBJECT",  # `memflow mcp --subject` (workers/cli.py)
+    "MEMFLOW_SERVE_AUTH",  # `memflow serve --workers N` to its processes (workers/api.AUTH_VARIABLE)
+})
+
+
+def _refuse_unknown(values: Mapping[str, Any]) -> None:
+    """TypeError naming each keyword that is no flat name, group or field (and the name it may have meant)."""
+    known = FLAT_NAMES | set(GROUPS) | set(Settings.model_fields)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        named = ", ".join(_with_guess(name, known) for name in unknown)
+        raise TypeError(f"unknown setting{'s' if len(unknown) > 1 else ''}: {named}")
+
+
+def _with_guess(name: str, known: frozenset[str] | set[str]) -> str:
+    guess = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"{name} (did you mean {guess[0]}?)" if guess else name
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The MEMFLOW_* variables of `environ` that no setting reads (each with the name it may have meant)."""
+    flat = {f"MEMFLOW_{name.upper()}" for name in FLAT_NAMES}
+    found = sorted(name.upper() for name in environ if name.upper().startswith("MEMFLOW_"))
+    return [_with_guess(name, flat) for name in found if name not in flat and name not in OTHER_VARIABLES]
 
 
 def _grouped(values: Mapping[str, Any], onto: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -484,4 +533,18 @@ def to_env(settings: Settings) -> dict[str, str]:
 
 @lru_cache
 def get_settings() -> Settings:
+    """The process's settings, from its environment; an unknown MEMFLOW_* variable is named in a warning."""
+    _warn_unknown_variables(os.environ)
     return Settings()
+
+
+# The unknown variables already named in this process: a warning once, however often settings are loaded.
+_warned: set[str] = set()
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    new = [name for name in unknown_variables(environ) if name not in _warned]
+    if new:
+        _warned.update(new)
+        log.warning("unknown MEMFLOW_* variable%s, not read by any setting: %s", "s" if len(new) > 1 else "",
+                    ", ".join(new))

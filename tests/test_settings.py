@@ -3,6 +3,8 @@ and keywords land in the settings group of the part that reads them."""
 
 from __future__ import annotations
 
+import ast
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from pydantic import SecretStr
 
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.score import Lifecycle
-from memflow.shared.settings import Settings, to_env
+from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env
 from memflow.shared.streams import ConsumerConfig
 
 
@@ -89,7 +91,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 17: a cluster, and writes acknowledged once replicas hold them
     "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms", "redis_queue_url",
     # issue 29: a lease means progress (the bound on one batch's time)
-    "max_batch_s")}
+    "max_batch_s",
+    # issue 29: every client connection has a socket timeout; the HTTP API's bounds
+    "socket_timeout_s", "connect_timeout_s", "http_max_requests", "http_threads", "http_thread_wait_s")}
 
 
 def every_name_set() -> Settings:
@@ -137,10 +141,78 @@ def test_flat_keywords_land_in_their_groups_and_win_over_the_environment(monkeyp
     assert (s.llm.plan_timeout_s, s.scheduler.misfire_grace_s, s.consumer.block_ms) == (1.5, 5, 3)
 
 
-def test_an_unknown_name_is_ignored_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MEMFLOW_NO_SUCH_SETTING", "1")
-    s = Settings(no_such_setting=1)
-    assert s == Settings() and not hasattr(s, "no_such_setting") and "MEMFLOW_NO_SUCH_SETTING" not in to_env(s)
+def test_an_unknown_keyword_is_refused_naming_it_and_the_name_meant() -> None:
+    """A misspelt keyword was dropped silently: the setting it meant kept its default."""
+    with pytest.raises(TypeError, match=r"qdrant_ur\b.*did you mean qdrant_url"):
+        Settings(qdrant_ur="http://q:6333")
+    with pytest.raises(TypeError, match="no_such_setting"):
+        Settings(no_such_setting=1)
+    with pytest.raises(TypeError, match=r"qdrant_ur\b.*did you mean qdrant_url"):
+        Settings().replace(qdrant_ur="http://q:6333")
+    with pytest.raises(TypeError, match="colour"):
+        Settings().replace(colour="red", dense_weight=0.3)
+    # Groups and their own fields are still taken whole.
+    assert Settings(redis=RedisSettings(url="redis://h:1/0")).replace(redis={"url": "redis://g:1/0"}).redis.url \
+        == "redis://g:1/0"
+    with pytest.raises(ValueError, match="urll"):
+        Settings(redis={"urll": "redis://h:1/0"})
+
+
+def test_an_unknown_variable_is_named_in_one_warning_at_start(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("MEMFLOW_QDRANT_UR", "http://q:6333")
+    monkeypatch.setenv("memflow_no_such_setting", "1")
+    monkeypatch.setenv("MEMFLOW_MCP_SUBJECT", "ann")  # read by `memflow mcp`, not a setting: no warning
+    monkeypatch.setenv("MEMFLOW_SERVE_AUTH", "on")  # `memflow serve --workers N` to its processes
+    monkeypatch.setenv("MEMFLOW_DENSE_WEIGHT", "0.3")
+    get_settings.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="memflow.shared.settings"):
+            assert get_settings().ranking.dense_weight == 0.3  # the known ones are read, the unknown ignored
+            get_settings.cache_clear()
+            get_settings()
+    finally:
+        get_settings.cache_clear()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "memflow.shared.settings"]
+    assert len(warnings) == 1, warnings
+    assert "MEMFLOW_QDRANT_UR (did you mean MEMFLOW_QDRANT_URL?)" in warnings[0]
+    assert "MEMFLOW_NO_SUCH_SETTING" in warnings[0].upper()
+    assert "MCP_SUBJECT" not in warnings[0] and "SERVE_AUTH" not in warnings[0] and "DENSE" not in warnings[0]
+
+
+def test_every_caller_in_the_repository_passes_only_known_names() -> None:
+    """Settings(...) and .replace(...) keywords anywhere in the code and the tests, checked statically:
+    a misspelt one in a rarely run path would raise only when it runs."""
+    known = FLAT_NAMES | set(GROUPS) | set(Settings.model_fields)
+    root = Path(__file__).parents[1]
+    unknown = []
+    for path in root.rglob("*.py"):
+        if {".venv", "build", ".git"} & set(path.relative_to(root).parts):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        refused = {id(n) for w in ast.walk(tree) if isinstance(w, ast.With) and _expects_a_refusal(w)
+                   for n in ast.walk(w)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not _settings_call(node) or id(node) in refused:
+                continue
+            unknown += [f"{path.relative_to(root)}:{node.lineno} {kw.arg}" for kw in node.keywords
+                        if kw.arg is not None and kw.arg not in known]
+    assert unknown == []
+
+
+def _expects_a_refusal(block: ast.With) -> bool:
+    return any(ast.unparse(item.context_expr).startswith("pytest.raises") for item in block.items)
+
+
+def _settings_call(node: ast.Call) -> bool:
+    """Settings(...), or a .replace(...) on something named like settings (not str/datetime.replace)."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id == "Settings"
+    if isinstance(func, ast.Attribute) and func.attr == "replace":
+        owner = ast.unparse(func.value)
+        return "settings" in owner.lower() or owner in {"lonely", "base", "parent", "s"}
+    return False
 
 
 def test_replace_takes_flat_names_validates_and_rereads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

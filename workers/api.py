@@ -11,6 +11,15 @@ code (`ErrorReply`), never a stack trace.
 FastAPI (on Starlette and uvicorn): request models are the pydantic models the SDK already
 has, so validation, the field named in an error and the OpenAPI document come from one
 source; Starlette alone would have us write all three by hand.
+
+Bounded at the edge (STYLE 21). The routes are `async def`: a call of the query worker is enqueued
+in a thread (RQ is sync: milliseconds) and its reply waited for on the event loop (redis.asyncio),
+so a search waiting 10 s for a busy worker holds no thread. The blocking Redis calls (an enqueue, a
+publish, a traces read) run in a pool of MEMFLOW_HTTP_THREADS threads of the API's own, each call
+bounded by its connection's socket timeout. At most MEMFLOW_HTTP_MAX_REQUESTS requests are worked on
+at once; past it, or when no thread frees within MEMFLOW_HTTP_THREAD_WAIT_S, a request is refused at
+once (503 `busy`, Retry-After) rather than queued. `/healthz` takes no place among them and has
+threads of its own: it answers whatever the other routes wait for.
 """
 
 from __future__ import annotations
@@ -19,12 +28,15 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from functools import partial
+from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 import redis
+from anyio import to_thread
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -38,9 +50,9 @@ from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
-from memflow.shared.connections import connect_async, require_url
+from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
-from memflow.shared.settings import Settings, get_settings
+from memflow.shared.settings import HttpSettings, Settings, get_settings
 from memflow.shared.status import recent_traces
 from memflow.workers.front import (
     ApiError,
@@ -50,12 +62,13 @@ from memflow.workers.front import (
     allowed,
     authenticate_async,
     error_line,
-    forget_proven,
 )
 from memflow.workers.mcp import http_endpoint
 from memflow.workers.system import Part
 
 log = logging.getLogger("memflow.api")
+
+T = TypeVar("T")
 
 # -- bodies and replies (the SDK's models where it has them) ------------------------------
 
@@ -151,9 +164,76 @@ def _rpc_failure(exc: RpcError) -> ApiError:
     return ApiError(503, "store_unavailable", said)
 
 
-def ask(client: MemoryClient, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:
+# -- how much the server takes on at once ----------------------------------------------------
+
+# Seconds a refused request is told to wait before it tries again.
+RETRY_AFTER_S = 1
+# /healthz's own threads (a worker count and an enqueue, milliseconds each): never behind the routes'.
+HEALTH_THREADS = 2
+HEALTH_CONNECTIONS = 8
+
+
+class Edge:
+    """The bounds of one server process (MEMFLOW_HTTP_MAX_REQUESTS, _THREADS, _THREAD_WAIT_S)."""
+
+    def __init__(self, http: HttpSettings) -> None:
+        self.requests = anyio.CapacityLimiter(http.max_requests)
+        # A ticket for one of the threads, taken with a deadline; then the thread itself, never waited
+        # for (there are as many as tickets). AnyIO's default 40 stay the inspector's and /mcp's.
+        self.tickets = anyio.CapacityLimiter(http.threads)
+        self.threads = anyio.CapacityLimiter(http.threads)
+        self.health_threads = anyio.CapacityLimiter(HEALTH_THREADS)
+        self.thread_wait_s = http.thread_wait_s
+
+
+def _busy(what: str) -> ApiError:
+    return ApiError(503, "busy", f"the server is at its bound ({what}): try again shortly",
+                    retry_after_s=RETRY_AFTER_S)
+
+
+async def admitted(request: Request) -> AsyncIterator[None]:
+    """A place among the requests being worked on, or 503 at once: past the bound a request is refused,
+    never queued. Taken once the body is read (a client trickling one in holds no place)."""
+    edge: Edge = request.app.state.edge
+    ticket = object()
     try:
-        return client.call(call, **fields)
+        edge.requests.acquire_on_behalf_of_nowait(ticket)
+    except anyio.WouldBlock:
+        raise _busy(f"{edge.requests.total_tokens:.0f} requests at once") from None
+    try:
+        yield
+    finally:
+        edge.requests.release_on_behalf_of(ticket)
+
+
+async def blocking(request: Request, work: Callable[[], T]) -> T:
+    """`work` (blocking Redis calls, each bounded by its socket timeout) in one of the edge's threads; 503
+    when none frees within the wait."""
+    edge: Edge = request.app.state.edge
+    ticket, held = object(), False
+    with anyio.move_on_after(edge.thread_wait_s):
+        await edge.tickets.acquire_on_behalf_of(ticket)
+        held = True
+    if not held:
+        raise _busy(f"no thread free within {edge.thread_wait_s} s")
+    try:
+        return await to_thread.run_sync(work, limiter=edge.threads)
+    finally:
+        edge.tickets.release_on_behalf_of(ticket)
+
+
+async def called(request: Request, call: rpc.Rpc[Any, rpc.Rep], *, timeout_s: float | None = None,
+                 **fields: Any) -> rpc.Rep:
+    """One call of the query worker: enqueued in a thread, its reply waited for on the event loop (no
+    thread held while the worker works). RpcError as the client raises it."""
+    client: MemoryClient = request.app.state.client
+    sent = await blocking(request, partial(client.send, call, timeout_s=timeout_s, **fields))
+    return client.reply(sent, await client.wait_async(sent, request.app.state.replies))
+
+
+async def ask(request: Request, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:
+    try:
+        return await called(request, call, **fields)
     except RpcError as exc:
         raise _rpc_failure(exc) from exc
 
@@ -168,14 +248,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such memory for this key (`not_found`)."),
         (413, "The body is over the limit, or a batch too long (`invalid_input`)."),
         (422, "A field is invalid (`invalid_input`, naming the field)."),
-        (503, "The store or the query worker failed (`store_unavailable`)."),
+        (503, "The store or the query worker failed (`store_unavailable`), or the server is at its bound "
+              "(`busy`, with Retry-After)."),
         (504, "No query worker answered in time (`timeout`)."))}
 
-v1 = APIRouter(prefix="/v1", responses=ERRORS)
+v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted)])
 
 
 @v1.post("/events", status_code=202, response_model=Published, tags=["write"])
-def publish_events(key: Caller, client: Client, events: Annotated[Events, Body()]) -> Published:
+async def publish_events(request: Request, key: Caller, client: Client,
+                         events: Annotated[Events, Body()]) -> Published:
     """Publish one event or a batch (a JSON array) of what an agent saw or said. Validated all or nothing,
     appended in order, answered before any processing."""
     batch = events if isinstance(events, list) else [events]
@@ -183,26 +265,28 @@ def publish_events(key: Caller, client: Client, events: Annotated[Events, Body()
         raise ApiError(413, "invalid_input", f"at most {client.settings.http.max_batch} events per request", "body")
     for i, event in enumerate(batch):
         allowed(key, event.subject, write=True, field=f"{i}.subject" if isinstance(events, list) else "subject")
-    return Published(ids=client.publish_many(batch))
+    return Published(ids=await blocking(request, partial(client.publish_many, batch)))
 
 
 @v1.post("/memories", status_code=202, response_model=Written, tags=["write"])
-def write_memory(key: Caller, client: Client, body: WriteRequest) -> Written:
+async def write_memory(request: Request, key: Caller, client: Client, body: WriteRequest) -> Written:
     """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it."""
     event_id = body.event_id or f"write-{uuid.uuid4()}"
-    stream_id = client.write(allowed(key, body.subject, write=True), body.content, session_id=body.session_id,
-                             external_ref=body.external_ref, ts=body.ts, event_id=event_id)
+    stream_id = await blocking(request, partial(
+        client.write, allowed(key, body.subject, write=True), body.content, session_id=body.session_id,
+        external_ref=body.external_ref, ts=body.ts, event_id=event_id))
     return Written(id=stream_id, event_id=event_id)
 
 
 @v1.post("/search", response_model=SearchResult, tags=["read"],
          responses={503: {"model": SearchFailed}, 504: {"model": SearchFailed}})
-def search(key: Caller, client: Client, body: SearchRequest) -> Response:
+async def search(request: Request, key: Caller, client: Client, body: SearchRequest) -> Response:
     """Search a subject's memories: `status` is ok, empty (nothing remembered matches) or failed (could not
-    look: 503 or 504, never an empty list)."""
+    look: 503 or 504, never an empty list). Waits MEMFLOW_SEARCH_TIMEOUT_S for the query worker, as the SDK."""
     allowed(key, body.subject)
     try:
-        found = client.call(rpc.SEARCH, **body.model_dump(exclude_none=True))
+        found = await called(request, rpc.SEARCH, timeout_s=client.settings.client.search_timeout_s,
+                             **body.model_dump(exclude_none=True))
         # Validated as it came back: written out as it is, not checked again against the response model.
         return Response(found.model_dump_json(), media_type="application/json")
     except RpcError as exc:
@@ -213,63 +297,65 @@ def search(key: Caller, client: Client, body: SearchRequest) -> Response:
 
 
 @v1.post("/pack", response_model=PackedPrompt, tags=["read"])
-def pack(key: Caller, client: Client, body: rpc.PackRequest) -> PackedPrompt:
+async def pack(request: Request, key: Caller, body: rpc.PackRequest) -> PackedPrompt:
     """The memories that matter for a task, packed into a prompt within `budget_tokens`."""
     allowed(key, body.subject)
-    return ask(client, rpc.PACK, **body.model_dump())
+    return await ask(request, rpc.PACK, **body.model_dump())
 
 
 @v1.get("/subjects", response_model=rpc.SubjectList, tags=["read"])
-def subjects(key: Caller, client: Client) -> rpc.SubjectList:
+async def subjects(request: Request, key: Caller) -> rpc.SubjectList:
     """The subjects with memories that this key may see."""
-    found = ask(client, rpc.SUBJECTS)
+    found = await ask(request, rpc.SUBJECTS)
     return rpc.SubjectList(subjects=[s for s in found.subjects if key.may_see(s)])
 
 
 @v1.get("/subjects/{subject:path}/memories", response_model=rpc.InspectReport, tags=["read"])
-def inspect(key: Caller, client: Client, subject: Subject, now: datetime | None = None) -> rpc.InspectReport:
+async def inspect(request: Request, key: Caller, subject: Subject, now: datetime | None = None) -> rpc.InspectReport:
     """Every memory of a subject with its type, tier, strength, uses and status (`MemoryClient.inspect`)."""
-    return ask(client, rpc.INSPECT, subject=allowed(key, subject), now=now)
+    return await ask(request, rpc.INSPECT, subject=allowed(key, subject), now=now)
 
 
 @v1.get("/subjects/{subject:path}/people", response_model=rpc.People, tags=["read"])
-def people(key: Caller, client: Client, subject: Subject) -> rpc.People:
+async def people(request: Request, key: Caller, subject: Subject) -> rpc.People:
     """The people the subject has talked about ("wife", "mother", "friend:小李"), each with what is known of them
     now: a search restricted to one of them is `about=` that holder."""
-    report = ask(client, rpc.INSPECT, subject=allowed(key, subject))
+    report = await ask(request, rpc.INSPECT, subject=allowed(key, subject))
     return rpc.People(subject=report.subject, people=report.people)
 
 
 @v1.get("/subjects/{subject:path}/traces", response_model=list[Trace], tags=["read"])
-def traces(key: Caller, client: Client, subject: Subject,
-           count: Annotated[int, Query(ge=1, le=200)] = 20) -> list[Trace]:
+async def traces(request: Request, key: Caller, client: Client, subject: Subject,
+                 count: Annotated[int, Query(ge=1, le=200)] = 20) -> list[Trace]:
     """How the subject's last searches were answered (query redacted): plan, candidates, chosen, latency."""
-    return recent_traces(client.redis, client.keys, allowed(key, subject), count)
+    return await blocking(request, partial(recent_traces, client.redis, client.keys, allowed(key, subject), count))
 
 
 @v1.get("/memories/{memory_id}/history", response_model=rpc.History, tags=["read"])
-def history(key: Caller, client: Client, memory_id: MemoryId, subject: Subject | None = None) -> rpc.History:
+async def history(request: Request, key: Caller, memory_id: MemoryId,
+                  subject: Subject | None = None) -> rpc.History:
     """Every version of a memory and why each changed. A memory of a subject the key may not see is
     answered 404, as one that does not exist."""
     if subject is not None:
         allowed(key, subject)
     # A key for one subject looks there only; otherwise the worker looks in every subject, and the
     # answer is checked against the key below.
-    found = ask(client, rpc.HISTORY, memory_id=memory_id, subject=subject or single_subject(key.subjects))
+    found = await ask(request, rpc.HISTORY, memory_id=memory_id, subject=subject or single_subject(key.subjects))
     if not key.may_see(found.subject):
         raise ApiError(404, "not_found", "no such memory for this key")
     return found
 
 
 @v1.post("/feedback", response_model=rpc.Adopted, tags=["write"])
-def feedback(key: Caller, client: Client, body: rpc.FeedbackRequest) -> rpc.Adopted:
+async def feedback(request: Request, key: Caller, body: rpc.FeedbackRequest) -> rpc.Adopted:
     """Count memories as used in an answer (their strength grows); ids of other subjects count nothing."""
     allowed(key, body.subject, write=True)
-    return ask(client, rpc.FEEDBACK, **body.model_dump())
+    return await ask(request, rpc.FEEDBACK, **body.model_dump())
 
 
 @v1.delete("/subjects/{subject:path}/memories", response_model=Forgotten, tags=["write"])
-def forget(key: Caller, client: Client, subject: Subject, body: Annotated[ForgetBody | None, Body()] = None,
+async def forget(request: Request, key: Caller, subject: Subject,
+                 body: Annotated[ForgetBody | None, Body()] = None,
            ids: Annotated[list[MemoryId] | None, Query(description="Memory ids (or `memory_ids` in the body).")] = None,
            contains: Annotated[str | None, Query(description="Every memory whose content holds this.")] = None,
            ) -> Forgotten:
@@ -279,30 +365,37 @@ def forget(key: Caller, client: Client, subject: Subject, body: Annotated[Forget
     contains = (body.contains if body else None) or contains
     if not memory_ids and not contains:
         raise ApiError(422, "invalid_input", "name the memories: `memory_ids` or `contains`", "memory_ids")
-    try:
-        return forget_proven(client, subject, memory_ids, contains)
-    except RpcError as exc:
-        raise _rpc_failure(exc) from exc
+    # front.forget_proven's two calls, each waited for on the event loop.
+    report = await ask(request, rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
+    proof = await ask(request, rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
+    return Forgotten(**report.model_dump(), proof=proof)
 
 
 # -- health and metrics ----------------------------------------------------------------------
 
 ops = APIRouter(tags=["ops"])
+# How long /healthz waits for a query worker's word.
+HEALTH_WAIT_S = 2.0
 
 
 @ops.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-def healthz(request: Request, client: Client) -> Health | JSONResponse:
-    """Redis answers, a query worker answers, and its store does. No key needed; no subject's data shown."""
+async def healthz(request: Request, client: Client) -> Health | JSONResponse:
+    """Redis answers, a query worker answers, and its store does. No key needed; no subject's data shown.
+    Answered whatever the other routes are doing: no place among their requests, threads of its own."""
     auth: Literal["on", "off"] = "on" if request.app.state.auth else "off"
     try:
-        client.redis.ping()
+        await request.app.state.redis.ping()
     except redis.RedisError as exc:
         down = Health(status="degraded", redis="unavailable", store="unknown", query_workers=0, auth=auth,
                       error=str(exc))
         return JSONResponse(down.model_dump(mode="json"), status_code=503)
-    workers = client.query_workers()
+    edge: Edge = request.app.state.edge
+
+    def count_and_ask() -> tuple[int, Any]:
+        return client.query_workers(), client.send(rpc.HEALTH, timeout_s=HEALTH_WAIT_S)
+    workers, sent = await to_thread.run_sync(count_and_ask, limiter=edge.health_threads)
     try:
-        store = client.call(rpc.HEALTH, timeout_s=2.0)
+        store = client.reply(sent, await client.wait_async(sent, request.app.state.replies))
         health = Health(status="ok" if store.store == "ok" else "degraded", redis="ok", store=store.store,
                         query_workers=workers, memories=store.memories, auth=auth, error=store.error)
     except RpcError as exc:
@@ -315,10 +408,11 @@ def healthz(request: Request, client: Client) -> Health | JSONResponse:
 
 @ops.get("/metrics", response_class=PlainTextResponse,
          responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}})
-def metrics(key: Caller, client: Client) -> PlainTextResponse:
+async def metrics(request: Request, key: Caller, client: Client) -> PlainTextResponse:
     """Prometheus text: per stage lag, pending and dead letters; search latency; LLM calls and fallbacks."""
     from memflow.shared.metrics import CONTENT_TYPE, render
-    return PlainTextResponse(render(client.redis, client.keys, client.queue_redis), media_type=CONTENT_TYPE)
+    text = await blocking(request, partial(render, client.redis, client.keys, client.queue_redis))
+    return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -439,12 +533,20 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
         async with mcp.lifespan(app):  # the MCP SDK's session manager
             yield
         await app.state.redis.aclose()
+        await app.state.replies.aclose()
     app = FastAPI(title="memflow", version="1", summary="Long-term memory for LLM agents: the HTTP API.",
                   openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=lifespan)
     app.state.client = client
     app.state.keystore = keystore
-    # The key lookups, on the event loop.
-    app.state.redis = connect_async(require_url(settings), cluster=settings.redis.cluster)
+    app.state.edge = Edge(settings.http)
+    # The key lookups, on the event loop; and the replies of the query worker's calls (the RPC queues'
+    # server: the streams' own unless MEMFLOW_REDIS_QUEUE_URL names another).
+    # A request holds at most one connection of each at a time; /healthz has a few of its own beyond.
+    options: dict[str, Any] = {"socket_timeout_s": client_socket_timeout_s(settings),
+                               "connect_timeout_s": settings.client.connect_timeout_s,
+                               "max_connections": settings.http.max_requests + HEALTH_CONNECTIONS}
+    app.state.redis = connect_async(require_url(settings), cluster=settings.redis.cluster, **options)
+    app.state.replies = connect_async(settings.redis.queue_url or require_url(settings), **options)
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)

@@ -20,7 +20,7 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.errors import MemflowError
 
 ErrorCode = Literal["invalid_input", "unauthorized", "forbidden", "not_found", "store_unavailable", "timeout",
-                    "internal"]
+                    "busy", "internal"]
 
 
 class ErrorBody(BaseModel):
@@ -34,16 +34,21 @@ class ErrorReply(BaseModel):
 
 
 class ApiError(MemflowError):
-    """A refusal: its HTTP status and stable code, and the field it is about."""
+    """A refusal: its HTTP status and stable code, the field it is about, and (a server too busy to take
+    the request on) after how many seconds to try again."""
 
-    def __init__(self, status: int, code: ErrorCode, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, code: ErrorCode, message: str, field: str | None = None, *,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
-        challenge = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
         body = ErrorReply(error=ErrorBody(code=self.code, message=self.message, field=self.field))
-        return JSONResponse(body.model_dump(), status_code=self.status, headers=challenge)
+        return JSONResponse(body.model_dump(), status_code=self.status, headers=headers or None)
 
 
 def error_line(error: Exception | str) -> str:

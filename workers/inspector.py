@@ -22,6 +22,7 @@ import base64
 import hashlib
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import UTC, datetime
+from functools import partial
 from html import escape
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
@@ -38,10 +39,9 @@ from memflow.pipeline.models import Hit, QueryPlan, SearchResult, Status, Subjec
 from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import ApiKey, KeyStore
-from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput
 from memflow.shared.status import StageStatus, read_status, recent_traces
-from memflow.workers.api import Client, ask, principal
+from memflow.workers.api import Client, ask, blocking, principal
 from memflow.workers.api import history as history_of
 from memflow.workers.api import inspect as inspect_of
 from memflow.workers.api import subjects as subjects_of
@@ -318,18 +318,19 @@ def logout(request: Request) -> Response:
 
 
 @pages.get("/")
-def home(request: Request, key: Visitor, client: Client, subject: str = "") -> Response:
+async def home(request: Request, key: Visitor, client: Client, subject: str = "") -> Response:
     if key is None:
         return respond(login_page())
     if subject.strip():
         return RedirectResponse(subject_url(subject.strip()), status_code=303)
-    return frame(request, key, "Subjects", subject_list(key, client), subject_box(),
-                 dead_letters(read_status(client.redis, client.keys, queue=client.queue_redis).stages))
+    status = await blocking(request, partial(read_status, client.redis, client.keys, queue=client.queue_redis))
+    return frame(request, key, "Subjects", await subject_list(request, key), subject_box(),
+                 dead_letters(status.stages))
 
 
-def subject_list(key: ApiKey, client: MemoryClient) -> Html:
+async def subject_list(request: Request, key: ApiKey) -> Html:
     try:
-        seen = subjects_of(key, client).subjects
+        seen = (await subjects_of(request, key)).subjects
     except ApiError as exc:
         return el("div", el("strong", "Could not list the subjects: "), exc.message, class_="card error")
     # A key made for one subject shows it before it has any memory.
@@ -385,7 +386,7 @@ def memory_table(subject: str, memories: list[rpc.MemoryState]) -> Html:
 
 # Registered before the subject page: a `{subject:path}` would swallow the `/search` too.
 @pages.get("/subjects/{subject:path}/search")
-def search_page(request: Request, key: Visitor, client: Client, subject: Subject, q: str = "") -> HTMLResponse:
+async def search_page(request: Request, key: Visitor, client: Client, subject: Subject, q: str = "") -> HTMLResponse:
     key = need(key)
     allowed(key, subject)
     top = [crumbs((subject, subject_url(subject))), search_box(subject, q)]
@@ -393,13 +394,14 @@ def search_page(request: Request, key: Visitor, client: Client, subject: Subject
         return frame(request, key, f"Search {subject}", *top, el("p", "Type a query.", class_="mute"))
     now = datetime.now(UTC)
     try:
-        result = ask(client, rpc.SEARCH, subject=subject, query=q, k=SEARCH_K, now=now)
+        result = await ask(request, rpc.SEARCH, subject=subject, query=q, k=SEARCH_K, now=now)
     except ApiError as exc:
         return frame(request, key, f"Search {subject}", *top, could_not_search(exc.message), status=exc.status)
     if result.status == "failed":
         return frame(request, key, f"Search {subject}", *top, could_not_search(result.error or "failed"),
                      status=503)
-    trace = next((t for t in recent_traces(client.redis, client.keys, subject, TRACE_SCAN) if t.now == now), None)
+    traced = await blocking(request, partial(recent_traces, client.redis, client.keys, subject, TRACE_SCAN))
+    trace = next((t for t in traced if t.now == now), None)
     return frame(request, key, f"Search {subject}", *top, hits_section(subject, result),
                  explain(subject, result, trace))
 
@@ -478,9 +480,9 @@ def factors(candidate: dict[str, Any]) -> str:
 
 
 @pages.get("/subjects/{subject:path}")
-def subject_page(request: Request, key: Visitor, client: Client, subject: Subject) -> HTMLResponse:
+async def subject_page(request: Request, key: Visitor, subject: Subject) -> HTMLResponse:
     key = need(key)
-    report = inspect_of(key, client, subject)
+    report = await inspect_of(request, key, subject)
     active = sum(m.status in (Status.active, Status.contested) for m in report.memories)
     summary = el("p", f"{len(report.memories)} memories, {active} active or contested (searchable).",
                  class_="mute")
@@ -518,10 +520,10 @@ def version_section(found: rpc.History, v: rpc.Version) -> Html:
 
 
 @pages.get("/memories/{memory_id}/history")
-def history_page(request: Request, key: Visitor, client: Client, memory_id: str,
-                 subject: Subject | None = None) -> HTMLResponse:
+async def history_page(request: Request, key: Visitor, memory_id: str,
+                       subject: Subject | None = None) -> HTMLResponse:
     key = need(key)
-    found = history_of(key, client, memory_id, subject)
+    found = await history_of(request, key, memory_id, subject)
     intro = el("p", f"{len(found.versions)} versions of ", el("code", found.key), ", oldest first.", class_="mute")
     return frame(request, key, "History", crumbs((found.subject, subject_url(found.subject))), intro,
                  [version_section(found, v) for v in found.versions])

@@ -393,7 +393,7 @@ class StreamConsumer(Generic[M]):
             if entry.deliveries > self.config.max_deliveries:
                 errors = self.keys.errors(self.stage, entry.partition)
                 last = self.client.hget(errors, entry.id)
-                if last is not None and last.startswith(OUTAGE.encode()):
+                if last is not None and _text(last).startswith(OUTAGE):
                     # Its deliveries were handovers while it waited out an outage (every consumer saw it, none
                     # could do better): not its fault, so not its budget. The mark goes now: should this try
                     # crash the process, the next delivery counts as usual.

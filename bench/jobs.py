@@ -5,10 +5,11 @@ store stages, the query worker and the jobs worker in this process) is filled wi
 through the store (random unit vectors, in subjects of SUBJECT_SIZE, nothing through the LLM path). Then one
 thread sends searches of random subjects at `rate` per second, first with nothing else running (idle), then
 while the `index` job runs (an HNSW build of everything written: on an Edge shard, in a process of its own,
-shared/edge_build.py) and then while `consolidate` runs. A search's latency is counted from the moment it
-was due, not when it was sent: a stall delays every search due meanwhile, and each one counts (no coordinated
-omission). `partitions_lost`: partitions a live stream consumer of this process lost during the job, counted from
-the lease owner's own warnings (shared/leases.py logs each loss).
+shared/edge_build.py) and then while `consolidate` runs (`--jobs`: others, e.g. decay and review), each
+enqueued as the scheduler enqueues it, its report left unread as the scheduler leaves it. A search's latency is
+counted from the moment it was due, not when it was sent: a stall delays every search due meanwhile, and each one
+counts (no coordinated omission). `partitions_lost`: partitions a live stream consumer of this process lost during
+the job, counted from the lease owner's own warnings (shared/leases.py logs each loss).
 
 Target (issue 29): during each job p99 <= 2x idle p99, no failed search, no partition lost.
 """
@@ -19,13 +20,17 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
 
 from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, on_fresh_system, pct_ms, say
-from memflow.shared import rpc
+from memflow.scheduler.firings import Entry, enqueue_firing
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import Embedded
 
@@ -89,30 +94,40 @@ def searched_during(system: Embedded, subjects: list[str], rate: float, job: str
                     losses: LeaseLosses) -> dict[str, Any]:
     """Searches while `job` runs on the jobs worker (enqueued as the scheduler does), and what the job took."""
     searches = Searches(system, subjects, rate, seed=hash(job) % 1000)
-    reports: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            reports.append(system.client.call(rpc.RUN_JOB, name=job, timeout_s=JOB_TIMEOUT_S))
-        except BaseException as exc:  # noqa: BLE001 - told in the report, not lost in a thread
-            errors.append(exc)
-
     lost_before, started = losses.count, time.perf_counter()
-    runner = threading.Thread(target=run, name=f"bench-{job}", daemon=True)
-    runner.start()
-    searches.run_while(runner.is_alive)
+    fired = enqueue_as_scheduled(system, job)
+    searches.run_while(lambda: not _ended(fired))
     seconds = time.perf_counter() - started
-    if errors:
-        raise errors[0]
+    if fired.get_status() != JobStatus.FINISHED:
+        raise RuntimeError(f"{job} ended {fired.get_status()}: {fired.latest_result()}")
     detail = {"p50_ms": pct_ms(searches.latencies, 0.5), "max_ms": pct_ms(searches.latencies, 1.0),
-              "searches": len(searches.latencies), "examined": reports[0].examined if reports else None}
+              "searches": len(searches.latencies)}
     say(f"{job}: {orjson.dumps(detail).decode()}")
     return {"seconds": round(seconds, 1), "p99_ms": pct_ms(searches.latencies, 0.99), "failed": searches.failed,
             "partitions_lost": losses.count - lost_before}
 
 
-def measure(system: Embedded, *, size: int, rate: float, idle_s: float) -> dict[str, Any]:
+def enqueue_as_scheduled(system: Embedded, job: str) -> Job:
+    """`job` on the jobs queue as the scheduler puts it there (scheduler/firings.py), firing now. The report stays
+    in Redis unread, as the scheduler leaves it: the bench's process, which is the system's too, does not decode a
+    report of every memory changed (20k entries: ~0.3 s of the interpreter lock a search would wait for)."""
+    queue = Queue(system.ctx.keys.jobs_queue, connection=system.ctx.queue_client or system.ctx.client,
+                  serializer=JSONSerializer)
+    entry = Entry(job, None, {"hour": 0}, timedelta(hours=2))
+    fired = enqueue_firing(queue, system.ctx.settings.redis.stream_prefix, entry, datetime.now(UTC),
+                           job_timeout_s=int(JOB_TIMEOUT_S))
+    if fired is None:
+        raise RuntimeError(f"{job} was enqueued already at this instant")
+    return fired
+
+
+def _ended(fired: Job) -> bool:
+    """Asked by the thread sending searches before each (one round trip): the job's end is seen within 1/rate s."""
+    return fired.get_status() in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
+
+
+def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
+            jobs: Sequence[str] = JOBS) -> dict[str, Any]:
     each = min(SUBJECT_SIZE, size)
     say(f"filling the store with {size} memories ({size // each} subjects) ...")
     subjects = bulk_load_subjects(system, max(1, size // each), each)
@@ -125,14 +140,14 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float) -> dict[
         say(f"searches at {rate:g}/s, idle, for {idle_s:g} s ...")
         idle = searched_idle(system, subjects, rate, idle_s)
         say(f"idle: {orjson.dumps(idle).decode()}")
-        jobs = {}
-        for job in JOBS:
+        during = {}
+        for job in jobs:
             say(f"searches at {rate:g}/s while {job} runs ...")
-            jobs[job] = searched_during(system, subjects, rate, job, losses)
-            say(f"{job}: {orjson.dumps(jobs[job]).decode()}")
+            during[job] = searched_during(system, subjects, rate, job, losses)
+            say(f"{job}: {orjson.dumps(during[job]).decode()}")
     finally:
         leases.removeHandler(losses)
-    return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"]}, "jobs": jobs}
+    return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"]}, "jobs": during}
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -146,8 +161,10 @@ def print_report(report: dict[str, Any]) -> None:
               f"partitions lost {figures['partitions_lost']}  [{verdict}]")
 
 
-def run_cli(*, size: int, rate: float, idle_s: float, as_json: bool, settings: Settings) -> int:
-    report = on_fresh_system(settings, "jobs", lambda system: measure(system, size=size, rate=rate, idle_s=idle_s))
+def run_cli(*, size: int, rate: float, idle_s: float, as_json: bool, settings: Settings,
+            jobs: Sequence[str] = JOBS) -> int:
+    report = on_fresh_system(settings, "jobs",
+                             lambda system: measure(system, size=size, rate=rate, idle_s=idle_s, jobs=jobs))
     if as_json:
         print(orjson.dumps(report).decode())
     else:

@@ -42,7 +42,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ class EdgeStore:
             self._update(qe.UpdateOperation.set_payload_by_filter(at_rev, payload))
         self._count(1)  # a point patched in an indexed segment moves to the appendable one
 
-    def get(self, flt: MemoryFilter) -> list[Memory]:
+    def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         found: list[Memory] = []
         engine_filter = _filter(flt)
         offset: Any = None
@@ -142,6 +142,8 @@ class EdgeStore:
             found.extend(Memory.model_validate(r.payload) for r in records)
             if offset is None:
                 return found
+            if between is not None:
+                between()
 
     def query(
         self, flt: MemoryFilter, *, mode: SearchMode, limit: int,

@@ -19,7 +19,7 @@ metadata).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -108,7 +108,7 @@ class ServerStore:
         with _server_errors("set_payload"):
             self._client.set_payload(self._collection, payload, points=points, wait=True)
 
-    def get(self, flt: MemoryFilter) -> list[Memory]:
+    def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         found: list[Memory] = []
         server_filter = _filter(flt)
         offset: Any = None
@@ -121,6 +121,8 @@ class ServerStore:
             found.extend(Memory.model_validate(r.payload) for r in records)
             if offset is None:
                 return found
+            if between is not None:
+                between()
 
     def query(
         self, flt: MemoryFilter, *, mode: SearchMode, limit: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, cast, runtime_checkable
@@ -88,8 +88,9 @@ class Store(Protocol):
         """Overwrite some payload fields of one point, keeping its vectors. `if_rev`: only if the point is at
         that revision, checked by the engine in the same step (compare-and-write; otherwise nothing is written)."""
 
-    def get(self, flt: MemoryFilter) -> list[Memory]:
-        """Every point matching the filter (scrolls through all pages)."""
+    def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
+        """Every point matching the filter (scrolls through all pages). `between`: called before each page after
+        the first (a maintenance job steps aside there for the searches of its process: shared/foreground.py)."""
 
     def query(
         self, flt: MemoryFilter, *, mode: SearchMode, limit: int,

@@ -838,12 +838,14 @@ def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publish
 def bench_jobs(size: Annotated[int, typer.Option(help="Memories in the store (random vectors).")] = 100_000,
                rate: Annotated[float, typer.Option(help="Searches per second, steady.")] = 5.0,
                idle_seconds: Annotated[float, typer.Option(help="How long searches are measured idle.")] = 30.0,
+               jobs: Annotated[str, typer.Option(help="The jobs run, one after the other (index, consolidate, "
+                                                      "decay, review, retag).")] = "index,consolidate",
                as_json: JsonFlag = False) -> None:
     """Search p99 while the index and consolidate jobs run, next to idle; failed searches, partitions lost."""
     from memflow.bench.jobs import run_cli
 
     raise typer.Exit(run_cli(size=size, rate=rate, idle_s=idle_seconds, as_json=as_json,
-                             settings=_settings("WARNING")))
+                             jobs=[j for j in jobs.split(",") if j], settings=_settings("WARNING")))
 
 
 @bench_app.command("pending")

@@ -118,15 +118,20 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
     report: dict[str, Any] = {"job": name, "tier": tier, "subjects": len(subjects), "examined": 0,
                               "dry_run": dry_run, "now": now.isoformat(), "changed": [], "written": [],
                               "sent": [], "undecided": [], "skipped": []}
+    aside = ctx.foreground.step_aside  # before each step: the searches this process is answering go first
     for s in subjects:
         if not dry_run:  # the counts a plan reads (hotness, support) include every use recorded
+            aside()
             ops.fold_uses(ctx, s)
-        memories = ctx.store.get(MemoryFilter(s))
+        aside()
+        memories = ctx.store.get(MemoryFilter(s), between=aside)  # a page at a time
         report["examined"] += len(memories)
+        aside()
         plan = JOBS[name](memories, now, policy, only)
         _report(report, s, plan)
         if not dry_run:
-            report["skipped"] += apply(ctx, s, plan, name, now)
+            aside()
+            report["skipped"] += apply(ctx, s, plan, name, now, between=aside)
     return report
 
 
@@ -141,12 +146,28 @@ def _report(report: dict[str, Any], subject: str, plan: Plan) -> None:
                             for m in plan.undecided]
 
 
-def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime) -> list[str]:
-    """Carry a plan out; the ids of memories left alone because they changed while it was made (the
-    next run plans them again from what they are then)."""
+# Jobs whose every step stands alone (one memory's own change, a new pattern): applied APPLY_CHUNK ops at a time,
+# the searches of the process served between chunks (a subject's 1,000 strength refreshes are ~0.5 s of lock
+# renewals and store writes: a search arriving meanwhile waited for all of it). Review's steps go together: a
+# winner and the rivals it retires (applied apart, a crash between would leave a rival alone in its contest, and
+# the next review would let it win too).
+SEPARATE_STEPS = frozenset({"decay", "retag", "consolidate"})
+APPLY_CHUNK = 64
+
+
+def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime,
+          between: Callable[[], object] = lambda: None) -> list[str]:
+    """Carry a plan out (`between`: called between its chunks); the ids of memories left alone because they
+    changed while it was made (the next run plans them again from what they are then)."""
     ops: list[MutationOp] = [*patches(plan.steps, f"{name}: "), *(PutOp(memory=m) for m in plan.new)]
-    skipped = ctx.applier.apply(mutation(subject, name, f"{name} job", now, ops), _vectors(ctx, plan.new)).stale \
-        if ops else []
+    vectors = _vectors(ctx, plan.new)
+    size = APPLY_CHUNK if name in SEPARATE_STEPS else max(1, len(ops))
+    skipped: list[str] = []
+    for start in range(0, len(ops), size):
+        if start:
+            between()
+        skipped += ctx.applier.apply(mutation(subject, name, f"{name} job", now, ops[start:start + size]),
+                                     vectors).stale
     for c in plan.candidates:
         ctx.client.xadd(ctx.keys.work("resolve", c.subject), {FIELD: encode(c)})
     return skipped

@@ -24,6 +24,7 @@ from memflow.shared.applier import Applier
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
 from memflow.shared.embedder import Embedder, build_embedder
+from memflow.shared.foreground import Foreground
 from memflow.shared.judge import Judge
 from memflow.shared.keys import FIELD, Keys
 from memflow.shared.llm import LLM
@@ -48,6 +49,8 @@ class Context:
     _embedder: Embedder | None = None
     _llm: LLM | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The searches this process is answering: its maintenance jobs step aside for them (shared/foreground.py).
+    foreground: Foreground = field(default_factory=Foreground)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:

@@ -190,14 +190,15 @@ class EdgeStore:
     def changed_since_optimize(self) -> int:
         return self._changed
 
-    def optimize(self) -> bool:
+    def optimize(self, between: Callable[[], object] | None = None) -> bool:
         """Build what the engine's optimizer plans (HNSW graphs, merges, vacuum) in a process of its own, and
         serve the result; True if anything changed. Writes wait while the shard is copied and while the result
-        is handed over; searches only for its load (module doc, shared/edge_build.py)."""
+        is handed over; searches only for its load and the old shard's close, each of which holds the interpreter
+        lock: `between` is called before each (a job steps aside there for the searches in flight)."""
         with self._counting:
             changed, self._changed = self._changed, 0
         try:
-            return self._build_elsewhere()
+            return self._build_elsewhere(between or _nothing)
         except BaseException:
             self._count(changed)  # not built: still to do
             raise
@@ -226,22 +227,23 @@ class EdgeStore:
             if self._journal is not None:  # an index build is building a copy: its result gets this write too
                 self._journal.append(operation)
 
-    def _build_elsewhere(self) -> bool:
+    def _build_elsewhere(self, between: Callable[[], object]) -> bool:
         with self._writing:  # a copy of one instant: no write halfway through it
             built = edge_build.copy(self._path)
             self._journal = []
         try:
             if not edge_build.build(built):
                 return False
-            self._hand_over(built)
+            self._hand_over(built, between)
             return True
         finally:
             with self._writing:
                 self._journal = None
             edge_build.recover(self._path)  # a build that failed: its copy
 
-    def _hand_over(self, built: Path) -> None:
+    def _hand_over(self, built: Path, between: Callable[[], object]) -> None:
         """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""
+        between()
         with self._writing:
             edge_build.swap_in(self._path, built)
             fresh = self._caught_up(self._journal or [])
@@ -249,6 +251,7 @@ class EdgeStore:
             with self._readers.alone():
                 old, self._shard, self._recent = self._shard, fresh, _Recent()  # point versions start anew
         edge_build.write_back(retired)
+        between()
         with _engine_errors("close the retired shard"):
             old.close()
         shutil.rmtree(retired, ignore_errors=True)
@@ -275,6 +278,10 @@ class EdgeStore:
     def _count(self, points: int) -> None:
         with self._counting:  # writers of several threads
             self._changed += points
+
+
+def _nothing() -> None:
+    return None
 
 
 def _config(dim: int) -> qe.EdgeConfig:

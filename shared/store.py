@@ -132,9 +132,10 @@ class Optimizable(Protocol):
         """Points written or removed since the last `optimize` of this process (all of them after it starts)."""
         ...
 
-    def optimize(self) -> bool:
+    def optimize(self, between: Callable[[], object] | None = None) -> bool:
         """Build whatever the engine's optimizer plans (HNSW graphs of segments past its indexing threshold,
-        merges, vacuum); True if anything changed. Blocks until done."""
+        merges, vacuum); True if anything changed. Blocks until done. `between`: called before each step that
+        holds the interpreter lock (a job steps aside there for the searches of its process)."""
         ...
 
 

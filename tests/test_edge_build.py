@@ -15,6 +15,7 @@ import pytest
 from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared import edge_build
 from memflow.shared.edge_store import EdgeStore
+from memflow.shared.foreground import Foreground
 from memflow.shared.store import MemoryFilter
 
 DIM = 768
@@ -97,3 +98,26 @@ def test_a_handover_a_crash_interrupted_gives_back_the_shard_from_before(shard: 
     assert reopened.count() == POINTS and not (path / "half-replayed").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard"]
     reopened.close()
+
+
+def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore) -> None:
+    """Loading the built shard and closing the old one hold the interpreter lock: each waits for the searches
+    the process is answering (a job's `between`, shared/foreground.py) before it starts."""
+    foreground = Foreground(patience_s=0.05)
+    in_flight, done = threading.Event(), threading.Event()
+
+    def search() -> None:
+        with foreground.serving():
+            in_flight.set()
+            done.wait(30)
+
+    searcher = threading.Thread(target=search)
+    searcher.start()
+    in_flight.wait(5)
+    try:
+        assert shard.optimize(between=foreground.step_aside) is True
+    finally:
+        done.set()
+        searcher.join()
+    assert foreground.stepped_aside == 2  # before the load, before the close
+    shard.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -46,9 +47,9 @@ class Recorded:
     def changed_since_optimize(self) -> int:
         return self.store.changed_since_optimize()
 
-    def optimize(self) -> bool:
+    def optimize(self, between: Any = None) -> bool:
         self.builds += 1
-        return self.store.optimize()
+        return self.store.optimize(between)
 
 
 def test_the_index_job_builds_once_enough_points_changed_and_a_search_never_does(ctx: Context) -> None:

@@ -88,7 +88,7 @@ def index(ctx: Context, now: datetime, dry_run: bool) -> dict[str, Any]:
     changed = store.changed_since_optimize() if isinstance(store, Optimizable) else 0
     if isinstance(store, Optimizable) and changed >= INDEX_AFTER_CHANGES and not dry_run:
         started = time.perf_counter()
-        built = store.optimize()
+        built = store.optimize(between=ctx.foreground.step_aside)
         log.info("index: %d points changed since the last build; built: %s, in %.1f s", changed, built,
                  time.perf_counter() - started)
     return {"job": "index", "tier": None, "subjects": 0, "examined": changed, "dry_run": dry_run,

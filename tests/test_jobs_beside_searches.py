@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,10 +43,12 @@ class Gated:
         return self.store.subjects()
 
 
-@pytest.fixture
-def gated(settings: Settings, embedder: Embedder) -> Iterator[tuple[Context, Gated]]:
-    ctx = Context.from_settings(settings.replace(rpc_timeout_s=5.0, search_timeout_s=5.0), embedder=embedder)
-    store = Gated(ctx.store)
+def serving(settings: Settings, embedder: Embedder, wrap: Callable[[Store], Any],
+            timeout_s: float) -> Iterator[tuple[Context, Any]]:
+    """The query and jobs workers of one process, on the real store seen through `wrap` (a gate the test opens)."""
+    ctx = Context.from_settings(settings.replace(rpc_timeout_s=timeout_s, search_timeout_s=timeout_s),
+                                embedder=embedder)
+    store = wrap(ctx.store)
     ctx._store = store
     runner = Runner(stage_parts(ctx, (QUERY,)))
     runner.start()
@@ -56,6 +58,11 @@ def gated(settings: Settings, embedder: Embedder) -> Iterator[tuple[Context, Gat
         store.gate.set()
         runner.shutdown()
         ctx.close()
+
+
+@pytest.fixture
+def gated(settings: Settings, embedder: Embedder) -> Iterator[tuple[Context, Gated]]:
+    yield from serving(settings, embedder, Gated, 5.0)
 
 
 def test_a_search_and_the_health_check_are_answered_while_a_job_runs(gated: tuple[Context, Gated]) -> None:
@@ -100,17 +107,7 @@ class Held:
 
 @pytest.fixture
 def held(settings: Settings, embedder: Embedder) -> Iterator[tuple[Context, Held]]:
-    ctx = Context.from_settings(settings.replace(rpc_timeout_s=10.0, search_timeout_s=10.0), embedder=embedder)
-    store = Held(ctx.store)
-    ctx._store = store
-    runner = Runner(stage_parts(ctx, (QUERY,)))
-    runner.start()
-    try:
-        yield ctx, store
-    finally:
-        store.gate.set()
-        runner.shutdown()
-        ctx.close()
+    yield from serving(settings, embedder, Held, 10.0)
 
 
 def test_a_lifecycle_job_steps_aside_while_a_search_is_in_flight(held: tuple[Context, Held]) -> None:

@@ -67,6 +67,11 @@ _frozen_by = 0
 _freezing = threading.Lock()
 
 
+def freezers() -> int:
+    """How many workers of this process hold the heap frozen now."""
+    return _frozen_by
+
+
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """While a worker runs: what the process holds now (the model, the store, the libraries) in the collector's

@@ -94,7 +94,15 @@ def assert_each_stored_once(memories: list[dict]) -> None:
 
 
 def terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM, then wait past the process's own budget for its parts to stop (Runner.shutdown: 30 s, then the
+    store's close): a stop that slow on a loaded machine is not what these tests are about; a hang is killed."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(timeout=30)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise

@@ -1,0 +1,77 @@
+"""What a request may cost is bounded before the work starts (issue 30, items 1 and 2): item counts and the
+key's permission are checked before a single item is validated, and a query is capped by what the encoders
+read (in tokens), each refusal naming its limit.
+
+One served system for the module (tests/test_api.py's), each test under subjects of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.test_api import Served, error_of, event, served, subject
+
+__all__ = ["served"]  # the module's fixture, shared with tests/test_api.py
+
+# 330,000 empty objects in 990 KB (under the 1 MB body limit): validated one by one, they took 15 s.
+HUGE_BATCH = b"[" + b",".join([b"{}"] * 330_000) + b"]"
+# Generous for a loaded 2-core machine; the validation it replaces took 15 s.
+FAST_S = 5.0
+
+
+def posted_while_healthz_answers(served: Served, key: str) -> tuple[httpx.Response, float, list[float]]:
+    """POST the huge batch with `key`; meanwhile /healthz is asked again and again. The reply, how long it
+    took, and how long each /healthz took."""
+    health: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=served.url, timeout=30) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                assert http.get("/healthz").status_code in (200, 503)
+                health.append(time.monotonic() - started)
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    started = time.monotonic()
+    with served.http(key) as http:
+        reply = http.post("/v1/events", content=HUGE_BATCH, headers={"content-type": "application/json"})
+    took = time.monotonic() - started
+    done.set()
+    prober.join(30)
+    return reply, took, health
+
+
+def test_a_huge_batch_is_refused_before_its_items_are_validated_and_healthz_stays_answered(served: Served) -> None:
+    published = served.system.client.keys.inputs_of("trigger")
+    before = sum(served.system.client.redis.xlen(stream) for stream in published)
+    # A read-only key is told no for what it is, not for what it sent.
+    reader = served.key(f"{subject()}/*", read_only=True)
+    reply, took, health = posted_while_healthz_answers(served, reader)
+    assert reply.status_code == 403 and error_of(reply)["code"] == "forbidden", reply.text[:300]
+    assert took < FAST_S, f"the read-only refusal took {took:.1f} s"
+    # A key that may write: the count is refused, naming the limit, before any item is looked at.
+    writer = served.key(f"{subject()}/*")
+    reply, took, health2 = posted_while_healthz_answers(served, writer)
+    assert reply.status_code == 413, reply.text[:300]
+    error = error_of(reply)
+    assert error["field"] == "body" and "at most 500 events" in error["message"], error
+    assert took < FAST_S, f"the batch refusal took {took:.1f} s"
+    assert health + health2 and max(health + health2) < FAST_S, health + health2
+    assert sum(served.system.client.redis.xlen(stream) for stream in published) == before
+
+
+def test_a_batch_within_the_limit_is_still_validated_item_by_item(served: Served) -> None:
+    subj = subject()
+    with served.http(served.admin) as http:
+        bad: list[Any] = [event(subj, "one"), {}, event(subj, "three")]
+        reply = http.post("/v1/events", json=bad)
+        assert reply.status_code == 422 and error_of(reply)["field"].startswith("1."), reply.text
+        not_json = http.post("/v1/events", content=b"[{", headers={"content-type": "application/json"})
+        assert not_json.status_code == 400 and error_of(not_json)["field"] == "body"
+        good = http.post("/v1/events", json=[event(subj, "I like green tea.", 0), event(subj, "And jasmine.", 1)])
+        assert good.status_code == 202 and len(good.json()["ids"]) == 2

@@ -12,7 +12,9 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from memflow.pipeline.tokens import within_query_limit
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_TEXT_BYTES = 32 * 1024
@@ -548,9 +550,13 @@ class QueryPlan(Wire):
     about: str | None = None
 
 
+# A query: at most 32 KB (checked first: a length), then at most what the encoders read (pipeline/tokens.py).
+QueryText = Annotated[str, Field(min_length=1, max_length=DEFAULT_MAX_TEXT_BYTES), AfterValidator(within_query_limit)]
+
+
 class SearchRequest(Wire):
     subject: Subject
-    query: str = Field(min_length=1, max_length=DEFAULT_MAX_TEXT_BYTES)
+    query: QueryText
     k: int = Field(default=5, ge=1, le=200)
     now: datetime | None = None
     dirs: list[Dir] | None = None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from memflow.pipeline.tokens import approximate_tokens
 from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable
 from memflow.shared.settings import Settings
 
@@ -440,17 +440,3 @@ def unit(vector: list[float], dim: int) -> list[float]:
     if len(vector) != dim or not norm or not math.isfinite(norm):
         raise EmbedderUnavailable(f"malformed reply: a vector of {len(vector)} values, norm {norm}, expected {dim}")
     return [x / norm for x in vector]
-
-
-# CJK ideographs, kana and hangul: a subword tokenizer gives each about one token.
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_PIECES = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
-# A subword vocabulary keeps common short words whole and splits longer or rarer ones.
-CHARS_PER_TOKEN = 4
-
-
-def approximate_tokens(text: str) -> int:
-    """Tokens without the model's tokenizer: a CJK character or a punctuation mark is one, a word one
-    per 4 characters begun. It leans high, so a packing budget is under-filled rather than overrun:
-    against e5's tokenizer, 1.25× on LoCoMo turns and 1.4× on Chinese turns, never below."""
-    return sum(-(-len(piece) // CHARS_PER_TOKEN) for piece in _PIECES.findall(text))

@@ -21,11 +21,11 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
 from memflow.pipeline.models import (
-    DEFAULT_MAX_TEXT_BYTES,
     Memory,
     MemoryId,
     MType,
     PackedPrompt,
+    QueryText,
     Revision,
     SearchRequest,
     SearchResult,
@@ -76,7 +76,7 @@ class Rpc(Generic[Req, Rep]):
 
 class PackRequest(Wire):
     subject: Subject
-    query: str = Field(min_length=1, max_length=DEFAULT_MAX_TEXT_BYTES)
+    query: QueryText
     budget_tokens: int = Field(default=800, ge=0)
     system_prompt: str = ""
     now: datetime | None = None

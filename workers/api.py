@@ -444,9 +444,11 @@ def _reply(status: int, code: ErrorCode, message: str, field: str | None = None)
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    """The field an error names, as the SDK names it: `ts`, `3.ts`, `subject` (no `body`, no union tag)."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "one", "many")]
-    return ".".join(parts) or "body"
+    """The field an error names, as the SDK names it: `ts`, `3.ts`, `subject`, without the location FastAPI puts
+    first (`body`, `query`, `path`): only the first, since a field may be named `query` too."""
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    return ".".join(str(p) for p in loc) or "body"
 
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:

@@ -220,8 +220,8 @@ def run_lifecycle(system: Embedded, convs: Sequence[Conversation], progress: Pro
     for conv in convs:
         for job in LIFECYCLE_JOBS:
             report = system.client.run_job(job, subject=conv.sample_id, now=conv.now)
-            done[f"{job}_changed"] += len(report["changed"])
-            done[f"{job}_written"] += len(report["written"]) + len(report["sent"])
+            done[f"{job}_changed"] += len(report.changed)
+            done[f"{job}_written"] += len(report.written) + len(report.sent)
     progress.note(f"memflow: lifecycle jobs run: {dict(done)}", force=True)
     wait_until_idle(system, progress)
     return dict(done)

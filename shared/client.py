@@ -51,9 +51,17 @@ from memflow.shared.rpc import (
     SEARCH,
     VERIFY_FORGOTTEN,
     WORKERS_MODULE,
+    ForgetProof,
+    ForgetReport,
+    History,
+    InspectReport,
+    JobReport,
     Rep,
     Req,
+    ReviewDecision,
+    RollbackReport,
     Rpc,
+    Waiting,
 )
 from memflow.shared.settings import Settings, get_settings
 from memflow.shared.streams import backlog
@@ -173,13 +181,13 @@ class MemoryClient:
         return self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains).count
 
     def forget_report(self, subject: str, memory_ids: Sequence[str] | None = None, *,
-                      contains: str | None = None) -> dict[str, Any]:
+                      contains: str | None = None) -> ForgetReport:
         """Forget, and say which memories and how many Redis entries holding their words were removed."""
-        return _plain(self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains))
+        return self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
 
-    def verify_forgotten(self, subject: str, memory_ids: Sequence[str]) -> dict[str, Any]:
+    def verify_forgotten(self, subject: str, memory_ids: Sequence[str]) -> ForgetProof:
         """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them."""
-        return _plain(self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids))
+        return self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids)
 
     def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None,
                  request_id: str | None = None) -> int:
@@ -187,34 +195,34 @@ class MemoryClient:
         return self.call(FEEDBACK, subject=subject, memory_ids=memory_ids, at=at,
                          **_named(request_id=request_id)).count
 
-    def inspect(self, subject: str, *, now: datetime | None = None) -> dict[str, Any]:
-        return _plain(self.call(INSPECT, subject=subject, now=now))
+    def inspect(self, subject: str, *, now: datetime | None = None) -> InspectReport:
+        return self.call(INSPECT, subject=subject, now=now)
 
     # -- maintenance ---------------------------------------------------------------
 
     def run_job(self, name: str, *, subject: str | None = None, now: datetime | None = None,
-                dry_run: bool = False, tier: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
+                dry_run: bool = False, tier: str | None = None, timeout_s: float = 600.0) -> JobReport:
         """Run a maintenance job (decay, consolidate, review, retag) in a query worker; its report."""
-        return _plain(self.call(RUN_JOB, subject=subject, name=name, now=now, dry_run=dry_run, tier=tier,
-                                timeout_s=timeout_s))
+        return self.call(RUN_JOB, subject=subject, name=name, now=now, dry_run=dry_run, tier=tier,
+                         timeout_s=timeout_s)
 
-    def history(self, memory_id: str, *, subject: str | None = None) -> dict[str, Any]:
+    def history(self, memory_id: str, *, subject: str | None = None) -> History:
         """Every version of a memory (of its key) and each change of each, oldest first."""
-        return _plain(self.call(HISTORY, memory_id=memory_id, subject=subject))
+        return self.call(HISTORY, memory_id=memory_id, subject=subject)
 
     def rollback(self, memory_id: str, to_version: int, *, subject: str | None = None,
-                 at: datetime | None = None) -> dict[str, Any]:
+                 at: datetime | None = None) -> RollbackReport:
         """Restore an old version of a keyed memory as a new version (itself recorded as a change)."""
-        return _plain(self.call(ROLLBACK, memory_id=memory_id, to_version=to_version, subject=subject, at=at))
+        return self.call(ROLLBACK, memory_id=memory_id, to_version=to_version, subject=subject, at=at)
 
-    def review_list(self, subject: str | None = None) -> list[dict[str, Any]]:
+    def review_list(self, subject: str | None = None) -> list[Waiting]:
         """Memories waiting for a decision: pending_review and contested."""
-        return [_plain(m) for m in self.call(REVIEW_LIST, subject=subject).waiting]
+        return self.call(REVIEW_LIST, subject=subject).waiting
 
     def review(self, memory_id: str, *, accept: bool, subject: str | None = None,
-               at: datetime | None = None) -> dict[str, Any]:
+               at: datetime | None = None) -> ReviewDecision:
         """Accept (active; the rivals it contested are superseded) or reject (never searched again)."""
-        return _plain(self.call(REVIEW_DECIDE, memory_id=memory_id, accept=accept, subject=subject, at=at))
+        return self.call(REVIEW_DECIDE, memory_id=memory_id, accept=accept, subject=subject, at=at)
 
     # -- the calls -------------------------------------------------------------------
 
@@ -332,11 +340,6 @@ def _raised_kind(exc_string: str) -> str:
     if ":" not in last or not head.replace(".", "").replace("_", "").isalnum():
         return "failed"
     return head.rsplit(".", 1)[-1]
-
-
-def _plain(reply: BaseModel) -> dict[str, Any]:
-    """A reply as the plain JSON the dict-returning methods have always given."""
-    return reply.model_dump(mode="json")
 
 
 def _named(**fields: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import pytest
 from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import Role
 from memflow.shared.keys import FIELD
+from memflow.shared.rpc import MemoryState
 from tests.conftest import System
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -116,8 +117,8 @@ def send(system: System, prefix: str, corpus: list[dict[str, str]]) -> list[Sent
     return sent
 
 
-def stored(system: System, subject: str) -> list[dict[str, Any]]:
-    memories: list[dict[str, Any]] = system.client.inspect(subject)["memories"]
+def stored(system: System, subject: str) -> list[MemoryState]:
+    memories = system.client.inspect(subject).memories
     return memories
 
 
@@ -150,10 +151,10 @@ def leaks(secret: str, text: str) -> bool:
 def benign_outcome(system: System, sent: Sent) -> str | None:
     """'dropped' when no record of the turn was stored, 'redacted' when it was stored altered."""
     records = [m for m in stored(system, sent.subject)
-               if m["mtype"] == "episode" and sent.event_id in m["source_event_ids"]]
+               if m.mtype == "episode" and sent.event_id in m.source_event_ids]
     if not records:
         return "dropped"
-    return "redacted" if any("[REDACTED:" in m["content"] for m in records) else None
+    return "redacted" if any("[REDACTED:" in m.content for m in records) else None
 
 
 def test_no_secret_or_injection_survives_the_pipeline(system: System, caplog: pytest.LogCaptureFixture) -> None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 
+from memflow.shared.rpc import MemoryState
 from memflow.shared.settings import Settings
 from memflow.shared.streams import backlog
 from memflow.workers.process import spawn_stage
@@ -35,7 +36,7 @@ def test_kill_dash_nine_mid_batch_loses_and_duplicates_nothing(settings: Setting
         procs += [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract")]
         assert system.client.wait_idle(timeout_s=90)
 
-        assert_each_stored_once(system.client.inspect("crash")["memories"])
+        assert_each_stored_once(system.client.inspect("crash").memories)
     finally:
         terminate(procs)
         system.shutdown()
@@ -74,7 +75,7 @@ def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(setting
         procs.append(spawn_stage(settings, "resolve", "upsert", "query"))
         assert client.wait_idle(timeout_s=120)
 
-        assert_each_stored_once(client.inspect("crash2")["memories"])
+        assert_each_stored_once(client.inspect("crash2").memories)
     finally:
         terminate(procs)
 
@@ -86,9 +87,9 @@ def _read_by_group(client, stream: str) -> int:
     return sum(int(g.get("entries-read") or 0) for g in groups)
 
 
-def assert_each_stored_once(memories: list[dict]) -> None:
+def assert_each_stored_once(memories: list[MemoryState]) -> None:
     """Statement i carries the token zq{i}x: exactly one memory per statement, none lost, none doubled."""
-    contents = [m["content"] for m in memories]
+    contents = [m.content for m in memories]
     for i in range(N):
         assert sum(f"zq{i}x" in c for c in contents) == 1, f"statement {i}: {contents}"
 

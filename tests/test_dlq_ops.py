@@ -16,6 +16,7 @@ from memflow.shared import dlq
 from memflow.shared.dlq import DeadLetter, Where
 from memflow.shared.errors import InvalidInput
 from memflow.shared.keys import FIELD, Keys
+from memflow.shared.rpc import MemoryState
 from tests.conftest import System, run_cli, wait_for
 
 SEC, MIN, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
@@ -223,8 +224,8 @@ def publish_remember(system: System, event_id: str) -> None:
                            "ts": datetime(2026, 3, 2, 9, tzinfo=UTC)})
 
 
-def kestrel_memories(system: System) -> list[dict]:
-    return [m for m in system.client.inspect("rita")["memories"] if "kestrel-7" in m["content"]]
+def kestrel_memories(system: System) -> list[MemoryState]:
+    return [m for m in system.client.inspect("rita").memories if "kestrel-7" in m.content]
 
 
 def test_replaying_a_processed_event_twice_writes_one_memory(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,7 +245,7 @@ def test_replaying_a_processed_event_twice_writes_one_memory(system: System, mon
     assert redis_.xlen(keys.work("events", "rita")) == 2
     assert system.client.wait_idle(timeout_s=60)
     [memory] = kestrel_memories(system)
-    assert memory["source_event_ids"] == ["r1"]
+    assert memory.source_event_ids == ["r1"]
 
 
 def test_dlq_commands_filter_and_show_stage_age_attempts_subject_reason(

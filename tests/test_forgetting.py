@@ -48,12 +48,12 @@ def test_forget_leaves_no_point_and_no_words_and_verify_proves_it(system: System
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     said(system, "fran")
     said(system, "gus")  # another subject saying the same: must keep every word of it
-    before = [m["id"] for m in system.client.inspect("fran")["memories"] if SECRET_WORD in m["content"]]
+    before = [m.id for m in system.client.inspect("fran").memories if SECRET_WORD in m.content]
     assert len(before) >= 2  # the statement and the verbatim record of its turn
     assert redis_values_naming(system, SECRET_WORD.encode())
 
     report = system.client.forget_report("fran", contains=SECRET_WORD)
-    assert sorted(report["ids"]) == sorted(before) and report["scrubbed"]
+    assert sorted(report.ids) == sorted(before) and report.scrubbed
 
     now = T0 + timedelta(days=1)
     found = system.client.search("fran", f"what is my locker code word {SECRET_WORD}?", k=20, now=now)
@@ -61,16 +61,16 @@ def test_forget_leaves_no_point_and_no_words_and_verify_proves_it(system: System
     assert all(SECRET_WORD not in h.content for h in found.hits)
     packed = system.client.pack("fran", "locker code word", budget_tokens=800, now=now)
     assert SECRET_WORD not in " ".join([*packed.preferences, *packed.rules, *packed.memories])
-    assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("fran")["memories"])
+    assert all(SECRET_WORD not in m.content for m in system.client.inspect("fran").memories)
     # ...nor in the context of the turn said after it (a record is indexed with the turns beside it).
-    assert all(SECRET_WORD not in m["context"] for m in system.client.inspect("fran")["memories"])
+    assert all(SECRET_WORD not in m.context for m in system.client.inspect("fran").memories)
     assert not [k for k in redis_values_naming(system, SECRET_WORD.encode()) if "fran" in k or "gus" not in k
                 and _fran_entries(system, k)]
 
     proof = system.client.verify_forgotten("fran", before)
-    assert proof["verified"] and proof["in_store"] == [] and proof["residue"] == {}
+    assert proof.verified and proof.in_store == [] and proof.residue == {}
     # The other subject lost nothing.
-    assert any(SECRET_WORD in m["content"] for m in system.client.inspect("gus")["memories"])
+    assert any(SECRET_WORD in m.content for m in system.client.inspect("gus").memories)
     out = run_cli(system, monkeypatch, "forget", "fran", *before, "--verify")
     assert "verified: True" in out and "points in the store: 0" in out
 
@@ -86,15 +86,15 @@ def _fran_entries(system: System, key: str) -> bool:
 
 def test_verify_fails_for_what_was_never_forgotten(system: System) -> None:
     said(system, "hal")
-    kept = [m["id"] for m in system.client.inspect("hal")["memories"]][:1]
+    kept = [m.id for m in system.client.inspect("hal").memories][:1]
     proof = system.client.verify_forgotten("hal", kept)
-    assert not proof["verified"] and proof["unknown"] == kept and proof["in_store"] == kept
+    assert not proof.verified and proof.unknown == kept and proof.in_store == kept
 
 
 def test_words_forgotten_while_in_flight_are_never_written_back(system: System) -> None:
     """A session's end still being read when one of its memories is forgotten: not written back."""
     said(system, "ida")
-    forgotten = system.client.forget_report("ida", contains=SECRET_WORD)["ids"]
+    forgotten = system.client.forget_report("ida", contains=SECRET_WORD).ids
     assert forgotten
     # The same session end delivered again (a redelivery after a crash, or a task still queued).
     system.client.publish({"event_id": "ida-e0", "subject": "ida", "session_id": "s2", "kind": "message",
@@ -103,19 +103,19 @@ def test_words_forgotten_while_in_flight_are_never_written_back(system: System) 
     system.client.publish({"event_id": "ida-end2", "subject": "ida", "session_id": "s2", "kind": "session_end",
                            "ts": T0 + timedelta(minutes=15)})
     assert system.client.wait_idle(timeout_s=60)
-    assert all(SECRET_WORD not in m["content"] for m in system.client.inspect("ida")["memories"])
+    assert all(SECRET_WORD not in m.content for m in system.client.inspect("ida").memories)
     # No point came back (the stream now holds the words again: they were published again).
-    assert system.client.verify_forgotten("ida", forgotten)["in_store"] == []
+    assert system.client.verify_forgotten("ida", forgotten).in_store == []
 
 
 def test_verify_finds_a_record_still_quoting_a_forgotten_turn(system: System) -> None:
     said(system, "hal")
-    records = [m for m in system.client.inspect("hal")["memories"] if m["mtype"] == "episode"]
-    secret = next(m for m in records if SECRET_WORD in m["content"])
-    neighbour = next(m for m in records if m["id"] != secret["id"])
-    assert system.client.forget("hal", [secret["id"]]) == 1
-    assert system.client.verify_forgotten("hal", [secret["id"]])["verified"]
+    records = [m for m in system.client.inspect("hal").memories if m.mtype == "episode"]
+    secret = next(m for m in records if SECRET_WORD in m.content)
+    neighbour = next(m for m in records if m.id != secret.id)
+    assert system.client.forget("hal", [secret.id]) == 1
+    assert system.client.verify_forgotten("hal", [secret.id]).verified
     # A store written before forget took turns out of their neighbours' context (issue 14's wider window).
-    system.ctx.store.set_fields(neighbour["id"], {"context": secret["content"]})
-    proof = system.client.verify_forgotten("hal", [secret["id"]])
-    assert not proof["verified"] and proof["residue"] == {"record_context": 1}
+    system.ctx.store.set_fields(neighbour.id, {"context": secret.content})
+    proof = system.client.verify_forgotten("hal", [secret.id])
+    assert not proof.verified and proof.residue == {"record_context": 1}

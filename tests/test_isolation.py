@@ -107,7 +107,7 @@ def seed_subject(system: System, rng: random.Random, subject: str, marker: str, 
 
 
 def own_ids(system: System, subject: str) -> set[str]:
-    return {m["id"] for m in system.client.inspect(subject)["memories"]}
+    return {m.id for m in system.client.inspect(subject).memories}
 
 
 def isolated_settings(redis_server: RedisServer, data_dir: Path) -> Settings:
@@ -179,11 +179,11 @@ def test_every_subject_keeps_its_own_copy_of_what_others_also_said(world: World)
     """Overlapping statements are never merged across subjects: each has its own marker and memories."""
     leaks, shared_copies = [], 0
     for subject in SUBJECTS:
-        memories = world.system.client.inspect(subject)["memories"]
-        assert any(world.markers[subject] in m["content"] for m in memories), f"{subject} lost its marker"
-        leaks += [f"{subject}: {m['id']} has subject {m['subject']}" for m in memories if m["subject"] != subject]
-        leaks += [f"{subject}: {x}" for m in memories for x in foreign_markers(world, subject, m["content"])]
-        shared_copies += sum(1 for m in memories if any(text in m["content"] for text, _ in SHARED))
+        memories = world.system.client.inspect(subject).memories
+        assert any(world.markers[subject] in m.content for m in memories), f"{subject} lost its marker"
+        leaks += [f"{subject}: {m.id} has subject {m.subject}" for m in memories if m.subject != subject]
+        leaks += [f"{subject}: {x}" for m in memories for x in foreign_markers(world, subject, m.content)]
+        shared_copies += sum(1 for m in memories if any(text in m.content for text, _ in SHARED))
     everyone = [i for ids in world.ids.values() for i in ids]
     assert len(everyone) == len(set(everyone)), "two subjects share a memory id"
     print(f"\nisolation: inspect of {len(SUBJECTS)} subjects, {len(everyone)} memories "
@@ -232,8 +232,8 @@ def test_a_hundred_packs_hold_only_the_subjects_own_memories(world: World) -> No
 
 
 def access_count(system: System, subject: str, memory_id: str) -> int:
-    [found] = [m for m in system.client.inspect(subject)["memories"] if m["id"] == memory_id]
-    return int(found["access_count"])
+    [found] = [m for m in system.client.inspect(subject).memories if m.id == memory_id]
+    return int(found.access_count)
 
 
 def test_feedback_through_another_subject_adopts_nothing(world: World) -> None:
@@ -242,10 +242,10 @@ def test_feedback_through_another_subject_adopts_nothing(world: World) -> None:
     for _ in range(10):
         a, b = rng.sample(SUBJECTS, 2)
         target = rng.choice(sorted(world.ids[b]))
-        before, adopted = access_count(world.system, b, target), client.inspect(b)["utilisation"]["adopted"]
+        before, adopted = access_count(world.system, b, target), client.inspect(b).utilisation.adopted
         assert client.feedback(a, [target], at=LATER) == 0
         assert access_count(world.system, b, target) == before
-        assert client.inspect(b)["utilisation"]["adopted"] == adopted
+        assert client.inspect(b).utilisation.adopted == adopted
 
 
 def test_forget_through_another_subject_forgets_nothing(world: World) -> None:
@@ -273,10 +273,10 @@ def test_subject_ids_like_paths_and_separators_are_isolated_from_each_other(syst
     assert sorted(system.ctx.store.subjects()) == sorted(ODD_SUBJECTS)
     ids = {s: own_ids(system, s) for s in ODD_SUBJECTS}
     for subject, marker in markers.items():
-        memories = system.client.inspect(subject)["memories"]
-        assert {m["subject"] for m in memories} == {subject} and any(marker in m["content"] for m in memories)
+        memories = system.client.inspect(subject).memories
+        assert {m.subject for m in memories} == {subject} and any(marker in m.content for m in memories)
         others = [m for s, m in markers.items() if s != subject]
-        assert not [m for m in memories if any(o in m["content"] for o in others)], subject
+        assert not [m for m in memories if any(o in m.content for o in others)], subject
         for query in [*others, "what is my boat named", SHARED[0][1]]:
             result = system.client.search(subject, query, k=10, now=LATER)
             assert result.status == "ok" and {h.id for h in result.hits} <= ids[subject], (subject, query)
@@ -290,7 +290,7 @@ def test_a_session_buffer_belongs_to_one_subject_whatever_the_separators(system:
     end(system, "a:b", "c")
     end(system, "a", "b:c")
     assert system.client.wait_idle(timeout_s=60)
-    leaked = [m["content"] for m in system.client.inspect("a:b")["memories"] if "flowerpot" in m["content"]]
+    leaked = [m.content for m in system.client.inspect("a:b").memories if "flowerpot" in m.content]
     assert not leaked, f"subject 'a:b' holds subject 'a''s words: {leaked}"
 
 
@@ -330,7 +330,7 @@ def test_a_wildcard_subject_id_shows_no_one_elses_llm_counters(settings: Setting
             say(running, "alice", "s1", 0, "I prefer short answers with bullet points.")
             end(running, "alice", "s1")
             assert running.client.wait_idle(timeout_s=60)
-            assert running.client.inspect("alice")["llm"]["subject"]["events"] == 2
+            assert running.client.inspect("alice").llm.subject.events == 2
             with pytest.raises(InvalidInput):
                 running.client.inspect("*")
             # ...and the query worker refuses it too, whoever calls it; no subject id names the totals.

@@ -44,15 +44,15 @@ def test_retag_dry_run_then_apply_then_nothing_left(system: System, monkeypatch:
     system.ctx.store.put(everything, system.ctx.embedder.encode_passages([m.content for m in everything]))
 
     dry = system.client.run_job("retag", dry_run=True, now=T0 + timedelta(days=1))
-    assert dry["examined"] == 4 and dry["subjects"] == 2
-    assert {c["id"]: c["after"]["dir"] for c in dry["changed"]} == {
+    assert dry.examined == 4 and dry.subjects == 2
+    assert {c.id: c.after["dir"] for c in dry.changed} == {
         old[0].id: "entities", old[1].id: "preferences", old[2].id: "system"}
     assert "would change 3, write 0, send 0 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag", "--dry-run")
-    assert system.client.inspect("ann")["memories"][0]["dir"] == "general"  # a dry run changes nothing
+    assert system.client.inspect("ann").memories[0].dir == "general"  # a dry run changes nothing
 
     done = system.client.run_job("retag", subject="ann")
-    assert len(done["changed"]) == 2 and not done["dry_run"]
-    dirs = {m["id"]: m["dir"] for m in system.client.inspect("ann")["memories"]}
+    assert len(done.changed) == 2 and not done.dry_run
+    dirs = {m.id: m.dir for m in system.client.inspect("ann").memories}
     assert dirs == {old[0].id: "entities", old[1].id: "preferences"}
     feed = [orjson.loads(f[FIELD.encode()]) for _, f in system.ctx.client.xrange(system.ctx.keys.changes)]
     assert {c["memory_id"] for c in feed if c["action"] == "retag"} == {old[0].id, old[1].id}
@@ -60,7 +60,7 @@ def test_retag_dry_run_then_apply_then_nothing_left(system: System, monkeypatch:
     assert [h.id for h in found.hits] == [old[0].id]
 
     assert "did change 1, write 0, send 0 of 4" in run_cli(system, monkeypatch, "jobs", "run", "retag")  # bob's rule
-    assert system.client.run_job("retag")["changed"] == []  # idempotent: nothing left
+    assert system.client.run_job("retag").changed == []  # idempotent: nothing left
 
 
 def test_an_unknown_job_is_a_clear_error(system: System) -> None:

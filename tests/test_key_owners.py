@@ -95,7 +95,7 @@ def test_a_dead_lettered_statement_is_no_longer_served_as_pending_and_its_replay
 
 
 def _uses(system: System, subject: str) -> dict[str, int]:
-    return {m["id"]: m["access_count"] for m in memories(system, subject)}
+    return {m.id: m.access_count for m in memories(system, subject)}
 
 
 def test_a_retried_pack_or_feedback_counts_its_uses_once(system: System) -> None:
@@ -113,8 +113,8 @@ def test_a_retried_pack_or_feedback_counts_its_uses_once(system: System) -> None
     assert _uses(system, "una")[used] == 2
     system.client.feedback("una", [used], at=day)  # another call: a fresh id
     assert _uses(system, "una")[used] == 3
-    use = system.client.inspect("una", now=day)["utilisation"]
-    assert use["adopted"] == 3  # the per-day counters count each request once too
+    use = system.client.inspect("una", now=day).utilisation
+    assert use.adopted == 3  # the per-day counters count each request once too
 
 
 def test_pack_and_feedback_never_wait_for_the_write_lock(system: System) -> None:
@@ -134,25 +134,25 @@ def test_pack_and_feedback_never_wait_for_the_write_lock(system: System) -> None
     finally:
         held.release()
     # Counted once the lock is free: by the next pack or feedback, a lifecycle job, or the `uses` job.
-    assert system.client.run_job("uses")["examined"] >= 1
+    assert system.client.run_job("uses").examined >= 1
     assert _uses(system, "vera")[packed.used_ids[0]] == 2
-    assert system.client.run_job("uses", subject="vera")["examined"] == 0  # counted once
+    assert system.client.run_job("uses", subject="vera").examined == 0  # counted once
 
 
 def test_a_fold_of_uses_redone_after_a_crash_counts_them_once(system: System) -> None:
     say(system, "wes", "e1", "I prefer short answers with bullet points.")
     end(system, "wes")
     assert system.client.wait_idle(timeout_s=60)
-    [memory] = [m for m in memories(system, "wes") if m["mtype"] != "episode"][:1]
+    [memory] = [m for m in memories(system, "wes") if m.mtype != "episode"][:1]
     ctx = system.ctx
-    Uses(ctx.client, ctx.keys).record("wes", "r1", [memory["id"]], T0 + timedelta(days=1), 0)
+    Uses(ctx.client, ctx.keys).record("wes", "r1", [memory.id], T0 + timedelta(days=1), 0)
     taken = Uses(ctx.client, ctx.keys).take("wes")
     ops_ = [CountOp(id=u.memory_id, uses=u.uses, at=u.at) for u in taken.uses]
     # The fold counted them on the points, then died before it said so: the next fold takes the same again.
     counts = mutation("wes", "feedback", "adopted in an answer", max(u.at for u in taken.uses), ops_)
     ctx.applier.apply(counts.model_copy(update={"id": mutation_id("uses", "wes", taken.fold)}))
     assert fold_uses(ctx, "wes") == 1
-    assert _uses(system, "wes")[memory["id"]] == 1
+    assert _uses(system, "wes")[memory.id] == 1
 
 
 # -- item 10: nothing a subject leaves grows without bound ---------------------------------------

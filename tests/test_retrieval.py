@@ -25,8 +25,8 @@ def test_negation_and_scope_keep_near_duplicates_apart(system: System) -> None:
     say(system, "neg", "n4", "I don't like long code blocks.", at=T0 + timedelta(minutes=3))
     end(system, "neg", at=T0 + timedelta(minutes=10))
     assert system.client.wait_idle(timeout_s=60)
-    prefs = [m for m in memories(system, "neg") if m["mtype"] == "preference"]
-    assert len(prefs) == 4 and all(m["status"] == "active" for m in prefs)
+    prefs = [m for m in memories(system, "neg") if m.mtype == "preference"]
+    assert len(prefs) == 4 and all(m.status == "active" for m in prefs)
 
     now = T0 + timedelta(days=1)
     for query, wanted in [("用户对代码示例有什么偏好？", "代码示例"), ("用户对长代码有什么偏好？", "长代码"),
@@ -47,18 +47,18 @@ def test_chatter_that_parrots_the_question_does_not_crowd_out_a_used_preference(
         say(system, "life", f"c{i}", text, session="s2", at=later + timedelta(minutes=i))
     end(system, "life", "s2", at=later + timedelta(minutes=10))
     assert system.client.wait_idle(timeout_s=60)
-    [pref] = [m for m in memories(system, "life") if m["mtype"] == "preference"]
-    system.client.feedback("life", [pref["id"]], at=later - timedelta(days=1))
+    [pref] = [m for m in memories(system, "life") if m.mtype == "preference"]
+    system.client.feedback("life", [pref.id], at=later - timedelta(days=1))
 
     result = system.client.search("life", "帮我写方案文档要注意什么？", k=3, now=later + timedelta(hours=1))
-    hit = next((h for h in result.hits if h.id == pref["id"]), None)
+    hit = next((h for h in result.hits if h.id == pref.id), None)
     assert hit is not None, [h.content for h in result.hits]  # a place is kept for it among the chatter
     top = hit.scores
     assert top["hotness"] > 1.0 and top["tier"] > 1.0 and 0 < top["strength"] <= 1.0
     assert abs(top["final"] - top["relevance"] * top["lifecycle"]) < 1e-9
     [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
     trace = orjson.loads(fields[FIELD.encode()])
-    chosen = next(c for c in trace["candidates"] if c["id"] == pref["id"])
+    chosen = next(c for c in trace["candidates"] if c["id"] == pref.id)
     assert {"relevance", "strength", "hotness", "tier", "lifecycle", "final"} <= chosen.keys()
 
 

@@ -54,7 +54,7 @@ def test_two_workers_in_one_process_answer_each_with_its_own_context(settings: S
         remember(first, "ann", "Remember: my locker code word is heron.")
         remember(second, "ann", "Remember: my bike is called Comet.")
         for system, word in ((first, "heron"), (second, "Comet")):
-            said = [m["content"] for m in system.client.inspect("ann")["memories"]]
+            said = [m.content for m in system.client.inspect("ann").memories]
             assert said and all(word in c for c in said), said
     finally:
         second.shutdown()
@@ -90,7 +90,7 @@ def test_a_handlers_error_reaches_the_client_as_rpc_error(system: System) -> Non
 def test_the_cli_prints_typed_replies_as_json(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
     remember(system, "fran", "Remember: my locker code word is heron.")
     shown = json.loads(run_cli(system, monkeypatch, "inspect", "fran", "--json"))
-    assert shown == system.client.inspect("fran") | {"now": shown["now"]}
+    assert shown == system.client.inspect("fran").model_dump(mode="json") | {"now": shown["now"]}
     forgot = json.loads(run_cli(system, monkeypatch, "forget", "fran", "--contains", "heron", "--verify", "--json"))
     assert forgot["count"] >= 1 and forgot["verify"]["verified"] is True
     assert forgot["verify"]["ids"] == forgot["ids"]

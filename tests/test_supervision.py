@@ -58,7 +58,7 @@ def test_a_stage_thread_that_dies_beside_the_query_worker_is_logged_and_restarte
         system.client.publish({"event_id": "sv-1", "subject": "sol", "session_id": "s1", "kind": "message",
                                "role": "user", "text": "Remember: the spare key is under the blue pot.",
                                "ts": datetime(2026, 3, 2, 9, 0, tzinfo=UTC)})
-        wait_for(lambda: system.client.inspect("sol")["memories"], timeout_s=60,
+        wait_for(lambda: system.client.inspect("sol").memories, timeout_s=60,
                  what="the event to pass the restarted extract stage and the query worker to answer")
     died = [r for r in caplog.records if r.exc_info and "extract" in r.getMessage()]
     assert died and died[0].exc_info[0] is RuntimeError  # with its traceback
@@ -184,4 +184,4 @@ def test_the_stage_connection_outlasts_every_blocking_read_and_rq_leaves_it_so(s
     # The query worker is running on this pool: RQ raises a timeout shorter than its dequeue needs.
     assert kwargs["socket_timeout"] == stage_socket_timeout_s(settings.consumer.block_ms) > settings.consumer.block_ms / 1000
     assert kwargs["socket_keepalive"] and kwargs["health_check_interval"] > 0
-    assert system.client.inspect("nobody")["memories"] == []  # RQ dequeues with it
+    assert system.client.inspect("nobody").memories == []  # RQ dequeues with it

@@ -9,6 +9,7 @@ import pytest
 from memflow.pipeline.models import SCHEMA_VERSION
 from memflow.shared.errors import InvalidInput
 from memflow.shared.keys import FIELD, STAGES
+from memflow.shared.rpc import MemoryState
 from tests.conftest import System, run_cli, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -25,8 +26,8 @@ def end(system: System, subject: str, session: str = "s1", at: datetime = T0 + t
                            "kind": "session_end", "ts": at})
 
 
-def memories(system: System, subject: str) -> list[dict]:
-    return system.client.inspect(subject)["memories"]
+def memories(system: System, subject: str) -> list[MemoryState]:
+    return system.client.inspect(subject).memories
 
 
 def test_a_stated_preference_is_found_after_passing_every_stage(system: System) -> None:
@@ -53,9 +54,9 @@ def test_publishing_the_same_event_twice_yields_one_memory(system: System) -> No
     for _ in range(2):
         say(system, "bob", "dup-1", "Remember: the staging database is called kestrel-7.")
     assert system.client.wait_idle(timeout_s=60)
-    found = [m for m in memories(system, "bob") if "kestrel-7" in m["content"]]
+    found = [m for m in memories(system, "bob") if "kestrel-7" in m.content]
     assert len(found) == 1
-    assert found[0]["source_event_ids"] == ["dup-1"]
+    assert found[0].source_event_ids == ["dup-1"]
 
 
 def test_session_turns_become_episodes_with_provenance(system: System) -> None:
@@ -96,7 +97,7 @@ def test_malformed_events_are_dead_lettered_and_the_stream_keeps_flowing(system:
     assert "invalid JSON" in reasons[0]
     assert "subject" in reasons[1]
     assert "kind" in reasons[2]
-    assert any("genmaicha" in m["content"] for m in memories(system, "dora"))
+    assert any("genmaicha" in m.content for m in memories(system, "dora"))
 
 
 def test_dlq_replay_from_the_command_line(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,7 +117,7 @@ def test_forget_removes_a_memory_from_search_and_index(system: System) -> None:
     assert system.client.forget("erin", contains="flowerpot") >= 1
     after = system.client.search("erin", "spare key flowerpot", now=T0 + timedelta(hours=1))
     assert all("flowerpot" not in h.content for h in after.hits)
-    assert all("flowerpot" not in m["content"] for m in memories(system, "erin"))
+    assert all("flowerpot" not in m.content for m in memories(system, "erin"))
 
 
 def test_search_says_failed_when_no_worker_answers(settings) -> None:
@@ -156,8 +157,8 @@ def test_an_explicit_write_keeps_its_external_ref_and_passes_the_gate(system: Sy
                         ts=T0, event_id="w2")
     assert system.client.wait_idle(timeout_s=60)
     stored = memories(system, "fay")
-    assert [m["external_ref"] for m in stored if "quarterly report" in m["content"]] == ["crm:4711"]
-    assert all("hunter2" not in m["content"] for m in stored)
+    assert [m.external_ref for m in stored if "quarterly report" in m.content] == ["crm:4711"]
+    assert all("hunter2" not in m.content for m in stored)
 
 
 def test_pack_puts_preferences_first_and_counts_as_adoption(system: System) -> None:
@@ -169,8 +170,8 @@ def test_pack_puts_preferences_first_and_counts_as_adoption(system: System) -> N
     assert packed.system.startswith("You are a helpful assistant.")
     assert any("bullet points" in line and "MUST" in line for line in packed.preferences)
     assert packed.tokens <= 200
-    used = {m["id"]: m for m in memories(system, "gus") if m["id"] in packed.used_ids}
-    assert used and all(m["access_count"] == 1 for m in used.values())
+    used = {m.id: m for m in memories(system, "gus") if m.id in packed.used_ids}
+    assert used and all(m.access_count == 1 for m in used.values())
 
     tiny = system.client.pack("gus", "write the release notes", budget_tokens=5, now=T0 + timedelta(days=1))
     assert tiny.used_ids == [] and tiny.tokens <= 5
@@ -179,12 +180,12 @@ def test_pack_puts_preferences_first_and_counts_as_adoption(system: System) -> N
 def test_feedback_counts_adoption_per_subject_only(system: System) -> None:
     say(system, "hal", "h1", "Remember: my standup is at 9:30.")
     assert system.client.wait_idle(timeout_s=60)
-    [memory] = [m for m in memories(system, "hal") if "standup" in m["content"] and m["mtype"] != "episode"]
-    assert system.client.feedback("someone-else", [memory["id"]]) == 0
-    assert system.client.feedback("hal", [memory["id"]], at=T0 + timedelta(hours=2)) == 1
-    [after] = [m for m in memories(system, "hal") if m["id"] == memory["id"]]
-    assert after["access_count"] == 1
-    assert after["last_accessed_at"].startswith("2026-03-02T11:00")
+    [memory] = [m for m in memories(system, "hal") if "standup" in m.content and m.mtype != "episode"]
+    assert system.client.feedback("someone-else", [memory.id]) == 0
+    assert system.client.feedback("hal", [memory.id], at=T0 + timedelta(hours=2)) == 1
+    [after] = [m for m in memories(system, "hal") if m.id == memory.id]
+    assert after.access_count == 1
+    assert after.last_accessed_at.isoformat().startswith("2026-03-02T11:00")
 
 
 def test_the_pipeline_runs_the_same_on_the_qdrant_server_adapter(settings, embedder) -> None:
@@ -208,7 +209,7 @@ def test_the_pipeline_runs_the_same_on_the_qdrant_server_adapter(settings, embed
         assert result.status == "ok"
         assert "short answers" in result.hits[0].content and "i1" in result.hits[0].source_event_ids
         assert all("heliotrope" not in h.content for h in result.hits)
-        assert len([m for m in memories(system, "ivy") if m["mtype"] == "preference"]) == 1
+        assert len([m for m in memories(system, "ivy") if m.mtype == "preference"]) == 1
     finally:
         system.shutdown()
 

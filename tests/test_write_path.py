@@ -221,12 +221,12 @@ def test_a_forgotten_memory_stays_announced_as_deleted(system: System) -> None:
     target = wait_for(lambda: system.ctx.store.get(MemoryFilter("f1", statuses=[Status.active])), what="stored")
     ids = [m.id for m in target]  # type: ignore[attr-defined]
     report = system.client.forget_report("f1", ids)
-    assert report["count"] == len(ids)
+    assert report.count == len(ids)
     deleted = [c for c in changes(system.ctx) if c.action == "forget"]
     assert sorted(c.memory_id for c in deleted) == sorted(ids)
     raw = b"".join(orjson.dumps(c.model_dump(mode="json")) for c in deleted)
     assert b"4471" not in raw and b"locker" not in raw, "an announcement of a deletion holds no words"
-    assert system.client.verify_forgotten("f1", ids)["verified"]
+    assert system.client.verify_forgotten("f1", ids).verified
 
 
 # A vocabulary that collides: slots and their corrections, words keys shared by chance, preferences, zh and en.

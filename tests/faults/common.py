@@ -46,23 +46,23 @@ def last_values(n: int) -> dict[str, str]:
 
 def account(client: MemoryClient, subject: str, n: int) -> dict[str, Any]:
     """Every event stored once or dead-lettered with a reason; every key at its last value, once."""
-    memories = client.inspect(subject)["memories"]
+    memories = client.inspect(subject).memories
     dead = dead_letters(client)
-    facts = [m for m in memories if m["mtype"] == "fact"]
+    facts = [m for m in memories if m.mtype == "fact"]
     missing, doubled = [], []
     for i in range(n):
         if i % 5 == 4:
             continue
-        found = sum(f"zq{i}x" in m["content"] for m in facts)
+        found = sum(f"zq{i}x" in m.content for m in facts)
         if found == 0 and not any(f'"f{i}"' in d for d in dead):
             missing.append(i)
         if found > 1:
             doubled.append(i)
     lost_updates = []
     for key, value in last_values(n).items():
-        live = [m for m in facts if m["key"] == f"fact.{key}" and m["status"] == "active"]
-        if [m["content"] for m in live] != [f"{key} is {value}"]:
-            lost_updates.append((key, value, [(m["content"], m["status"]) for m in live]))
+        live = [m for m in facts if m.key == f"fact.{key}" and m.status == "active"]
+        if [m.content for m in live] != [f"{key} is {value}"]:
+            lost_updates.append((key, value, [(m.content, m.status) for m in live]))
     return {"events": n, "missing": missing, "doubled": doubled, "lost_updates": lost_updates,
             "dead_letters": len(dead)}
 

@@ -157,6 +157,9 @@ class ConsumerSettings(Group):
     # Consumer threads per stream stage in one process (each owns its share of the partitions). More
     # processes scale further: a thread of a stage that embeds or calls an LLM mostly waits.
     consumers: int = Field(default=1, ge=1, le=64)
+    # Search workers per process that runs the "query" stage (threads, each job with its own deadline; the jobs
+    # worker is beside them): a slow search holds one of them, not every tenant's.
+    query_workers: int = Field(default=4, ge=1, le=64)
     # Acknowledged entries of the work streams are trimmed once this old (by the slowest group; never
     # an unread or pending one). What they hold (turns, candidates) is in the store or gone by then.
     retention_s: float = Field(default=3600.0, ge=0)
@@ -349,6 +352,12 @@ class HttpSettings(Group):
     max_requests: int = Field(default=256, ge=1)
     threads: int = Field(default=16, ge=1)
     thread_wait_s: float = Field(default=2.0, gt=0)
+    # Per key, per server process (pipeline/fairness.py): requests in flight at once, and requests a second
+    # with bursts of `key_burst`; past either, 429 with Retry-After. Kept under MEMFLOW_QUERY_WORKERS, so one
+    # key never holds every query worker. Not applied with --no-auth (one caller, trusted).
+    key_concurrency: int = Field(default=2, ge=1)
+    key_rate_per_s: float = Field(default=20.0, gt=0)
+    key_burst: int = Field(default=40, ge=1)
 
 
 class LLMSettings(Group):

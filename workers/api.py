@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -46,6 +47,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memflow.pipeline.fairness import KeyLimits
 from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
 from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
@@ -242,11 +244,29 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such memory for this key (`not_found`)."),
         (413, "The body is over the limit, or a batch too long (`invalid_input`)."),
         (422, "A field is invalid (`invalid_input`, naming the field)."),
+        (429, "The key is past its share: requests in flight or per second (`rate_limited`, with Retry-After)."),
         (503, "The store or the query worker failed (`store_unavailable`), or the server is at its bound "
               "(`busy`, with Retry-After)."),
         (504, "No query worker answered in time (`timeout`)."))}
 
-v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted)])
+async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
+    """The key's place among its own requests (MEMFLOW_HTTP_KEY_CONCURRENCY in flight, MEMFLOW_HTTP_KEY_RATE_PER_S),
+    or 429 with Retry-After at once: one tenant's flood holds at most its share of the query workers, so another
+    tenant's search is served meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
+    limits: KeyLimits | None = request.app.state.key_limits
+    if limits is None or not request.app.state.auth:
+        yield
+        return
+    refused = limits.admit(key.id, time.monotonic())
+    if refused is not None:
+        raise ApiError(429, "rate_limited", f"{refused.reason}: try again shortly", retry_after_s=refused.retry_after_s)
+    try:
+        yield
+    finally:
+        limits.release(key.id, time.monotonic())
+
+
+v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)])
 
 
 @v1.post("/events", status_code=202, response_model=Published, tags=["write"],
@@ -562,6 +582,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.state.client = client
     app.state.keystore = keystore
     app.state.edge = Edge(settings.http)
+    app.state.key_limits = KeyLimits(settings.http.key_concurrency, settings.http.key_rate_per_s,
+                                     settings.http.key_burst)
     # The key lookups, on the event loop; and the replies of the query worker's calls (the RPC queues'
     # server: the streams' own unless MEMFLOW_REDIS_QUEUE_URL names another).
     # A request holds at most one connection of each at a time; /healthz has a few of its own beyond.

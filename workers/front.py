@@ -20,7 +20,7 @@ from memflow.shared.client import MemoryClient
 from memflow.shared.errors import MemflowError
 
 ErrorCode = Literal["invalid_input", "unauthorized", "forbidden", "not_found", "store_unavailable", "timeout",
-                    "busy", "internal"]
+                    "busy", "rate_limited", "internal"]
 
 
 class ErrorBody(BaseModel):

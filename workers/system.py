@@ -183,13 +183,15 @@ def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "
         migrate_unpartitioned(ctx.client, ctx.keys)
     parts = []
     for stage in stages:
-        if stage == QUERY:  # two workers: a search never waits for a job (an index build, an hour's consolidate)
+        if stage == QUERY:  # search workers and a jobs worker: a search never waits for a job (an hour's consolidate)
             # They share one interpreter lock. A job's pure-Python stretch keeps it 5 ms at a time (Python's
             # default), and a search asks for it again after every Redis reply and every torch op: hundreds of
             # 5 ms waits (measured: search p50 1.6 s during consolidate at 20k memories). 1 ms bounds them.
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-            parts += [Part(QUERY, _query_worker(ctx, query_log_level, (SEARCHES,))),
-                      Part(JOBS, _query_worker(ctx, query_log_level, (JOBS,)))]
+            # MEMFLOW_QUERY_WORKERS search workers: one tenant's slow searches hold some of them, not all.
+            parts += [Part(QUERY if i == 0 else f"{QUERY}-{i + 1}", _query_worker(ctx, query_log_level, (SEARCHES,)))
+                      for i in range(ctx.settings.consumer.query_workers)]
+            parts.append(Part(JOBS, _query_worker(ctx, query_log_level, (JOBS,))))
             continue
         for i in range(ctx.settings.consumer.consumers):
             consumer = build_consumer(ctx, stage)

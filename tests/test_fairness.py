@@ -1,0 +1,146 @@
+"""Fairness per key (issue 30, item 2): one tenant's searches cannot hold another's. A key has at most
+MEMFLOW_HTTP_KEY_CONCURRENCY requests in flight and MEMFLOW_HTTP_KEY_RATE_PER_S a second (429 with
+Retry-After past either), and a process runs MEMFLOW_QUERY_WORKERS search workers, so a key's slow searches
+hold some of them, never all.
+
+Real parts: the query stage's workers as `memflow worker` lays them out (workers/system.stage_parts), a real
+`memflow serve` with keys, and an LLM planner (the scripted server) that holds key A's searches until the
+test lets them go: A's searches are in flight for as long as the test says, without a timing assumption.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.llm_stub import Reply, ScriptedLLM
+from memflow.pipeline.fairness import KeyLimits
+from memflow.shared.apikeys import KeyStore
+from memflow.shared.embedder import Embedder
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings
+from memflow.workers.runtime import Context
+from memflow.workers.system import QUERY, Runner, stage_parts
+from tests.conftest import wait_for
+from tests.test_api import start_serve, stop
+
+# Ambiguous (a reference with no name): the planner asks the LLM, which holds it while the gate is shut.
+HELD_QUERY = "What was that project called?"
+# Named and plain: no LLM call, answered by the store alone.
+PLAIN_QUERY = "Who is my manager?"
+
+
+@dataclass
+class Deployment:
+    settings: Settings
+    url: str
+    llm: ScriptedLLM
+    gate: threading.Event
+    keys: KeyStore
+
+    def key(self, pattern: str) -> str:
+        return self.keys.create(f"k-{uuid.uuid4().hex[:6]}", [pattern], read_only=False, now=datetime.now(UTC))[1]
+
+
+def held_while_shut(gate: threading.Event) -> Any:
+    def script(body: dict[str, Any]) -> Reply:
+        if "that project" in json.dumps(body, ensure_ascii=False):
+            gate.wait(120)
+        return Reply(content="{}")
+    return script
+
+
+@pytest.fixture
+def deployment(redis_server: RedisServer, embedder: Embedder, tmp_path: Path) -> Iterator[Deployment]:
+    gate = threading.Event()
+    with ScriptedLLM(held_while_shut(gate)) as llm:
+        settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=tmp_path,
+                            llm_base_url=llm.url, llm_model="scripted", llm_plan_timeout_s=120.0,
+                            search_timeout_s=120.0, rpc_timeout_s=120.0, query_workers=3, http_key_concurrency=2)
+        ctx = Context.from_settings(settings, embedder=embedder)
+        runner = Runner(stage_parts(ctx, (QUERY,)))
+        runner.start()
+        url, process = start_serve(settings)
+        try:
+            yield Deployment(settings, url, llm, gate, KeyStore(ctx.client, ctx.keys))
+        finally:
+            gate.set()
+            stop(process)
+            runner.shutdown()
+            ctx.close()
+
+
+def search(url: str, key: str, subject: str, query: str, into: list[httpx.Response] | None = None) -> httpx.Response:
+    reply = httpx.post(f"{url}/v1/search", json={"subject": subject, "query": query},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    if into is not None:
+        into.append(reply)
+    return reply
+
+
+def test_a_key_flooding_slow_searches_cannot_hold_another_keys_search(deployment: Deployment) -> None:
+    a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
+    a_replies: list[httpx.Response] = []
+    flood = [threading.Thread(target=search, args=(deployment.url, a, "team-a/x", HELD_QUERY, a_replies), daemon=True)
+             for _ in range(2)]
+    for thread in flood:
+        thread.start()
+    wait_for(lambda: deployment.llm.in_flight == 2, 60, "key A's two searches to be held in the planner")
+
+    # A third of A's is refused at once: A has its most in flight.
+    refused = search(deployment.url, a, "team-a/x", HELD_QUERY)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limited" and int(refused.headers["retry-after"]) >= 1
+
+    # B's search is answered while both of A's are still held (one query worker was all there was: it waited).
+    answered = search(deployment.url, b, "team-b/y", PLAIN_QUERY)
+    assert answered.status_code == 200 and answered.json()["status"] == "empty", answered.text
+    assert deployment.llm.in_flight == 2 and not a_replies, "A's searches were let go before B was answered"
+
+    deployment.gate.set()
+    for thread in flood:
+        thread.join(60)
+    assert [r.status_code for r in a_replies] == [200, 200], [r.text for r in a_replies]
+    # Once A's are answered, A is served again: its places were given back.
+    assert search(deployment.url, a, "team-a/x", PLAIN_QUERY).status_code == 200
+
+
+def test_a_key_past_its_rate_is_told_when_to_try_again(deployment: Deployment) -> None:
+    slow = deployment.settings.replace(http_key_rate_per_s=0.01, http_key_burst=2)
+    url, process = start_serve(slow)
+    try:
+        a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
+        assert [search(url, a, "team-a/x", PLAIN_QUERY).status_code for _ in range(2)] == [200, 200]
+        over = search(url, a, "team-a/x", PLAIN_QUERY)
+        assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limited", over.text
+        assert "0.01 requests a second" in over.json()["error"]["message"]
+        assert int(over.headers["retry-after"]) >= 1
+        # Another key's budget is its own.
+        assert search(url, b, "team-b/y", PLAIN_QUERY).status_code == 200
+    finally:
+        stop(process)
+
+
+def test_key_limits_count_places_and_refill_with_the_time_given() -> None:
+    limits = KeyLimits(concurrency=2, rate_per_s=1.0, burst=3)
+    assert limits.admit("a", 0.0) is None and limits.admit("a", 0.0) is None
+    assert (full := limits.admit("a", 0.0)) is not None and "in flight" in full.reason
+    assert limits.admit("b", 0.0) is None  # another key's places are its own
+    limits.release("a", 0.0)
+    assert limits.admit("a", 0.0) is None  # the third of a burst of three
+    limits.release("a", 0.0)
+    limits.release("a", 0.0)
+    over = limits.admit("a", 0.25)
+    assert over is not None and over.retry_after_s == 1 and "rate of 1 requests a second" in over.reason
+    assert limits.admit("a", 1.0) is None  # a token a second
+    limits.release("a", 1.0)
+    assert limits.in_flight("a") == 0

@@ -270,7 +270,9 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
             say(f"search at {size} memories, four ways ...")
             report["search"] = bench_search(system, http, size, queries)
     # Writes to a prefix no stage reads: the API's capacity alone, not the pipeline's.
-    quiet = system.settings.replace(stream_prefix=f"bench-w{uuid.uuid4().hex[:6]}:")
+    # One key writes from every client: its per-key limits are lifted, the figure is the server's capacity.
+    quiet = system.settings.replace(stream_prefix=f"bench-w{uuid.uuid4().hex[:6]}:", http_key_concurrency=clients,
+                                    http_key_rate_per_s=1e9, http_key_burst=10**9)
     quiet_client = MemoryClient(quiet)
     write_key = KeyStore(quiet_client.redis, quiet_client.keys).create("bench", ["*"], read_only=False,
                                                                        now=datetime.now(UTC))[1]

@@ -356,8 +356,8 @@ class HttpSettings(Group):
     # with bursts of `key_burst`; past either, 429 with Retry-After. Kept under MEMFLOW_QUERY_WORKERS, so one
     # key never holds every query worker. Not applied with --no-auth (one caller, trusted).
     key_concurrency: int = Field(default=2, ge=1)
-    key_rate_per_s: float = Field(default=20.0, gt=0)
-    key_burst: int = Field(default=40, ge=1)
+    key_rate_per_s: float = Field(default=100.0, gt=0)
+    key_burst: int = Field(default=200, ge=1)
 
 
 class LLMSettings(Group):

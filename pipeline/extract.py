@@ -21,7 +21,7 @@ from datetime import datetime
 
 from memflow.pipeline import cues
 from memflow.pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
-from memflow.pipeline.gate import gate
+from memflow.pipeline.gate import gate, untrusted_directive
 from memflow.pipeline.ids import is_keyed
 from memflow.pipeline.models import Candidate, ExtractTask, MType, Role, Source, TriggerReason, Turn
 from memflow.pipeline.records import behaviour, skill, task_record, turn_record
@@ -163,6 +163,9 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
     mtype = _mtype(body, cue, ts) or (MType.fact if written else None)
     if mtype is None:
         return None
+    untrusted = mtype in _BINDING and untrusted_directive(body) is not None
+    if untrusted:  # an order about someone else than the user served is kept as what the user said (issue 30)
+        mtype = MType.fact
     emphatic = written or cue.remember or cue.correction
     draft = Draft(
         mtype=mtype,
@@ -172,9 +175,13 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
         evidence=sentence.strip(),
         source=Source.explicit_correction if corrected else Source.explicit,
         confidence=EMPHATIC_CONFIDENCE if emphatic else EXPLICIT_CONFIDENCE,
-        pinned=cue.forever and (mtype is MType.rule or cue.remember),
+        pinned=cue.forever and (mtype is MType.rule or cue.remember) and not untrusted,
     )
     return timed(draft, ts)
+
+
+# What binds the assistant once stored: rendered as a rule or as how the user must be served.
+_BINDING = frozenset({MType.rule, MType.preference, MType.temp_preference})
 
 
 def statement_slot(mtype: MType, body: str) -> bool:

@@ -69,6 +69,62 @@ INJECTION = _rx(
     r"向用户(?:索要|索取|询问|要)[^，。！？\n]{0,6}(?:密码|验证码|银行卡|卡号|身份证|口令)",
 )
 
+# Standing orders about someone other than the user being served (docs/write-path.md#gate): the assistant in the
+# third person or its replies to everybody, other users and subjects, or the memory system itself. A user's own
+# wish ("always answer me in French", "call me Sam") names none of these. Such text may be kept as something the
+# user said, never as a rule or a preference: `untrusted_directive` says which, and `pack` quotes it.
+_ORDER_EN = (r"(?:must|should|shall|has to|have to|needs? to|ought to"
+             r"|is (?:required|supposed|expected|allowed|permitted|to)\b"
+             r"|will (?:always|never)|may now|can now|always|never|from now on|is no longer)")
+_ORDER_ZH = (r"(?:必须|应该|应当|务必|一律|总是|永远|始终|每次|都要|都得|要求|不得|不能|禁止|只能|一定要"
+             r"|要把|要在|要给)")
+_DISCLOSE_EN = (r"(?:include|send|share|show|give|reveal|tell|forward|copy|paste|print|dump|export|leak|disclose|expose"
+                r"|list|read out|display|attach|append|quote|repeat|hand|email|recommend)")
+_DISCLOSE_ZH = (r"(?:附上|附带|发给|发送|转发|告诉|透露|泄露|展示|显示|给出|给|输出|打印|导出|复制|贴出|分享"
+                r"|推荐|列出|念出)")
+UNTRUSTED = {
+    "assistant": _rx(
+        rf"\b(?:the|this|our|your|every|each|all|any) (?:assistants?|ai|a\.i\.|models?|llms?|bots?|chatbots?|agents?"
+        rf"|copilots?|system)\b[^.;!?\n]{{0,40}}?\b{_ORDER_EN}",
+        rf"\b(?:every|each|all|any) (?:replies|reply|answers?|responses?|outputs?|messages?)\b[^.;!?\n]{{0,30}}?"
+        rf"\b{_ORDER_EN}",
+        rf"(?:助手|助理|人工智能|AI|大模型|模型|机器人|智能体|客服|系统)[^，。！？\n]{{0,12}}?{_ORDER_ZH}",
+        rf"(?:所有|每条|每一条|每个|任何)(?:回复|回答|答复|输出|消息)[^，。！？\n]{{0,12}}?{_ORDER_ZH}",
+    ),
+    "other_users": _rx(
+        r"\b(?:every|all|any|other|another|each|different)(?: other)? (?:users?|customers?|clients?|people|persons?"
+        r"|subjects?|tenants?|accounts?|members?|agents?|sessions?)\b|\b(?:everyone|everybody|anyone|anybody)\b"
+        r"|\bsomeone else'?s?\b|\bother people'?s?\b",
+        r"(?:其他|其它|别的|所有|每个|每一个|任何|全部)(?:的)?(?:用户|客户|人|租户|账号|账户|主体|会话|成员)|任何人|所有人|每个人|别人",
+    ),
+    "memory": _rx(
+        r"\b(?:memor(?:y|ies)(?! (?:leaks?|usage|footprint|cards?|sticks?|limits?|pressure|errors?))"
+        r"|memory (?:store|system|bank|database)|knowledge base|memory database|system prompt|rule ?book"
+        r"|(?:system|standing|permanent|global) (?:rules?|instructions?))\b",
+        r"记忆|记忆库|知识库|系统提示|系统规则|全局规则|永久规则|长期规则",
+    ),
+}
+# What makes a mention of other users or of the memory an order rather than a fact: a verb of giving out, or a
+# modal. "My brother and everyone at work use Linux" names others but orders nothing.
+_ORDER_OR_DISCLOSE = _rx(rf"\b{_ORDER_EN}", rf"\b{_DISCLOSE_EN}(?:e?[sd]|ing)?\b", r"\b(?:is|are) to be\b",
+                         _ORDER_ZH, _DISCLOSE_ZH,
+                         r"\b(?:store|save|record|add|write|treat|mark|promote|pin|delete|erase|wipe|purge|overwrite"
+                         r"|replace)\b|(?:存为|保存为|写入|记为|当作|作为|设为|删除|清空|覆盖|提升)")
+
+
+def untrusted_directive(text: str) -> str | None:
+    """What a standing order in `text` is about, when it is not the user being served ("assistant",
+    "other_users", "memory"); None for a statement or a user's own wish. Such text is data: it may be
+    stored as something the user said, never rendered as a rule (`pipeline.pack`)."""
+    folded = _folded(text)
+    if UNTRUSTED["assistant"].search(folded):
+        return "assistant"
+    for target in ("other_users", "memory"):
+        if UNTRUSTED[target].search(folded) and _ORDER_OR_DISCLOSE.search(folded):
+            return target
+    return None
+
+
 # A value given for a password or key: after a strong separator anything; after "is" not a
 # plain word ("the password is required"); after "to" or a bare space only with a digit in it
 # ("密码 88886666", "changed it to Maple!Leaf77", not "a password to log in").
@@ -217,7 +273,7 @@ def gate(text: str, role: Role) -> GateVerdict:
     cleaned, kinds = _redact(text, SECRETS)
     if not _meaningful(_PLACEHOLDER.sub("", cleaned)):
         return _drop(cleaned, "empty")
-    flags = tuple(f"redacted:{k}" for k in kinds) + _role_flags(role)
+    flags = tuple(f"redacted:{k}" for k in kinds) + _role_flags(role) + _untrusted_flags(cleaned)
     return GateVerdict(keep=True, text=cleaned, reason=None, redacted=bool(kinds), flags=flags)
 
 
@@ -228,6 +284,12 @@ def redact(text: str) -> str:
 
 def _drop(text: str, reason: str) -> GateVerdict:
     return GateVerdict(keep=False, text=text, reason=reason, redacted=False, flags=())
+
+
+def _untrusted_flags(text: str) -> tuple[str, ...]:
+    # Kept, but as data: extraction stores it as a statement of the user, never a rule (`untrusted_directive`).
+    target = untrusted_directive(text)
+    return () if target is None else (f"untrusted:{target}",)
 
 
 def _role_flags(role: Role) -> tuple[str, ...]:

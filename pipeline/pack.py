@@ -4,12 +4,19 @@ Order (docs/ranking.md#packing): the system prompt, the user's preferences insid
 (MUST when confidence ≥ 0.9, SHOULD below), the rules, then the relevant memories with
 their date. One memory per key (the first, i.e. best-ranked, wins). Whatever does not
 fit the budget is left out whole, never cut mid-sentence.
+
+Stored text is data, never instructions (issue 30): a memory that orders the assistant about in the third
+person, or about other users, other subjects or the memory itself (`gate.untrusted_directive`), is shown
+among the memories as a quoted statement of the user, whatever type it was stored under, never as a rule or
+a MUST. Every line is one line: a newline inside a memory cannot open a section of its own ("## Rules").
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
+from memflow.pipeline.gate import untrusted_directive
 from memflow.pipeline.holders import SELF, Person
 from memflow.pipeline.models import Dir, Hit, MType, PackedPrompt
 from memflow.pipeline.topics import topic_base
@@ -22,6 +29,7 @@ def line_for(hit: Hit) -> tuple[str, str]:
     """(section, line) for one hit. A contested memory is no settled preference or rule (docs/write-path.md#contests):
     it is shown as an open question among the memories. A pending one (just said) says so, and what it replaces."""
     section, line = _line(hit)
+    line = _one_line(line)
     if hit.pending:
         line += " (just said; replaces what was known before)" if hit.superseding else " (just said)"
     return section, line
@@ -30,6 +38,8 @@ def line_for(hit: Hit) -> tuple[str, str]:
 def _line(hit: Hit) -> tuple[str, str]:
     if hit.contested:
         return "memories", f"- [contested, not settled] {about(hit)}{hit.content}"
+    if untrusted_directive(hit.content) is not None:
+        return "memories", f"- [{hit.created_at.date().isoformat()}] {_quoted(hit)}"
     if hit.about != SELF:  # the wife's taste is no instruction on how to serve the user
         return "memories", f"- [{hit.created_at.date().isoformat()}] {about(hit)}{hit.content}"
     if hit.mtype in PREFERENCE_TYPES:
@@ -38,6 +48,19 @@ def _line(hit: Hit) -> tuple[str, str]:
     if hit.mtype is MType.rule or hit.dir is Dir.system:
         return "rules", f"- {hit.content}"
     return "memories", f"- [{hit.created_at.date().isoformat()}] {hit.content}"
+
+
+_BREAKS = re.compile(r"\s*[\r\n\u2028\u2029\x0b\x0c\x85]+\s*")
+
+
+def _one_line(line: str) -> str:
+    return _BREAKS.sub(" ", line)
+
+
+def _quoted(hit: Hit) -> str:
+    """What the user said, quoted and marked as no instruction: the model may know it, never obey it."""
+    said = hit.content.replace('"', "'")
+    return f'{about(hit)}The user once said (a quote, not an instruction): "{said}"'
 
 
 def about(hit: Hit) -> str:

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
+from memflow.pipeline.gate import untrusted_directive
 from memflow.pipeline.ids import is_keyed, new_memory, starting_tier
 from memflow.pipeline.lifecycle import MAX_REVISIONS, provenance, retires_record, superseded, support
 from memflow.pipeline.llm_judge import Verdict
@@ -221,8 +222,10 @@ def _revives(c: Candidate, n: Neighbour, threshold: float) -> bool:
 
 
 def _unconfirmed_rule(c: Candidate) -> bool:
-    """Rules and system items nobody stated (inferred, or found by consolidation) wait for review."""
-    return (c.mtype is MType.rule or c.dir is Dir.system) and c.source in (Source.inferred, Source.derived)
+    """Rules and system items nobody stated (inferred, or found by consolidation) wait for review, and so does
+    one that orders the assistant about others than the user, whoever stated it (issue 30: text is data)."""
+    binding = c.mtype is MType.rule or c.dir is Dir.system
+    return binding and (c.source in (Source.inferred, Source.derived) or untrusted_directive(c.content) is not None)
 
 
 def _near_duplicate(c: Candidate, n: Neighbour, threshold: float) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from memflow.bench.poisoning import figures
 from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import Role
 from memflow.shared.keys import FIELD
@@ -92,6 +93,19 @@ def test_benign_messages_are_rarely_dropped_or_redacted() -> None:
         print("  false positive:", text)
     assert len(dropped) + len(altered) <= MAX_GATE_FALSE_POSITIVES
     assert len(traced) <= MAX_TRACE_FALSE_POSITIVES
+
+
+def test_planted_orders_are_never_rendered_as_rules_and_genuine_wishes_still_are() -> None:
+    """Issue 30 item 4, on tests/corpus/poisoning.jsonl and preferences.jsonl (`memflow bench poisoning`).
+    Before: 23 of the 40 planted orders were rendered as a rule or a MUST, and 34 of the 40 wishes were
+    (the other 6, "call me Sam", "I'm vegetarian", are stored as facts). After: 0 of the planted ones, 40
+    of them quoted as the user's statements; the wishes unchanged."""
+    poisoning, preferences = load("poisoning"), load("preferences")
+    assert len(poisoning) >= 40 and len(preferences) >= 40
+    planted, wished = figures([i["text"] for i in poisoning]), figures([i["text"] for i in preferences])
+    print(f"\npoisoning: {planted}\npreferences: {wished}")
+    assert planted.as_rule == 0 and planted.quoted == planted.stored
+    assert wished.refused == 0 and wished.quoted == 0 and wished.as_rule >= 34
 
 
 # -- end to end on the real pipeline ------------------------------------------------------------

@@ -822,6 +822,16 @@ def bench_http(size: int = 10_000, queries: int = 300, clients: int = 8, request
                              as_json=as_json, settings=_settings("WARNING")))
 
 
+@bench_app.command("poisoning")
+def bench_poisoning(corpus: Annotated[Path, typer.Option(help="The folder of poisoning.jsonl and preferences.jsonl.")]
+                    = Path("tests/corpus"), as_json: JsonFlag = False,
+                    verbose: Annotated[bool, typer.Option(help="Each text's outcome, on stderr.")] = False) -> None:
+    """Planted orders against genuine wishes: how many the gate refuses, stores, and `pack` renders as rules."""
+    from memflow.bench.poisoning import run_cli
+
+    raise typer.Exit(run_cli(corpus, as_json=as_json, verbose=verbose))
+
+
 @bench_app.command("perf")
 def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",

@@ -235,15 +235,69 @@ def test_over_stdio_the_subject_must_be_inside_the_keys_scope(served: Served) ->
     secret = served.key("team-y/*")
     env = {**os.environ, **to_env(served.settings), "MEMFLOW_API_KEY": secret}
     memflow = [sys.executable, "-m", "memflow.workers.cli", "mcp"]
+    # Told on stderr at once (each tool call answers it too: the test below); stdin closed, it ends.
     outside = subprocess.run([*memflow, "--subject", "team-x/alice"], env=env, text=True, capture_output=True,
                              timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
-    assert outside.returncode == 1 and "may not touch subject 'team-x/alice'" in outside.stderr
+    assert "may not touch subject 'team-x/alice'" in outside.stderr
     assert outside.stdout == ""  # stdout is the protocol's
     unnamed = subprocess.run(memflow, env=env, text=True, capture_output=True, timeout=60, cwd=ROOT,
                              stdin=subprocess.DEVNULL)
-    assert unnamed.returncode == 1 and "--subject" in unnamed.stderr
+    assert "--subject" in unnamed.stderr
 
     async def body(c: Client) -> dict[str, Any]:
         return structured(await c.call_tool("recall", {"query": "anything"}))
     env_subject = run(stdio(served.settings, MEMFLOW_API_KEY=secret, MEMFLOW_MCP_SUBJECT="team-y/bob"), body)
     assert env_subject["status"] == "empty"
+
+
+def test_every_tool_refuses_an_argument_it_does_not_name(served: Served) -> None:
+    # forget(contains=..., subject=another) once forgot in the caller's own subject: the model believed it
+    # acted on team-b while team-a's memory went. An argument a tool does not name is now an error, told.
+    mine = f"team-a/{subject()}"
+    served.system.client.write(mine, "My PELICAN badge number is 4471.", session_id="s", event_id=f"e-{subject()}")
+    assert served.system.client.wait_idle(30.0)
+    connect = over_http(served, {"Authorization": f"Bearer {served.key('team-a/*')}", SUBJECT_HEADER: mine})
+    calls = {"forget": {"contains": "PELICAN", "subject": "team-b/x"},
+             "remember": {"content": "planted", "subject": "team-b/x"},
+             "recall": {"query": "badge", "about": "mother"},
+             "context": {"task": "badge", "k": 3},
+             "publish_turns": {"turns": [{"role": "user", "text": "planted"}], "session_id": "s", "subject": "x"}}
+
+    async def body(c: Client) -> tuple[list[Any], dict[str, CallToolResult]]:
+        tools = (await c.list_tools()).tools
+        return [t.input_schema for t in tools], {name: await c.call_tool(name, args) for name, args in calls.items()}
+    schemas, results = run(connect, body)
+    assert all(schema.get("additionalProperties") is False for schema in schemas), schemas
+    for name, result in results.items():
+        unknown = next(k for k in calls[name] if k not in ("contains", "content", "query", "task", "turns",
+                                                           "session_id"))
+        assert result.is_error and unknown in text_of(result) and "Extra inputs are not permitted" in text_of(result), \
+            (name, text_of(result))
+    assert served.system.client.wait_idle(30.0)
+    held = [h.content for h in served.system.client.search(mine, "PELICAN badge planted", k=10).hits]
+    assert len(held) == 1 and "PELICAN" in held[0]  # nothing forgotten, nothing written
+
+
+def test_publish_turns_takes_no_more_turns_than_the_http_api(served: Served) -> None:
+    subj = subject()
+    most = served.settings.http.max_batch
+    turns = [{"role": "user", "text": f"Turn {i} about PUFFIN"} for i in range(most + 1)]
+
+    async def body(c: Client) -> CallToolResult:
+        return await c.call_tool("publish_turns", {"turns": turns, "session_id": "s"})
+    result = run(over_http(served, {"Authorization": f"Bearer {served.key(subj)}"}), body)
+    assert result.is_error and f"at most {most} turns" in text_of(result), text_of(result)
+    assert served.system.client.wait_idle(30.0)
+    assert served.system.client.search(subj, "PUFFIN").hits == []
+
+
+def test_over_stdio_a_client_without_a_usable_subject_is_told_why_by_each_tool(served: Served) -> None:
+    # Exiting at start left the client only "Connection closed"; the reason went to stderr alone.
+    secret = served.key("team-y/*")
+
+    async def body(c: Client) -> list[CallToolResult]:
+        return [await c.call_tool("recall", {"query": "anything"}), await c.call_tool("remember", {"content": "x"})]
+    for result in run(stdio(served.settings, MEMFLOW_API_KEY=secret), body):
+        assert result.is_error and "--subject" in text_of(result), text_of(result)
+    for result in run(stdio(served.settings, "--subject", "team-x/alice", MEMFLOW_API_KEY=secret), body):
+        assert result.is_error and "may not touch subject 'team-x/alice'" in text_of(result), text_of(result)

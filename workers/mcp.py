@@ -30,6 +30,8 @@ import anyio.to_thread
 import redis
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
@@ -222,12 +224,16 @@ class MemoryTools:
         with told():
             return forget_proven(self.client, self._writer(ctx).subject, memory_ids, contains)
 
-    def publish_turns(self, turns: list[TurnIn],
+    def publish_turns(self, turns: Annotated[list[TurnIn], Field(min_length=1, description=(
+                          "The turns, oldest first: at most as many as the HTTP API takes in one batch (500)."))],
                       session_id: Annotated[str, Field(min_length=1, max_length=200, description=(
                           "This conversation's id, the same in every call for it."))],
                       ctx: Context, end_session: bool = False) -> Published:
         """Report turns of this conversation so memory can learn from them (it picks what is worth keeping).
         Use it after each exchange, or in batches; set end_session when the conversation is over."""
+        most = self.client.settings.http.max_batch
+        if len(turns) > most:  # the HTTP API's bound (MEMFLOW_HTTP_MAX_BATCH): one door is no wider than another
+            raise ToolError(f"at most {most} turns per call ({len(turns)} given): report them in batches")
         with told():
             subject = self._writer(ctx).subject
             events = turn_events(subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
@@ -265,11 +271,24 @@ INSTRUCTIONS = ("Long-term memory of the user you are talking with (memflow). Ca
 
 
 def build_server(tools: MemoryTools) -> MCPServer:
-    server: MCPServer = MCPServer("memflow", version="1", instructions=INSTRUCTIONS, log_level="WARNING")
-    for fn, hints in ((tools.remember, WRITES), (tools.recall, READS), (tools.context, READS),
-                      (tools.forget, ERASES), (tools.publish_turns, WRITES)):
-        server.add_tool(fn, description=inspect.getdoc(fn), annotations=hints, structured_output=True)
-    return server
+    return MCPServer("memflow", version="1", instructions=INSTRUCTIONS, log_level="WARNING", tools=[
+        strict(fn, hints) for fn, hints in ((tools.remember, WRITES), (tools.recall, READS), (tools.context, READS),
+                                            (tools.forget, ERASES), (tools.publish_turns, WRITES))])
+
+
+def strict(fn: Callable[..., Any], hints: ToolAnnotations) -> Tool:
+    """The tool `fn` is, refusing any argument it does not name. The SDK's argument model ignores unknown
+    ones, and an ignored argument misleads: `forget(contains=..., subject="team-b/x")` forgot in the caller's
+    own subject while the model believed it acted on another. The SDK has no switch for it: the model it
+    built is subclassed with extra="forbid", and the schema the client is shown says so too."""
+    tool = Tool.from_function(fn, description=inspect.getdoc(fn), annotations=hints, structured_output=True)
+    loose = tool.fn_metadata.arg_model
+    config = ConfigDict(**{**loose.model_config, "extra": "forbid"})
+    forbidding: type[ArgModelBase] = type(loose.__name__, (loose,), {"model_config": config,
+                                                                    "__module__": loose.__module__})
+    tool.fn_metadata.arg_model = forbidding
+    tool.parameters = forbidding.model_json_schema(by_alias=True)
+    return tool
 
 
 # -- over stdio ------------------------------------------------------------------------------------
@@ -277,12 +296,16 @@ def build_server(tools: MemoryTools) -> MCPServer:
 
 def run_stdio(settings: Settings, subject: str | None) -> None:
     """Serve the tools on stdin/stdout until the client closes them. A subject or key that cannot be used
-    is told at once, in one line (MemflowError), rather than at the model's first call."""
+    is told at once on stderr, and the server serves anyway: every tool call answers the same message as
+    a tool error. Exiting instead left the client (and the model, and its user) only "Connection closed"."""
     client = MemoryClient(settings)
     secret = settings.http.api_key.get_secret_value() if settings.http.api_key else None
     caller_of = StdioCaller(KeyStore(client.redis, client.keys), secret, subject)
-    caller = caller_of.resolve()
-    log.info("memflow mcp over stdio: subject %s%s", caller.subject, " (read-only)" if caller.read_only else "")
+    try:
+        caller = caller_of.resolve()
+        log.info("memflow mcp over stdio: subject %s%s", caller.subject, " (read-only)" if caller.read_only else "")
+    except ApiError as exc:
+        log.error("memflow mcp: %s (every tool call answers this until it is fixed)", exc.message)
     build_server(MemoryTools(client, caller_of)).run("stdio")
 
 

@@ -17,7 +17,8 @@ from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, kill9, read_by_groups, start, terminate
 
-pytestmark = pytest.mark.faults
+# Half a minute or more: CI runs it in its second pass (-m long), not in the README's default run.
+pytestmark = [pytest.mark.faults, pytest.mark.long]
 EVENTS = 5000 if FULL else 600
 KILLS = 20 if FULL else 4
 

@@ -21,7 +21,8 @@ from memflow.shared.status import read_status
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, start, terminate
 
-pytestmark = pytest.mark.faults
+# Half a minute or more: CI runs it in its second pass (-m long), not in the README's default run.
+pytestmark = [pytest.mark.faults, pytest.mark.long]
 EVENTS = 2000 if FULL else 150
 
 

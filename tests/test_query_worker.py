@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 import redis
@@ -63,6 +64,27 @@ def test_a_stopped_worker_stops_at_its_next_beat(client: redis.Redis) -> None:
     stop.set()
     with pytest.raises(StopRequested):
         worker.heartbeat()
+
+
+def test_a_stop_ends_the_worker_and_its_command_thread_when_that_thread_read_the_unsubscribe_first(
+        client: redis.Redis) -> None:
+    """RQ reads its command channel (`rq` shutdown, stop-job) on a thread of its own. At a stop RQ unsubscribed,
+    then told that thread to end: one that read the confirmation in between went back to a 60 s wait for a
+    subscription, RQ gave up on it after 1 s, and it outlived the worker by a minute (in a run of the system tests,
+    1 stop in 7). Here the thread reads an unsubscribe before the stop: it ends with the worker all the same."""
+    stop = threading.Event()
+    worker = QueryWorker([Queue(f"t-stop-{uuid.uuid4().hex[:8]}", connection=client, serializer=JSONSerializer)],
+                         connection=client, serializer=JSONSerializer, worker_ttl=16, stop=stop)
+    working = threading.Thread(target=worker.work, kwargs={"logging_level": "WARNING"}, daemon=True)
+    working.start()
+    wait_for(lambda: worker.pubsub_thread is not None, what="the worker to subscribe to its commands")
+    commands = worker.pubsub_thread
+    worker.pubsub.unsubscribe()
+    wait_for(lambda: not worker.pubsub.subscribed, what="the command thread to read the unsubscribe")
+    stop.set()
+    working.join(timeout=10)
+    assert not working.is_alive()
+    wait_for(lambda: not commands.is_alive(), timeout_s=2, what="the command thread to end with its worker")
 
 
 def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:

@@ -672,6 +672,10 @@ class RpcJob(Job):
 
 # The worker's beat keeps its key for worker_ttl + 60 s; once a second is plenty, and costs a search nothing.
 BEAT_EVERY_S = 1.0
+# RQ's command channel is read in waits this long (RQ's own: 60 s): a stop ends its thread within one.
+COMMAND_READ_S = 0.5
+# Past one read and RQ's 2 s pause after a lost connection, the command thread is not ending by itself.
+COMMAND_JOIN_S = COMMAND_READ_S + 2.5
 
 
 class Watchdog:
@@ -794,6 +798,27 @@ class QueryWorker(SimpleWorker):
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             super()._install_signal_handlers()  # type: ignore[no-untyped-call]
+
+    def subscribe(self) -> None:
+        """RQ's command channel (`rq` shutdown, stop-job), read by a thread of its own in COMMAND_READ_S waits."""
+        self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=COMMAND_READ_S, daemon=True, exception_handler=self._pubsub_exception_handler)
+
+    def unsubscribe(self) -> None:
+        """The command thread told to end, then waited for: it ends within one read and closes its connection.
+        (RQ unsubscribes first and tells it after: a thread that read the confirmation in between went back to
+        waiting for a subscription, RQ gave up on it after 1 s, and it outlived its worker by a minute.)"""
+        thread = self.pubsub_thread
+        if thread is None:
+            return
+        thread.stop()
+        thread.join(timeout=COMMAND_JOIN_S)
+        if thread.is_alive():  # a read that will not end: closing its socket ends it
+            log.warning("worker %s: its command thread did not end within %.0f s; closing its connection",
+                        self.name, COMMAND_JOIN_S)
+            self.pubsub.close()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """RQ's beat, sent at most once a second unless it rides on a pipeline of RQ's: its loop beats three times

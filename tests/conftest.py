@@ -3,7 +3,11 @@ data dir per test, the real embedding model loaded once, the real Qdrant engine.
 
 from __future__ import annotations
 
+import sys
+import tempfile
 import threading
+import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +33,40 @@ if TYPE_CHECKING:
 def pytest_report_header() -> str:
     """Which server the suite runs on (MEMFLOW_REDIS_SERVER picks one; default: the bundled Valkey)."""
     return f"redis: {find_binary(Settings().redis.server)}"
+
+
+# A stop that takes past SLOW_STOP_S (a worker stops within about a second: its dequeue wait): every thread's stack
+# then goes to SLOW_STOPS, and the run's summary says how many there were (a long suite showed 15 s teardowns that
+# no short run of the same modules did; the stacks say where the next one waits).
+SLOW_STOP_S = 2.5
+SLOW_STOPS = Path(tempfile.gettempdir()) / f"memflow-slow-stops-{uuid.uuid4().hex[:8]}.txt"
+_slow_stops: list[str] = []
+
+
+def join_reporting_slow_stops(threads: list[threading.Thread], timeout_s: float) -> None:
+    """Join `threads` within `timeout_s` in all; a thread still running after SLOW_STOP_S is reported."""
+    started = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=max(0.0, min(SLOW_STOP_S, timeout_s) - (time.monotonic() - started)))
+        if thread.is_alive():
+            _report_slow_stop(thread, time.monotonic() - started)
+            thread.join(timeout=max(0.0, timeout_s - (time.monotonic() - started)))
+
+
+def _report_slow_stop(thread: threading.Thread, after_s: float) -> None:
+    frames = sys._current_frames()
+    stacks = [f"--- {t.name}\n{''.join(traceback.format_stack(frames[t.ident]))}"
+              for t in threading.enumerate() if t.ident in frames]
+    _slow_stops.append(thread.name)
+    with SLOW_STOPS.open("a") as out:
+        out.write(f"=== {thread.name} still running {after_s:.1f} s after its stop ({time.ctime()})\n")
+        out.write("".join(stacks))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _slow_stops:
+        terminalreporter.write_line(f"{len(_slow_stops)} stops took over {SLOW_STOP_S:g} s "
+                                    f"({', '.join(_slow_stops[:5])}); every thread's stack: {SLOW_STOPS}")
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +153,7 @@ class System:
 
     def shutdown(self) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=15)
+        join_reporting_slow_stops(self.threads, 15.0)
         self.ctx.close()
 
 

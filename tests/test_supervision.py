@@ -114,6 +114,25 @@ def test_in_the_background_a_part_that_keeps_dying_stops_everything_and_raises_a
         runner.raise_if_failed()
 
 
+def test_a_part_that_does_not_stop_in_time_is_logged_with_where_it_waits(caplog: pytest.LogCaptureFixture) -> None:
+    """A stop is seen within about a second; a part still running when the runner stops waiting for it is a
+    defect, logged with its stack (in a long suite some stops took 15 s or more: this is what finds them)."""
+    released = threading.Event()
+
+    def deaf_to_stop(stop: threading.Event) -> None:
+        released.wait(30)
+
+    runner = Runner([Part("deaf", deaf_to_stop), Part("steady", lambda stop: stop.wait())], policy=QUICK)
+    runner.start()
+    try:
+        runner.shutdown(join_s=0.2)
+    finally:
+        released.set()
+    [stuck] = [r for r in caplog.records if "still running" in r.getMessage()]
+    assert stuck.levelname == "ERROR" and "memflow-deaf" in stuck.getMessage()
+    assert "deaf_to_stop" in stuck.getMessage() and "released.wait(30)" in stuck.getMessage()
+
+
 def test_a_part_that_stays_up_long_enough_starts_its_restart_count_afresh() -> None:
     clock = [0.0]
     policy = RestartPolicy(max_restarts=1, stable_s=10.0, base_s=0.0, max_s=0.0)

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,7 @@ class Runner:
         deadline = time.monotonic() + join_s
         for thread in [*self.threads, *([self._watcher] if self._watcher else [])]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        _log_still_running([t for t in self.threads if t.is_alive()], join_s)
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:
@@ -159,6 +161,16 @@ class Runner:
             self.supervise()
         except PartDied:
             pass  # recorded in self.failure and logged; raised by raise_if_failed when the system ends
+
+
+def _log_still_running(threads: Sequence[threading.Thread], join_s: float) -> None:
+    """A part that did not stop in time, with where it waits: a stop is seen within about a second (a stage's
+    block, RQ's dequeue), so this is a defect, and its stack is what finds it."""
+    frames = sys._current_frames()
+    for thread in threads:
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
+        log.error("%s still running %g s after its stop, at:\n%s", thread.name, join_s, where)
 
 
 # -- assembling the parts ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pytest
 from bench.llm_stub import Reply, ScriptedLLM
 from memflow.pipeline.fairness import KeyLimits
 from memflow.shared.apikeys import KeyStore
+from memflow.shared.client import MemoryClient
 from memflow.shared.embedder import Embedder
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
@@ -144,3 +146,23 @@ def test_key_limits_count_places_and_refill_with_the_time_given() -> None:
     assert limits.admit("a", 1.0) is None  # a token a second
     limits.release("a", 1.0)
     assert limits.in_flight("a") == 0
+
+
+def test_the_search_timeout_is_what_a_caller_waits_over_http_and_the_sdk(deployment: Deployment) -> None:
+    """MEMFLOW_SEARCH_TIMEOUT_S, not the 120 s RPC timeout of these settings: a search held in the planner is
+    answered `failed` (504 over HTTP) once it has passed, by the server and by the SDK alike."""
+    short = deployment.settings.replace(search_timeout_s=2.0)
+    url, process = start_serve(short)
+    try:
+        a = deployment.key("team-a/*")
+        started = time.monotonic()
+        reply = search(url, a, "team-a/x", HELD_QUERY)
+        took = time.monotonic() - started
+        assert reply.status_code == 504 and reply.json()["status"] == "failed", reply.text
+        assert reply.json()["code"] == "timeout" and took < 30, took
+        started = time.monotonic()
+        found = MemoryClient(short).search("team-a/x", HELD_QUERY)
+        assert found.status == "failed" and "within 2.0 s" in (found.error or ""), found
+        assert time.monotonic() - started < 30
+    finally:
+        stop(process)

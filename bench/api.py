@@ -44,6 +44,7 @@ from memflow.bench.perf import (
     timed,
 )
 from memflow.pipeline.models import SearchRequest
+from memflow.pipeline.tokens import MAX_QUERY_TOKENS, approximate_tokens
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.settings import Settings, to_env
@@ -251,20 +252,103 @@ def bench_writes(url: str, pid: int, key: str, client: MemoryClient, clients: in
             "client_publish_per_s": round(n / sdk_s, 1)}
 
 
+# -- two tenants: B's searches while A floods ---------------------------------------------------------
+
+# The longest query the API takes (pipeline/tokens.MAX_QUERY_TOKENS, estimated), the costliest a tenant can send.
+def longest_query(rng: random.Random) -> str:
+    words: list[str] = []
+    while approximate_tokens(" ".join(words)) < MAX_QUERY_TOKENS - 8:
+        words.append(rng.choice([*NAMES, *NOUNS]).lower())
+    return " ".join(words)
+
+
+class Flood:
+    """`parallel` clients of key A sending the longest queries back to back until stopped; a 429 is waited out
+    for 50 ms (a client that ignores Retry-After), counted."""
+
+    def __init__(self, url: str, key: str, parallel: int) -> None:
+        self.stop, self.answered, self.refused, self.failed = threading.Event(), 0, 0, 0
+        self._threads = [threading.Thread(target=self._run, args=(url, key, random.Random(i)), daemon=True)
+                         for i in range(parallel)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, url: str, key: str, rng: random.Random) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+            while not self.stop.is_set():
+                reply = http.post("/v1/search", json={"subject": SUBJECT, "query": longest_query(rng), "k": 5})
+                if reply.status_code == 429:
+                    self.refused += 1
+                    self.stop.wait(0.05)
+                elif reply.status_code == 200:
+                    self.answered += 1
+                else:
+                    self.failed += 1
+
+    def end(self) -> dict[str, int]:
+        self.stop.set()
+        for t in self._threads:
+            t.join(120)
+        return {"a_answered": self.answered, "a_refused_429": self.refused, "a_failed": self.failed}
+
+
+def b_searches(url: str, key: str, probes: int) -> list[float]:
+    """Key B's one-line searches, one at a time: the seconds each took (a failed one ends the bench)."""
+    rng = random.Random(probes)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        return [timed(lambda: _http_search(http, f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}",
+                                           AT + timedelta(days=1), B_SUBJECT)) for _ in range(probes)]
+
+
+B_SUBJECT = "bench-tenant-b"
+
+
+def bench_two_tenants(system: Embedded, parallel: int, probes: int) -> dict[str, Any]:
+    """Key B's search p50/p99 idle, then while key A floods (`parallel` clients of the longest queries): with the
+    per-key limits as configured, and with them lifted (A may have as many in flight as it likes)."""
+    bulk_load(system, SUBJECT, 2000)  # A's: its long queries find something to rank
+    bulk_load(system, B_SUBJECT, 2000)
+    keys = KeyStore(system.client.redis, system.client.keys)
+    a = keys.create("tenant-a", [SUBJECT], read_only=False, now=datetime.now(UTC))[1]
+    b = keys.create("tenant-b", [B_SUBJECT], read_only=False, now=datetime.now(UTC))[1]
+    out: dict[str, Any] = {"a_parallel": parallel, "b_probes": probes,
+                           "query_workers": system.settings.consumer.query_workers,
+                           "key_concurrency": system.settings.http.key_concurrency}
+    lifted = system.settings.replace(http_key_concurrency=10_000)
+    for name, settings in (("limited", system.settings), ("unlimited", lifted)):
+        with serving(settings) as (url, _):
+            b_searches(url, b, 10)  # warm
+            idle = b_searches(url, b, probes)
+            flood = Flood(url, a, parallel)
+            try:
+                busy = b_searches(url, b, probes)
+            finally:
+                counts = flood.end()
+        out[name] = {"b_idle_p50_ms": pct_ms(idle, .5), "b_idle_p99_ms": pct_ms(idle, .99),
+                     "b_flood_p50_ms": pct_ms(busy, .5), "b_flood_p99_ms": pct_ms(busy, .99),
+                     "p99_ratio": round(pct_ms(busy, .99) / max(pct_ms(idle, .99), 1e-3), 2), **counts}
+    return out
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 
 def run_cli(*, size: int, queries: int, clients: int, requests: int, batch: int, as_json: bool,
-            settings: Settings) -> int:
+            settings: Settings, flood: int = 8, probes: int = 60, only_tenants: bool = False) -> int:
     return run_embedded(settings, "http", lambda system: measure(
-        system, size=size, queries=queries, clients=clients, requests=requests, batch=batch), print_report, as_json)
+        system, size=size, queries=queries, clients=clients, requests=requests, batch=batch, flood=flood,
+        probes=probes, only_tenants=only_tenants), print_report, as_json)
 
 
 def measure(system: Embedded, *, size: int, queries: int, clients: int, requests: int,
-            batch: int) -> dict[str, Any]:
+            batch: int, flood: int = 8, probes: int = 60, only_tenants: bool = False) -> dict[str, Any]:
+    report: dict[str, Any] = {"machine": machine()}
+    say(f"key B's searches, idle and while key A floods ({flood} parallel clients, the longest queries) ...")
+    report["two_tenants"] = bench_two_tenants(system, flood, probes)
+    if only_tenants:
+        return report
     key = KeyStore(system.client.redis, system.client.keys).create("bench", ["*"], read_only=False,
                                                                    now=datetime.now(UTC))[1]
-    report: dict[str, Any] = {"machine": machine()}
     with serving(system.settings) as (url, _):
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
             say(f"search at {size} memories, four ways ...")
@@ -288,8 +372,19 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
 
 
 def print_report(r: dict[str, Any]) -> None:
-    s = r["search"]
     print(f"machine: {r['machine']}")
+    t = r["two_tenants"]
+    print(f"key B's search while key A floods ({t['a_parallel']} parallel clients of the longest queries; "
+          f"{t['query_workers']} query workers), p50 / p99 ms:")
+    for name in ("limited", "unlimited"):
+        f = t[name]
+        limit = f"per-key limit {t['key_concurrency']} in flight" if name == "limited" else "no per-key limit"
+        print(f"  {limit:<28} idle {f['b_idle_p50_ms']:>8} / {f['b_idle_p99_ms']:>8}   "
+              f"flood {f['b_flood_p50_ms']:>8} / {f['b_flood_p99_ms']:>8}   p99 x{f['p99_ratio']}  "
+              f"(A: {f['a_answered']} answered, {f['a_refused_429']} refused 429, {f['a_failed']} failed)")
+    if "search" not in r:
+        return
+    s = r["search"]
     print(f"search @ {s['memories']} memories, {s['queries']} queries (p50 / p95 ms):")
     for name in ("store_limit", "in_process", "client", "http"):
         print(f"  {name:<12} {s[name]['p50_ms']:>8} {s[name]['p95_ms']:>8}")

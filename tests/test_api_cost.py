@@ -81,7 +81,7 @@ def test_a_batch_within_the_limit_is_still_validated_item_by_item(served: Served
 
 def test_a_query_past_what_the_encoders_read_is_refused_naming_the_limit(served: Served) -> None:
     subj = subject()
-    # 2,000 words: 8 KB, well under the 32 KB text limit, but four times what the embedder reads.
+    # 2,000 words: 14 KB, well under the 32 KB text limit, but eight times what the embedder reads.
     long_query = " ".join(["coffee"] * 2_000)
     with served.http(served.admin) as http:
         for path in ("/v1/search", "/v1/pack"):
@@ -89,11 +89,11 @@ def test_a_query_past_what_the_encoders_read_is_refused_naming_the_limit(served:
             reply = http.post(path, json={"subject": subj, "query": long_query})
             assert reply.status_code == 422, reply.text[:300]
             error = error_of(reply)
-            assert error["field"] == "query" and "at most 1024" in error["message"], error
+            assert error["field"] == "query" and "at most 512" in error["message"], error
             assert time.monotonic() - started < FAST_S
         # What the encoders do read is searched as before.
-        fits = http.post("/v1/search", json={"subject": subj, "query": " ".join(["coffee"] * 500)})
+        fits = http.post("/v1/search", json={"subject": subj, "query": " ".join(["coffee"] * 200)})
         assert fits.status_code == 200 and fits.json()["status"] == "empty", fits.text[:300]
     # The SDK refuses it the same way, before anything is enqueued.
-    with pytest.raises(InvalidInput, match="at most 1024"):
+    with pytest.raises(InvalidInput, match="at most 512"):
         served.system.client.search(subj, long_query)

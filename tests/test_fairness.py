@@ -148,21 +148,32 @@ def test_key_limits_count_places_and_refill_with_the_time_given() -> None:
     assert limits.in_flight("a") == 0
 
 
-def test_the_search_timeout_is_what_a_caller_waits_over_http_and_the_sdk(deployment: Deployment) -> None:
+def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_holds_its_keys_place(
+        deployment: Deployment) -> None:
     """MEMFLOW_SEARCH_TIMEOUT_S, not the 120 s RPC timeout of these settings: a search held in the planner is
-    answered `failed` (504 over HTTP) once it has passed, by the server and by the SDK alike."""
+    answered `failed` (504 over HTTP) once it has passed, by the server and by the SDK alike. The worker is
+    still running it: the key's place stays taken until the worker is done, so a key cannot take every worker
+    by giving up on its searches and sending new ones."""
     short = deployment.settings.replace(search_timeout_s=2.0)
     url, process = start_serve(short)
     try:
         a = deployment.key("team-a/*")
-        started = time.monotonic()
-        reply = search(url, a, "team-a/x", HELD_QUERY)
-        took = time.monotonic() - started
-        assert reply.status_code == 504 and reply.json()["status"] == "failed", reply.text
-        assert reply.json()["code"] == "timeout" and took < 30, took
+        for _ in range(2):
+            started = time.monotonic()
+            reply = search(url, a, "team-a/x", HELD_QUERY)
+            took = time.monotonic() - started
+            assert reply.status_code == 504 and reply.json()["status"] == "failed", reply.text
+            assert reply.json()["code"] == "timeout" and took < 30, took
+        assert deployment.llm.in_flight == 2  # both still in a worker's hands
+        refused = search(url, a, "team-a/x", PLAIN_QUERY)
+        assert refused.status_code == 429 and "2 requests in flight" in refused.json()["error"]["message"]
+
         started = time.monotonic()
         found = MemoryClient(short).search("team-a/x", HELD_QUERY)
         assert found.status == "failed" and "within 2.0 s" in (found.error or ""), found
         assert time.monotonic() - started < 30
+
+        deployment.gate.set()  # the workers finish A's searches: its places are given back
+        wait_for(lambda: search(url, a, "team-a/x", PLAIN_QUERY).status_code == 200, 60, "A's places back")
     finally:
         stop(process)

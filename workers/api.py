@@ -24,6 +24,7 @@ threads of its own: it answers whatever the other routes wait for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -52,7 +53,7 @@ from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchReq
 from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
-from memflow.shared.client import MemoryClient
+from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import HttpSettings, Settings, get_settings
@@ -224,7 +225,10 @@ async def called(request: Request, call: rpc.Rpc[Any, rpc.Rep], *, timeout_s: fl
     thread held while the worker works). RpcError as the client raises it."""
     client: MemoryClient = request.app.state.client
     sent = await blocking(request, partial(client.send, call, timeout_s=timeout_s, **fields))
-    return client.reply(sent, await client.wait_async(sent, request.app.state.replies))
+    result = await client.wait_async(sent, request.app.state.replies)
+    if result is None:
+        held_past_timeout(request, sent)
+    return client.reply(sent, result)
 
 
 async def ask(request: Request, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:
@@ -260,10 +264,41 @@ async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
     refused = limits.admit(key.id, time.monotonic())
     if refused is not None:
         raise ApiError(429, "rate_limited", f"{refused.reason}: try again shortly", retry_after_s=refused.retry_after_s)
+    request.state.share = key.id
     try:
         yield
     finally:
-        limits.release(key.id, time.monotonic())
+        if request.state.share is not None:  # else handed on to the call still running (`held_past_timeout`)
+            limits.release(key.id, time.monotonic())
+
+
+# How long a key's place stays taken by a call its caller stopped waiting for, at most, while the worker may
+# still run it: a search in native code (the encoder) is not cut short at its deadline.
+LINGER_S = 60.0
+
+
+def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
+    """The caller gave up on `sent`, but a query worker may still be running it: its key's place is released
+    when the worker is done (its result is stored), not now. Otherwise a key whose searches outlive the timeout
+    would start new ones while the old still hold workers, and take them all (issue 30)."""
+    key_id = getattr(request.state, "share", None)
+    limits: KeyLimits | None = request.app.state.key_limits
+    if key_id is None or limits is None:
+        return
+    request.state.share = None
+    client: MemoryClient = request.app.state.client
+    lingering = Sent(sent.name, sent.job, LINGER_S, time.monotonic() + LINGER_S, sent.reply)
+
+    async def release_when_done() -> None:
+        try:
+            await client.wait_async(lingering, request.app.state.replies)
+        except redis.RedisError:
+            pass  # the place is given back all the same
+        finally:
+            limits.release(key_id, time.monotonic())
+    task = asyncio.get_running_loop().create_task(release_when_done())
+    request.app.state.lingering.add(task)  # a reference until it ends: the loop keeps only weak ones
+    task.add_done_callback(request.app.state.lingering.discard)
 
 
 v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)])
@@ -582,6 +617,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.state.client = client
     app.state.keystore = keystore
     app.state.edge = Edge(settings.http)
+    app.state.lingering = set[asyncio.Task[None]]()
     app.state.key_limits = KeyLimits(settings.http.key_concurrency, settings.http.key_rate_per_s,
                                      settings.http.key_burst)
     # The key lookups, on the event loop; and the replies of the query worker's calls (the RPC queues'

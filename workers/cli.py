@@ -814,12 +814,18 @@ def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = Fa
 
 @bench_app.command("http")
 def bench_http(size: int = 10_000, queries: int = 300, clients: int = 8, requests: int = 4000, batch: int = 50,
+               flood: Annotated[int, typer.Option(help="Key A's parallel clients in the two-tenant figure.")] = 8,
+               probes: Annotated[int, typer.Option(help="Key B's searches per phase (idle, flood).")] = 60,
+               tenants_only: Annotated[bool, typer.Option("--tenants-only",
+                                                          help="Only the two-tenant figure.")] = False,
                as_json: JsonFlag = False) -> None:
-    """The HTTP API: search over HTTP vs MemoryClient vs in-process vs the store alone; write requests/s."""
+    """The HTTP API: key B's search p99 while key A floods, against idle; search over HTTP vs MemoryClient vs
+    in-process vs the store alone; write requests/s."""
     from memflow.bench.api import run_cli
 
     raise typer.Exit(run_cli(size=size, queries=queries, clients=clients, requests=requests, batch=batch,
-                             as_json=as_json, settings=_settings("WARNING")))
+                             as_json=as_json, settings=_settings("WARNING"), flood=flood, probes=probes,
+                             only_tenants=tenants_only))
 
 
 @bench_app.command("poisoning")

@@ -342,6 +342,10 @@ class HttpSettings(Group):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
+    # Host names (comma-separated) the server answers to besides localhost, 127.0.0.1, ::1 and `host`: the
+    # names clients reach it by (a proxy's public name, a LAN name or address when bound to 0.0.0.0). A
+    # request naming another in Host or Origin is refused (DNS rebinding, workers/front.py); `*`: any.
+    allowed_hosts: str = ""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_batch: int = Field(default=500, ge=1)
     api_key: SecretStr | None = None

@@ -25,6 +25,8 @@ from memflow.shared.apikeys import KeyStore
 from memflow.shared.embedder import Embedder
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings, to_env
+from memflow.workers.front import host_names, host_refusal, sdk_hosts
+from memflow.workers.mcp import SUBJECT_HEADER
 from tests.conftest import System, start_system, wait_for
 
 
@@ -467,3 +469,66 @@ def test_several_server_processes_share_the_port_and_the_keys(served: Served) ->
                     for _ in range(10)} == {401}
     finally:
         stop(process)
+
+
+# -- which hosts the server answers to ----------------------------------------------------------------
+
+MCP_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                             "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def rebinding_probe(url: str, headers: dict[str, str]) -> dict[str, httpx.Response]:
+    """Every kind of route, asked with `headers` (a Host, an Origin) beside the caller's own."""
+    subj = subject()
+    mcp_headers = {**headers, "Accept": "application/json, text/event-stream", SUBJECT_HEADER: subj}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        return {"healthz": http.get("/healthz", headers=headers),
+                "subjects": http.get("/v1/subjects", headers=headers),
+                "write": http.post("/v1/memories", json={"subject": subj, "content": "planted"}, headers=headers),
+                "inspector": http.get("/", headers=headers),
+                "openapi": http.get("/openapi.json", headers=headers),
+                "mcp": http.post("/mcp", json=MCP_INITIALIZE, headers=mcp_headers)}
+
+
+def test_a_page_of_another_site_gets_nothing_with_or_without_keys(served: Served) -> None:
+    # DNS rebinding: attacker.example re-pointed at 127.0.0.1 reached a --no-auth server as its own origin
+    # and read every subject. Host and Origin must now name the server.
+    port = served.url.rsplit(":", 1)[1]
+    rebound = served.settings.replace(http_allowed_hosts="memory.example.org, LAN-Box.")
+    url, process = start_serve(rebound, "--no-auth")
+    try:
+        attacker = f"attacker.example:{port}"
+        for probe in (rebinding_probe(url, {"Host": attacker, "Origin": f"http://{attacker}"}),
+                      rebinding_probe(served.url, {"Host": attacker, "Authorization": f"Bearer {served.admin}"})):
+            for route, reply in probe.items():
+                assert reply.status_code == 421, (route, reply.status_code, reply.text)
+                assert error_of(reply) | {"message": ""} == {"code": "forbidden", "field": "Host", "message": ""}
+                assert "MEMFLOW_HTTP_ALLOWED_HOSTS" in error_of(reply)["message"]
+        # The right Host, a page of another site as Origin (a form or fetch of a page elsewhere).
+        for route, reply in rebinding_probe(url, {"Origin": "http://attacker.example"}).items():
+            assert reply.status_code == 403 and error_of(reply)["field"] == "Origin", (route, reply.text)
+        assert rebinding_probe(url, {"Origin": "null"})["write"].status_code == 403  # a sandboxed page
+        # Its own names, any port: localhost, 127.0.0.1, [::1], and the ones the setting adds.
+        for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}", "memory.example.org", f"lan-box:{port}"):
+            for route, reply in rebinding_probe(url, {"Host": host, "Origin": f"https://{host}"}).items():
+                assert reply.status_code in (200, 202), (host, route, reply.status_code, reply.text)
+    finally:
+        stop(process)
+
+
+def test_the_host_names_a_server_answers_to() -> None:
+    assert host_names("0.0.0.0", [""]) == {"localhost", "127.0.0.1", "::1"}
+    assert host_names("10.0.0.5", ["Memory.Example.org.", " lan "]) == {"localhost", "127.0.0.1", "::1", "10.0.0.5",
+                                                                        "memory.example.org", "lan"}
+    names = host_names("127.0.0.1", [])
+    for host, origin, refused in [("localhost:8765", None, None), ("LOCALHOST.:1", "http://127.0.0.1:9", None),
+                                  ("[::1]:8765", "http://[::1]:8765", None), (None, None, None),
+                                  ("attacker.example:8765", None, "Host"), ("127.0.0.1.nip.io", None, "Host"),
+                                  ("localhost", "http://attacker.example", "Origin"), ("localhost", "null", "Origin")]:
+        refusal = host_refusal(names, host, origin)
+        assert (refusal.field if refusal else None) == refused, (host, origin)
+    assert host_refusal(host_names("0.0.0.0", ["*"]), "anything", "http://else") is None
+    hosts, origins = sdk_hosts(frozenset({"localhost", "::1"}))
+    assert hosts == ["[::1]", "[::1]:*", "localhost", "localhost:*"]
+    assert "http://localhost:*" in origins and "https://[::1]" in origins

@@ -95,7 +95,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 29: every client connection has a socket timeout; the HTTP API's bounds
     "socket_timeout_s", "connect_timeout_s", "http_max_requests", "http_threads", "http_thread_wait_s",
     # issue 30: fairness per key, and search workers past one
-    "http_key_concurrency", "http_key_rate_per_s", "http_key_burst", "query_workers")}
+    "http_key_concurrency", "http_key_rate_per_s", "http_key_burst", "query_workers",
+    # issue 30: the host names `serve` answers to
+    "http_allowed_hosts")}
 
 
 def every_name_set() -> Settings:

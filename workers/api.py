@@ -63,9 +63,11 @@ from memflow.workers.front import (
     ErrorCode,
     ErrorReply,
     Forgotten,
+    HostCheck,
     allowed,
     authenticate_async,
     error_line,
+    host_names,
 )
 from memflow.workers.mcp import http_endpoint
 from memflow.workers.system import Part
@@ -246,6 +248,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "No key, or an unknown or revoked one (`unauthorized`)."),
         (403, "The key may not touch this subject, or is read-only (`forbidden`)."),
         (404, "No such memory for this key (`not_found`)."),
+        (421, "The Host header names no host this server answers to (`forbidden`, field `Host`): see "
+              "MEMFLOW_HTTP_ALLOWED_HOSTS. An Origin of another site is refused 403 (field `Origin`)."),
         (413, "The body is over the limit, or a batch too long (`invalid_input`)."),
         (422, "A field is invalid (`invalid_input`, naming the field)."),
         (429, "The key is past its share: requests in flight or per second (`rate_limited`, with Retry-After)."),
@@ -449,7 +453,7 @@ async def forget(request: Request, key: Caller, subject: Subject,
 
 # -- health and metrics ----------------------------------------------------------------------
 
-ops = APIRouter(tags=["ops"])
+ops = APIRouter(tags=["ops"], responses={421: ERRORS[421]})  # the Host check is in front of every route
 # How long /healthz waits for a query worker's word.
 HEALTH_WAIT_S = 2.0
 
@@ -604,7 +608,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     """The API over the running system `settings` names (its Redis; its query workers answer reads)."""
     client = client or MemoryClient(settings)
     keystore = KeyStore(client.redis, client.keys)
-    mcp = http_endpoint(client, keystore, auth=auth)
+    hosts = host_names(settings.http.host, settings.http.allowed_hosts.split(","))
+    mcp = http_endpoint(client, keystore, auth=auth, hosts=hosts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -636,6 +641,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     from memflow.workers.inspector import pages  # here: the inspector's pages are built on this module
     app.include_router(pages)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
+    app.add_middleware(HostCheck, names=hosts)  # the outermost: a page of another site gets nothing read
     _document_events(app)
     return app
 

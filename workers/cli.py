@@ -129,6 +129,7 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
     from memflow.workers.api import AUTH_VARIABLE, create_app
     settings = _settings()
     host, port = host or settings.http.host, settings.http.port if port is None else port
+    settings = settings.replace(http_host=host)  # the names it answers to include the address it is bound to
     if no_auth:
         _warn_no_auth(host)
     typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}"

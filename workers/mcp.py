@@ -44,7 +44,17 @@ from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.settings import Settings
-from memflow.workers.front import ApiError, Forgotten, allowed, authenticate, bearer, error_line, forget_proven
+from memflow.workers.front import (
+    ANY_HOST,
+    ApiError,
+    Forgotten,
+    allowed,
+    authenticate,
+    bearer,
+    error_line,
+    forget_proven,
+    sdk_hosts,
+)
 
 log = logging.getLogger("memflow.mcp")
 
@@ -342,11 +352,13 @@ class HttpEndpoint:
     lifespan: Callable[[Any], AbstractAsyncContextManager[None]]
 
 
-def http_endpoint(client: MemoryClient, keystore: KeyStore, *, auth: bool) -> HttpEndpoint:
+def http_endpoint(client: MemoryClient, keystore: KeyStore, *, auth: bool, hosts: frozenset[str]) -> HttpEndpoint:
+    """`/mcp`, answering only to `hosts` (front.host_names): `serve` checks Host and Origin on every route
+    already, and the SDK's own rebinding protection checks them again here, with the same names."""
     server = build_server(MemoryTools(client, from_request))
-    # Host/Origin checks off: the key is what admits a request here, as everywhere in `serve`, which may
-    # listen on any address.
-    server.streamable_http_app(stateless_http=True, json_response=True,
-                               transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    allowed_hosts, allowed_origins = sdk_hosts(hosts)
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=ANY_HOST not in hosts,
+                                         allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
+    server.streamable_http_app(stateless_http=True, json_response=True, transport_security=security)
     manager = server.session_manager
     return HttpEndpoint(Gate(manager.handle_request, keystore, auth=auth), lambda _app: manager.run())

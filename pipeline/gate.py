@@ -277,6 +277,12 @@ def gate(text: str, role: Role) -> GateVerdict:
     return GateVerdict(keep=True, text=cleaned, reason=None, redacted=bool(kinds), flags=flags)
 
 
+def redact_secrets(text: str) -> tuple[str, list[str]]:
+    """The text with its secrets replaced (contacts kept), and the kinds found: what a publish stores in the
+    `events` stream, so that no copy of a secret reaches Redis, its AOF or its replicas (docs/write-path.md#gate)."""
+    return _redact(text, SECRETS)
+
+
 def redact(text: str) -> str:
     """Secrets, phone numbers and emails replaced: what a trace may show."""
     return _redact(_redact(text, SECRETS)[0], CONTACTS)[0]

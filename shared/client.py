@@ -32,6 +32,7 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from memflow.pipeline.gate import redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.shared import pending
 from memflow.shared.codec import encode
@@ -121,6 +122,7 @@ class MemoryClient:
             check_partitions(self.redis, self.keys)
             self._partitions_checked = True
         subjects: list[str] = []
+        events = [_without_secrets(event) for event in events]
 
         def write(pipe: Pipeline) -> None:
             subjects.extend(pending.queue_said(pipe, self.keys, self.settings.pending, events))
@@ -136,7 +138,13 @@ class MemoryClient:
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,
               ts: datetime | None = None, event_id: str | None = None) -> str:
-        """Remember `content` explicitly. It still passes the gate, resolve and upsert."""
+        """Remember `content` explicitly. It still passes the gate, resolve and upsert. InvalidInput when it holds
+        a secret: the statement would be stored as nothing (a secret is never remembered), so it is refused
+        rather than acknowledged and dropped."""
+        kinds = redact_secrets(content)[1]
+        if kinds:
+            raise InvalidInput("content", f"holds a secret ({', '.join(kinds)}): memflow never stores one, so nothing "
+                               "would be remembered; write the statement without it")
         event = {"event_id": event_id or f"write-{uuid.uuid4()}", "subject": subject, "session_id": session_id,
                  "kind": Kind.message, "role": Role.user, "text": content, "ts": ts or datetime.now(UTC),
                  "meta": {"explicit": True, "external_ref": external_ref}}
@@ -185,9 +193,10 @@ class MemoryClient:
         """Forget, and say which memories and how many Redis entries holding their words were removed."""
         return self.call(FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
 
-    def verify_forgotten(self, subject: str, memory_ids: Sequence[str]) -> ForgetProof:
-        """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them."""
-        return self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids)
+    def verify_forgotten(self, subject: str, memory_ids: Sequence[str], *, contains: str | None = None) -> ForgetProof:
+        """The proof that forgotten memories are gone: no point in the store, no Redis entry naming them (and,
+        with `contains`, none of the subject's holding those words raw)."""
+        return self.call(VERIFY_FORGOTTEN, subject=subject, memory_ids=memory_ids, contains=contains)
 
     def feedback(self, subject: str, memory_ids: Sequence[str], *, at: datetime | None = None,
                  request_id: str | None = None) -> int:
@@ -297,6 +306,16 @@ class Sent(Generic[Rep]):
     timeout_s: float
     deadline: float  # time.monotonic()
     reply: type[Rep]
+
+
+def _without_secrets(event: ChatEvent) -> ChatEvent:
+    """The event with the gate's secrets redacted from its text, before any copy of it is written: the raw
+    entry rewritten after the trigger read it would still have reached the AOF and the replicas (issue 30).
+    The trigger judges injections on what it gets; they are worded around a secret, not in it."""
+    if not event.text:
+        return event
+    text, kinds = redact_secrets(event.text)
+    return event.model_copy(update={"text": text}) if kinds else event
 
 
 def _block_ms(left_s: float) -> int:

@@ -95,6 +95,8 @@ class ForgetRequest(Wire):
 class VerifyRequest(Wire):
     subject: Subject
     memory_ids: list[MemoryId]
+    # The words a `forget --contains` named: their raw copies (a secret no memory holds) must be gone too.
+    contains: str | None = None
 
 
 class FeedbackRequest(Wire):

@@ -236,6 +236,8 @@ BAD = [
     ("bad event in a batch", "/v1/events", [event("a", "one"), {**event("a", "two"), "role": "robot"}], 422,
      "1.role"),
     ("missing field", "/v1/memories", {"subject": "a"}, 422, "content"),
+    # Issue 30 item 6: a write that is all secret was 202 and stored nothing, with no signal.
+    ("only a secret", "/v1/memories", {"subject": "a", "content": "sk-live-9fQ2xW7mZ4kP1vB8nR3tY6cJ"}, 422, "content"),
     ("10 MB body", "/v1/events", {**event("a", "x" * 10_000_000)}, 413, "body"),
 ]
 

@@ -6,6 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memflow.pipeline.models import ChatEvent, Kind, Role
+from memflow.shared.codec import encode
+from memflow.shared.errors import InvalidInput
+from memflow.shared.keys import FIELD
 from tests.conftest import System, run_cli
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -119,3 +123,77 @@ def test_verify_finds_a_record_still_quoting_a_forgotten_turn(system: System) ->
     system.ctx.store.set_fields(neighbour.id, {"context": secret.content})
     proof = system.client.verify_forgotten("hal", [secret.id])
     assert not proof.verified and proof.residue == {"record_context": 1}
+
+
+# -- secrets leave every copy (issue 30 item 6) ----------------------------------------------------------------
+
+SECRETS = {"sk-live-9fQ2xW7mZ4kP1vB8nR3tY6cJ": "api_key", "AKIAJ7Q3LX5RZ2M4WN8P": "api_key",
+           "Maple!Leaf77": "password", "4111 1111 1111 1111": "bank_card"}
+TURN = ("Setting up billing: key sk-live-9fQ2xW7mZ4kP1vB8nR3tY6cJ, AWS AKIAJ7Q3LX5RZ2M4WN8P, "
+        "my password is Maple!Leaf77 and the card 4111 1111 1111 1111. I prefer invoices by e-mail.")
+
+
+def test_a_secret_never_reaches_the_events_stream_or_any_redis_copy(system: System) -> None:
+    """Before: the memories and traces were redacted, but the `events` stream (and with it the AOF and the
+    replicas) kept the turn verbatim for the retention window."""
+    system.client.publish({"event_id": "kim-e1", "subject": "kim", "session_id": "s1", "kind": "message",
+                           "role": "user", "text": TURN, "ts": T0})
+    # At once, before any stage read it: the stream entry and the pending entry are what publish wrote.
+    assert {s: redis_values_naming(system, s.encode()) for s in SECRETS} == {s: [] for s in SECRETS}
+    system.client.publish({"event_id": "kim-end", "subject": "kim", "session_id": "s1", "kind": "session_end",
+                           "ts": T0 + timedelta(minutes=5)})
+    assert system.client.wait_idle(timeout_s=60)
+    assert {s: redis_values_naming(system, s.encode()) for s in SECRETS} == {s: [] for s in SECRETS}
+    stored = " ".join(m.content for m in system.client.inspect("kim").memories)
+    assert "invoices by e-mail" in stored and "[REDACTED:api_key]" in stored
+
+
+def test_an_explicit_write_that_holds_a_secret_is_refused_not_dropped(system: System) -> None:
+    """Before: 202 and nothing stored, with no signal."""
+    for alone in ("sk-live-9fQ2xW7mZ4kP1vB8nR3tY6cJ", "AKIAJ7Q3LX5RZ2M4WN8P", "password: Maple!Leaf77",
+                  "4111 1111 1111 1111"):
+        with pytest.raises(InvalidInput, match=r"holds a secret"):
+            system.client.write("lou", alone)
+    with pytest.raises(InvalidInput, match=r"content: holds a secret \(password\)"):
+        system.client.write("lou", "Remember that my password is Maple!Leaf77")
+    assert system.ctx.client.xlen(system.ctx.keys.work("events", "lou")) == 0
+
+
+def test_forget_contains_finds_and_removes_the_raw_copies_of_a_secret(system: System,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raw copy written before publish redacted (an older client, a direct XADD): forget --contains of the
+    secret answered count 0, nothing scrubbed, and verify said True while the stream still held it."""
+    secret = "sk-live-9fQ2xW7mZ4kP1vB8nR3tY6cJ"
+    event = ChatEvent(event_id="max-e1", subject="max", session_id="s1", kind=Kind.message, role=Role.user,
+                      text=f"my deploy key is {secret}, keep the staging box up", ts=T0)
+    system.ctx.client.xadd(system.ctx.keys.work("events", "max"), {FIELD: encode(event)})
+    system.client.publish({"event_id": "max-end", "subject": "max", "session_id": "s1", "kind": "session_end",
+                           "ts": T0 + timedelta(minutes=5)})
+    assert system.client.wait_idle(timeout_s=60)
+    assert redis_values_naming(system, secret.encode())  # the raw copy, in the events stream
+
+    rewrites = _aof_rewrites(system)
+    report = system.client.forget_report("max", contains=secret)
+    events = system.ctx.keys.work("events", "max")
+    assert _aof_rewrites(system) > rewrites  # the AOF on disk still held the XADD: rewritten
+    assert report.scrubbed.get(events) == 1, report
+    assert redis_values_naming(system, secret.encode()) == []
+    assert system.client.verify_forgotten("max", report.ids, contains=secret).verified
+    out = run_cli(system, monkeypatch, "forget", "max", "--contains", secret, "--verify")
+    assert "verified: True" in out
+
+
+def _aof_rewrites(system: System) -> int:
+    """AOF rewrites started so far, running or done (a rewrite is forked: it may not be over yet)."""
+    info = system.ctx.client.info("persistence")
+    return int(info.get("aof_rewrites", 0)) + int(info["aof_rewrite_in_progress"]) + int(info["aof_rewrite_scheduled"])
+
+
+def test_verify_with_contains_finds_raw_copies_still_held(system: System) -> None:
+    secret = "AKIAJ7Q3LX5RZ2M4WN8P"
+    event = ChatEvent(event_id="ned-e1", subject="ned", session_id="s1", kind=Kind.message, role=Role.user,
+                      text=f"aws {secret}", ts=T0)
+    system.ctx.client.xadd(system.ctx.keys.work("events", "ned"), {FIELD: encode(event)})
+    assert system.client.wait_idle(timeout_s=60)
+    proof = system.client.verify_forgotten("ned", [], contains=secret)
+    assert not proof.verified and proof.residue == {f"raw:{system.ctx.keys.work('events', 'ned')}": 1}

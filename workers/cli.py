@@ -251,7 +251,8 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
         report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
     proof = None
     if verify:  # what this call forgot, else the ids given (an earlier forget)
-        proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=(report and report.ids) or ids or [])
+        proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=(report and report.ids) or ids or [],
+                            contains=contains)
     if as_json:
         shown = report.model_dump(mode="json") if report else {"ids": []}
         _print_json(shown | ({"verify": proof.model_dump(mode="json")} if proof else {}))
@@ -264,6 +265,18 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
                        f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}")
     if proof and not proof.verified:
         raise typer.Exit(1)
+
+
+@app.command("compact-aof")
+def compact_aof() -> None:
+    """Rewrite Redis's append-only file (BGREWRITEAOF): until then it keeps every command ever run, the words
+    of forgotten memories and secrets included. `forget` starts one itself when it removed raw copies."""
+    from memflow.workers.forgetting import compact_aof as rewrite
+
+    if not rewrite(MemoryClient(_settings()).redis):
+        typer.echo("the server refused BGREWRITEAOF (one already running?): try again shortly", err=True)
+        raise typer.Exit(1)
+    typer.echo("AOF rewrite started")
 
 
 @app.command()

@@ -56,8 +56,63 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
         if ops:  # the wish wins over any change made since the targets were read ("rebase")
             held.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
     scrubbed = scrub(ctx, subject, targets, events=[s.turn.event_id for s in said])
+    if contains:
+        for place, n in scrub_words(ctx, subject, contains).items():
+            scrubbed[place] = scrubbed.get(place, 0) + n
     shown = [i for s in said for i in _pending_ids(subject, s)]
     return {"count": len(targets) + len(said), "ids": [m.id for m in targets] + shown, "scrubbed": scrubbed}
+
+
+def scrub_words(ctx: Context, subject: str, words: str) -> dict[str, int]:
+    """Remove the raw copies of `words` that no memory holds: a secret is redacted from every memory, so the
+    memories `contains` finds never name the entries that still carry it (written before publish redacted,
+    or by a client that does not). The subject's partition's work and dead-letter streams (not entries a stage
+    is still working on), and its session buffers. Then the AOF is compacted (`compact_aof`): until rewritten
+    it still holds every command that wrote the words."""
+    marks = _word_marks(words)
+    removed = {stream: _scrub_stream(ctx, stream, marks, unacked) for stream, unacked in _streams(ctx, subject)
+               if stream != ctx.keys.changes}
+    removed["session_buffers"] = sum(_scrub_buffer_words(ctx, key, marks) for key in _buffers(ctx, subject))
+    found = {place: n for place, n in removed.items() if n}
+    if found:
+        compact_aof(ctx.client)
+    return found
+
+
+def compact_aof(client: Any) -> bool:
+    """Start an AOF rewrite (BGREWRITEAOF): the new file holds the data as it is now, without the commands
+    that wrote forgotten words. False when the server refuses (a rewrite already running, a managed Redis
+    that forbids the command): `memflow compact-aof` is then the way to run it later."""
+    try:
+        client.bgrewriteaof()
+    except redis.RedisError:
+        return False
+    return True
+
+
+def _word_marks(words: str) -> list[bytes]:
+    """How words appear in a payload: as written, and inside a JSON string (quotes and non-ASCII escaped)."""
+    return list(dict.fromkeys([words.encode(), orjson.dumps(words)[1:-1]]))
+
+
+def _scrub_buffer_words(ctx: Context, key: str, marks: list[bytes]) -> int:
+    doomed = [field for field, value in ctx.client.hgetall(key).items() if any(m in value for m in marks)]
+    return int(ctx.client.hdel(key, *doomed)) if doomed else 0
+
+
+def _holding(ctx: Context, key: str, marks: list[bytes]) -> int:
+    return sum(1 for value in ctx.client.hgetall(key).values() if any(m in value for m in marks))
+
+
+def residue_of_words(ctx: Context, subject: str, words: str) -> dict[str, int]:
+    """Where raw copies of `words` are still held for the subject: streams (any entry, pending ones too),
+    session buffers, the pending layer."""
+    marks = _word_marks(words)
+    found = {stream: sum(1 for _ in _naming(ctx, stream, marks)) for stream, _ in _streams(ctx, subject)
+             if stream != ctx.keys.changes}
+    found["session_buffers"] = sum(_holding(ctx, key, marks) for key in _buffers(ctx, subject))
+    found["pending"] = _holding(ctx, ctx.keys.pending(subject), marks)
+    return {place: n for place, n in found.items() if n}
 
 
 def _pending_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Said]:
@@ -131,8 +186,9 @@ def scrub(ctx: Context, subject: str, memories: list[Memory], events: Iterable[s
     return {place: n for place, n in removed.items() if n}
 
 
-def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
-    """The proof: no point for these ids in the store (any status), and no Redis place naming them."""
+def verify(ctx: Context, subject: str, memory_ids: list[str], contains: str | None = None) -> dict[str, Any]:
+    """The proof: no point for these ids in the store (any status), and no Redis place naming them; with
+    `contains`, no Redis place of the subject's still holding those words raw either."""
     raw = ctx.client.hmget(ctx.keys.forgotten(subject), memory_ids) if memory_ids else []
     receipts = [orjson.loads(r) for r in raw if r]
     unknown = sorted(set(memory_ids) - {r["id"] for r in receipts})
@@ -149,6 +205,9 @@ def verify(ctx: Context, subject: str, memory_ids: list[str]) -> dict[str, Any]:
     quoting = _quoting(ctx, subject, {r["sha256"] for r in receipts})
     if quoting:
         residue["record_context"] = quoting
+    if contains:
+        for place, n in residue_of_words(ctx, subject, contains).items():
+            residue[f"raw:{place}"] = n
     return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
             "verified": not unknown and not in_store and not residue}
 

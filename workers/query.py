@@ -545,7 +545,7 @@ def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:
 
 
 def verify_forgotten(ctx: Context, req: VerifyRequest) -> ForgetProof:
-    return ForgetProof.model_validate(forgetting.verify(ctx, req.subject, req.memory_ids))
+    return ForgetProof.model_validate(forgetting.verify(ctx, req.subject, req.memory_ids, req.contains))
 
 
 def inspect(ctx: Context, req: InspectRequest) -> InspectReport:

@@ -301,3 +301,13 @@ def test_over_stdio_a_client_without_a_usable_subject_is_told_why_by_each_tool(s
         assert result.is_error and "--subject" in text_of(result), text_of(result)
     for result in run(stdio(served.settings, "--subject", "team-x/alice", MEMFLOW_API_KEY=secret), body):
         assert result.is_error and "may not touch subject 'team-x/alice'" in text_of(result), text_of(result)
+
+
+def test_remembering_only_a_secret_is_a_tool_error(served: Served) -> None:
+    """Issue 30 item 6: a write that is all secret was accepted and stored nothing, with no signal."""
+    subj = subject()
+
+    async def body(c: Client) -> CallToolResult:
+        return await c.call_tool("remember", {"content": "AKIAJ7Q3LX5RZ2M4WN8P"})
+    result = run(over_http(served, {"Authorization": f"Bearer {served.key(subj)}"}), body)
+    assert result.is_error and "holds a secret (api_key)" in text_of(result), text_of(result)

@@ -292,12 +292,20 @@ class Flood:
         return {"a_answered": self.answered, "a_refused_429": self.refused, "a_failed": self.failed}
 
 
-def b_searches(url: str, key: str, probes: int) -> list[float]:
-    """Key B's one-line searches, one at a time: the seconds each took (a failed one ends the bench)."""
+def b_searches(url: str, key: str, probes: int) -> tuple[list[float], int]:
+    """Key B's one-line searches, one at a time: the seconds each took (a failed one counts its wait), and how
+    many failed (504 past MEMFLOW_SEARCH_TIMEOUT_S, or any other refusal)."""
     rng = random.Random(probes)
+    took, failed = [], 0
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-        return [timed(lambda: _http_search(http, f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}",
-                                           AT + timedelta(days=1), B_SUBJECT)) for _ in range(probes)]
+        for _ in range(probes):
+            started = time.perf_counter()
+            reply = http.post("/v1/search", json={
+                "subject": B_SUBJECT, "query": f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}",
+                "k": 5, "now": (AT + timedelta(days=1)).isoformat()})
+            took.append(time.perf_counter() - started)
+            failed += reply.status_code != 200 or reply.json()["status"] == "failed"
+    return took, failed
 
 
 B_SUBJECT = "bench-tenant-b"
@@ -318,14 +326,15 @@ def bench_two_tenants(system: Embedded, parallel: int, probes: int) -> dict[str,
     for name, settings in (("limited", system.settings), ("unlimited", lifted)):
         with serving(settings) as (url, _):
             b_searches(url, b, 10)  # warm
-            idle = b_searches(url, b, probes)
+            idle, idle_failed = b_searches(url, b, probes)
             flood = Flood(url, a, parallel)
             try:
-                busy = b_searches(url, b, probes)
+                busy, busy_failed = b_searches(url, b, probes)
             finally:
                 counts = flood.end()
         out[name] = {"b_idle_p50_ms": pct_ms(idle, .5), "b_idle_p99_ms": pct_ms(idle, .99),
                      "b_flood_p50_ms": pct_ms(busy, .5), "b_flood_p99_ms": pct_ms(busy, .99),
+                     "b_failed_idle": idle_failed, "b_failed_flood": busy_failed,
                      "p99_ratio": round(pct_ms(busy, .99) / max(pct_ms(idle, .99), 1e-3), 2), **counts}
     return out
 
@@ -381,7 +390,8 @@ def print_report(r: dict[str, Any]) -> None:
         limit = f"per-key limit {t['key_concurrency']} in flight" if name == "limited" else "no per-key limit"
         print(f"  {limit:<28} idle {f['b_idle_p50_ms']:>8} / {f['b_idle_p99_ms']:>8}   "
               f"flood {f['b_flood_p50_ms']:>8} / {f['b_flood_p99_ms']:>8}   p99 x{f['p99_ratio']}  "
-              f"(A: {f['a_answered']} answered, {f['a_refused_429']} refused 429, {f['a_failed']} failed)")
+              f"B failed {f['b_failed_flood']} of {t['b_probes']} (idle {f['b_failed_idle']}); "
+              f"A: {f['a_answered']} answered, {f['a_refused_429']} refused 429, {f['a_failed']} failed")
     if "search" not in r:
         return
     s = r["search"]

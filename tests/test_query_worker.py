@@ -87,6 +87,28 @@ def test_a_stop_ends_the_worker_and_its_command_thread_when_that_thread_read_the
     wait_for(lambda: not commands.is_alive(), timeout_s=2, what="the command thread to end with its worker")
 
 
+def test_a_worker_blocked_in_its_dequeue_stops_within_a_fraction_of_a_second(client: redis.Redis) -> None:
+    """RQ blocks a dequeue worker_ttl - 15 s, at least 1 s, and sees a stop only between two: every stop of a
+    process (or of a test's system, ~250 a suite run) waited up to a second. The wait is DEQUEUE_WAIT_S."""
+    stop = threading.Event()
+    name = f"t-stop-{uuid.uuid4().hex[:8]}"
+    worker = QueryWorker([Queue(name, connection=client, serializer=JSONSerializer)],
+                         connection=client, serializer=JSONSerializer, worker_ttl=16, stop=stop)
+    working = threading.Thread(target=worker.work, kwargs={"logging_level": "WARNING"}, daemon=True)
+    working.start()
+
+    def blocked_in_its_dequeue() -> bool:
+        return any(c.get("cmd") in ("blmove", "blpop") and "b" in c.get("flags", "") for c in client.client_list())
+
+    wait_for(blocked_in_its_dequeue, what="the worker to block in its dequeue")
+    stopped_at = time.monotonic()
+    stop.set()
+    working.join(timeout=10)
+    assert not working.is_alive()
+    # Its dequeue wait and its command thread's read, 0.25 s each; RQ's took 1 s and up to 1 s more.
+    assert time.monotonic() - stopped_at < 0.75
+
+
 def test_a_job_past_its_timeout_is_ended_and_no_job_starts_a_thread() -> None:
     """Job timeouts run on one watchdog thread (RQ's TimerDeathPenalty starts one per job, before every search),
     which ends with the last worker that runs it."""

@@ -672,8 +672,11 @@ class RpcJob(Job):
 
 # The worker's beat keeps its key for worker_ttl + 60 s; once a second is plenty, and costs a search nothing.
 BEAT_EVERY_S = 1.0
+# A stop is seen between two dequeue waits (RQ's own: worker_ttl - 15 s, at least 1 s): a process, a test's system,
+# stops within this long. An idle worker asks Redis 4 times a second, one blocking pop each: nothing to a server.
+DEQUEUE_WAIT_S = 0.25
 # RQ's command channel is read in waits this long (RQ's own: 60 s): a stop ends its thread within one.
-COMMAND_READ_S = 0.5
+COMMAND_READ_S = 0.25
 # Past one read and RQ's 2 s pause after a lost connection, the command thread is not ending by itself.
 COMMAND_JOIN_S = COMMAND_READ_S + 2.5
 
@@ -795,6 +798,10 @@ class QueryWorker(SimpleWorker):
         with ctx.foreground.serving():
             return super().execute_job(job, queue)  # type: ignore[no-any-return]
 
+    @property
+    def dequeue_timeout(self) -> float:  # type: ignore[override]  # RQ's is whole seconds; Redis takes fractions
+        return DEQUEUE_WAIT_S
+
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             super()._install_signal_handlers()  # type: ignore[no-untyped-call]
@@ -864,7 +871,7 @@ def build_worker(ctx: Context, stop: threading.Event | None = None,
     names = {SEARCHES: ctx.keys.query_queue, JOBS: ctx.keys.jobs_queue}
     queues = [Queue(names[kind], connection=ctx.queue_client or ctx.client, serializer=JSONSerializer)
               for kind in (SEARCHES, JOBS) if kind in serves]
-    # worker_ttl 16 s → RQ blocks at most 1 s per dequeue, so a stop is seen within a second.
+    # worker_ttl 16 s: the key of a worker that died goes within a minute; its dequeue blocks DEQUEUE_WAIT_S.
     # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
     return QueryWorker(queues, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer, worker_ttl=16,
                        stop=stop, log_job_description=False, job_class=RpcJob.bound_to(ctx))

@@ -181,34 +181,44 @@ def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_ho
         stop(process)
 
 
-def test_the_encoder_is_taken_in_turn_and_a_waiter_ended_by_its_deadline_loses_only_its_turn() -> None:
+def test_the_encoder_goes_to_the_cheapest_waiter_and_a_waiter_ended_by_its_deadline_only_leaves() -> None:
     lock, entered = TurnLock(), []
     waiting = threading.Semaphore(0)
 
-    def enter(name: str) -> None:
+    def enter(name: str, cost: int) -> None:
         waiting.release()
         try:
-            with lock:
+            with lock.turn(cost):
                 entered.append(name)
         except JobTimeoutException:
             entered.append(f"{name} ended")
 
-    lock.__enter__()  # a long encode holds the encoder
+    holding = lock.turn(4000)  # a long encode holds the encoder
+    holding.__enter__()
     threads = {}
-    for name in ("first", "doomed", "second"):
-        threads[name] = threading.Thread(target=enter, args=(name,), daemon=True)
+    for name, cost in (("long", 4000), ("doomed", 10), ("short", 40), ("longer", 8000)):
+        threads[name] = threading.Thread(target=enter, args=(name, cost), daemon=True)
         threads[name].start()
         waiting.acquire()
-        wait_for(lambda: lock._next == len(threads) + 1, 10, f"{name} to wait its turn")
+        wait_for(lambda: len(lock._waiting) == len(threads), 10, f"{name} to wait")
     # The watchdog ends a search past its deadline with an exception raised in its thread, here while it waits.
     assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threads["doomed"].ident or 0),
                                                      ctypes.py_object(JobTimeoutException)) == 1
     with lock._changed:
         lock._changed.notify_all()  # wakes it to raise
     wait_for(lambda: entered == ["doomed ended"], 10, "the doomed waiter to end")
-    lock.__exit__()
+    holding.__exit__(None, None, None)
     for thread in threads.values():
         thread.join(10)
-    assert entered == ["doomed ended", "first", "second"]
-    with lock:  # and the lock is free again: the ended waiter's turn was skipped
+    # The short search went before the long ones that asked first; the long ones in the order they asked.
+    assert entered == ["doomed ended", "short", "long", "longer"]
+    with lock.turn(1):  # and the lock is free again
         pass
+
+
+def test_a_long_encode_passed_over_too_often_goes_next() -> None:
+    lock = TurnLock()
+    lock._waiting, lock._passes = {0: 9000, 5: 10}, {0: TurnLock.MAX_PASSES, 5: 0}
+    assert lock._next() == 0
+    lock._passes[0] = TurnLock.MAX_PASSES - 1
+    assert lock._next() == 5

@@ -38,7 +38,6 @@ its vectors.
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from collections import OrderedDict
@@ -47,7 +46,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import qdrant_edge as qe
 
 from memflow.pipeline.models import Memory
@@ -59,16 +57,10 @@ from memflow.shared.store import (
     MAX_SUBJECTS,
     RRF_K,
     SPARSE,
-    Identity,
-    Index,
     MemoryFilter,
-    Progress,
     Query,
     Scored,
     SearchMode,
-    Store,
-    index_name,
-    is_index_of,
     match_terms,
     patch_payload,
     require_inputs,
@@ -83,7 +75,7 @@ _TRANSIENT = ("IO Error", "io error", "os error", "Timeout error", "Out of memor
 _MISSING_POINT = "No point with id"
 _INCOMPATIBLE = "config is incompatible"
 # The engine's own description of a shard, written when it is created.
-_EDGE_CONFIG = "edge_config.json"
+EDGE_CONFIG = "edge_config.json"
 
 
 class EdgeStore:
@@ -190,6 +182,21 @@ class EdgeStore:
     def changed_since_optimize(self) -> int:
         return self._changed
 
+    def holds(self, memory_ids: Sequence[str]) -> set[str]:
+        """Those of `memory_ids` with a point here (a sharded store finds a point's shard by asking)."""
+        if not memory_ids:
+            return set()
+        with self._readers.reading(), _engine_errors("retrieve"):
+            records = self._shard.retrieve(list(memory_ids), False, False)
+        return {str(r.id) for r in records}
+
+    def page_records(self, offset: str | None, limit: int) -> list[Memory]:
+        """`page` without its next offset: up to `limit` points in id order from `offset`."""
+        request = qe.ScrollRequest(offset=offset, limit=limit, with_payload=True)
+        with self._readers.reading(), _engine_errors("scroll"):
+            records, _ = self._shard.scroll(request)
+        return [Memory.model_validate(r.payload) for r in records]
+
     def optimize(self, between: Callable[[], object] | None = None) -> bool:
         """Build what the engine's optimizer plans (HNSW graphs, merges, vacuum) in a process of its own, and
         serve the result; True if anything changed. Writes wait while the shard is copied and while the result
@@ -293,127 +300,9 @@ def _config(dim: int) -> qe.EdgeConfig:
 
 def _open(path: Path, config: qe.EdgeConfig) -> qe.EdgeShard:
     # Loading with the config makes a shard built for another dimension fail loudly.
-    if (path / _EDGE_CONFIG).exists():
+    if (path / EDGE_CONFIG).exists():
         return qe.EdgeShard.load(str(path), config)
     return qe.EdgeShard.create(str(path), config)
-
-
-class EdgeCatalog:
-    """The shards of collection `collection` under `root`: `<collection>__<model>/` per model, and
-    `<collection>.json` naming the current one, its model and dimension.
-
-    A file, because the engine keeps no metadata of ours and one process owns it (docs/architecture.md#the-store):
-    replaced atomically (write, fsync, rename), it is both the record and the switch. A shard made before
-    models were recorded is the directory `<collection>/` with no record beside it. A reindex's progress
-    is `<index>.reindex.json`, beside its shard.
-    """
-
-    def __init__(self, root: Path, collection: str) -> None:
-        self.collection = collection
-        self._root = root
-        self._record = root / f"{collection}.json"
-        # One EdgeStore per shard in this process: a second load of a directory fails on its lock.
-        self._open: dict[str, EdgeStore] = {}
-
-    def current(self) -> Index | None:
-        record = _read_json(self._record)
-        if record is not None:
-            return Index(record["index"], record["dim"], Identity(record["model_id"], record["dim"]))
-        unrecorded = self._root / self.collection
-        return Index(self.collection, _shard_dim(unrecorded)) if (unrecorded / _EDGE_CONFIG).exists() else None
-
-    def names(self) -> list[str]:
-        shards = self._root.iterdir() if self._root.is_dir() else iter(())
-        return sorted(p.name for p in shards if is_index_of(p.name, self.collection) and (p / _EDGE_CONFIG).exists())
-
-    def create(self, identity: Identity) -> Index:
-        index = Index(index_name(self.collection, identity), identity.dim, identity)
-        self.open(index)
-        return index
-
-    def adopt(self, index: Index, identity: Identity) -> Index:
-        adopted = Index(index.name, index.dim, identity)
-        self.switch(adopted)
-        return adopted
-
-    def open(self, index: Index) -> Store:
-        if index.name not in self._open:
-            store = EdgeStore(self._root / index.name, index.dim)
-            try:
-                store.ensure()
-            except BaseException:
-                store.close()
-                raise
-            self._open[index.name] = store
-        return self._open[index.name]
-
-    def serve(self, index: Index) -> Store:
-        return self.open(index)
-
-    def fence(self, index: Index) -> None:
-        """Nothing to fence: the process that reindexes is the shard's only user (one process per shard,
-        and `memflow reindex` refuses to run beside the `memflow up` that holds it)."""
-
-    def switch(self, index: Index) -> None:
-        assert index.identity is not None, "only a recorded index can be current"
-        if index.name in self._open:
-            # Its points sit in the write-ahead log's mapped pages: on disk before the record names it,
-            # or a power loss could leave the record pointing at an index missing its last pages.
-            self._open[index.name].flush()
-        _write_json(self._record, {"index": index.name, "model_id": index.identity.model_id, "dim": index.dim})
-
-    def drop(self, name: str) -> None:
-        store = self._open.pop(name, None)
-        if store is not None:
-            store.close()
-        shutil.rmtree(self._root / name, ignore_errors=True)
-        self._progress_path(name).unlink(missing_ok=True)
-
-    def progress(self, index: Index) -> Progress | None:
-        saved = _read_json(self._progress_path(index.name))
-        return None if saved is None else Progress.model_validate(saved)
-
-    def save_progress(self, index: Index, progress: Progress | None) -> None:
-        if progress is None:
-            self._progress_path(index.name).unlink(missing_ok=True)
-        else:
-            _write_json(self._progress_path(index.name), progress.model_dump())
-
-    def close(self) -> None:
-        while self._open:
-            self._open.popitem()[1].close()
-
-    def _progress_path(self, name: str) -> Path:
-        return self._root / f"{name}.reindex.json"
-
-
-def _shard_dim(path: Path) -> int:
-    # The size a shard was made with, read from the engine's own description of it.
-    config = orjson.loads((path / _EDGE_CONFIG).read_bytes())
-    return int(config["vectors"][DENSE]["size"])
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-
-
-def _write_json(path: Path, value: Any) -> None:
-    """Replace `path` atomically and durably: a reader (or a crash) sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(path.name + ".tmp")
-    with open(scratch, "wb") as f:
-        f.write(orjson.dumps(value))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(scratch, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power loss
-    finally:
-        os.close(directory)
 
 
 def _index_schema(name: str) -> qe.PayloadSchemaType | qe.KeywordIndexParams:

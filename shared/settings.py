@@ -91,6 +91,10 @@ class StoreSettings(Group):
     qdrant_api_key: SecretStr | None = None
     collection: str = "memflow"
     data_dir: Path = Path(".memflow")
+    # Shards of a new embedded index, by subject hash (shared/edge_shards.py): the index job builds and hands
+    # over one at a time, so each step that holds searches covers 1/N of the points. An index keeps the count
+    # it was made with (recorded beside it); a directory written before shards is read as one.
+    edge_shards: int = Field(default=8, ge=1, le=64)
 
 
 class EmbedderSettings(Group):

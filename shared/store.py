@@ -369,6 +369,6 @@ def catalog_for(settings: Settings) -> Catalog:
 
         key = settings.store.qdrant_api_key.get_secret_value() if settings.store.qdrant_api_key else None
         return ServerCatalog(QdrantClient(url=settings.store.qdrant_url, api_key=key), settings.store.collection)
-    from memflow.shared.edge_store import EdgeCatalog
+    from memflow.shared.edge_shards import EdgeCatalog
 
-    return EdgeCatalog(settings.store.data_dir / "qdrant", settings.store.collection)
+    return EdgeCatalog(settings.store.data_dir / "qdrant", settings.store.collection, settings.store.edge_shards)

@@ -22,7 +22,8 @@ import pytest
 from qdrant_client import QdrantClient
 
 from memflow.pipeline.models import Action, Candidate, Dir, Memory, MType, PutOp, Source, Status, WriteBatch
-from memflow.shared.edge_store import EdgeCatalog, EdgeStore
+from memflow.shared.edge_shards import EdgeCatalog
+from memflow.shared.edge_store import EdgeStore
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import IndexRetired, MemflowError, ModelMismatch, Retryable
 from memflow.shared.reindex import Step, reindex
@@ -340,7 +341,7 @@ CHILD = """
 import json, sys
 from dataclasses import asdict
 from pathlib import Path
-from memflow.shared.edge_store import EdgeCatalog
+from memflow.shared.edge_shards import EdgeCatalog
 from memflow.shared.reindex import reindex
 from tests.hash_model import other_hash
 print(json.dumps(asdict(reindex(EdgeCatalog(Path(sys.argv[1]), "memflow"), other_hash(), batch=4))))

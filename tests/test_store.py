@@ -19,6 +19,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from memflow.pipeline.models import Dir, Memory, MType, Source, Status, Tier
+from memflow.shared.edge_shards import ShardedStore, open_index
 from memflow.shared.edge_store import EdgeStore
 from memflow.shared.errors import StoreUnavailable
 from memflow.shared.server_store import ServerStore
@@ -51,10 +52,12 @@ def memory(subject: str = "alice", content: str = "prefers short answers", **fie
 def open_backend(kind: str, tmp_path: Path) -> Store:
     if kind == "edge":
         return EdgeStore(tmp_path / "shard", DIM)
+    if kind == "sharded":  # the same contract over several Edge shards, fanned out (shared/edge_shards.py)
+        return open_index(tmp_path / "index", DIM, 3)
     return ServerStore(QdrantClient(":memory:"), f"test-{uuid.uuid4().hex[:8]}", DIM)
 
 
-@pytest.fixture(params=["edge", "server"])
+@pytest.fixture(params=["edge", "sharded", "server"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened = open_backend(request.param, tmp_path)
     opened.ensure()
@@ -284,13 +287,16 @@ def test_unreachable_server_is_store_unavailable() -> None:
         ServerStore(client, "memflow", DIM).count()
 
 
-def test_open_store_without_a_url_is_an_edge_shard(tmp_path: Path) -> None:
-    opened = open_store(Settings(qdrant_url=None, data_dir=tmp_path, collection="c1"), Identity("test:axes", DIM))
+def test_open_store_without_a_url_is_edge_shards(tmp_path: Path) -> None:
+    settings = Settings(qdrant_url=None, data_dir=tmp_path, collection="c1", edge_shards=3)
+    opened = open_store(settings, Identity("test:axes", DIM))
     try:
-        assert isinstance(opened, EdgeStore)
+        assert isinstance(opened, ShardedStore) and len(opened.parts) == 3
         record = json.loads((tmp_path / "qdrant" / "c1.json").read_text())
         assert record["model_id"] == "test:axes" and record["dim"] == DIM
-        assert (tmp_path / "qdrant" / record["index"] / "edge_config.json").exists()
+        index = tmp_path / "qdrant" / record["index"]
+        assert json.loads((index / "shards.json").read_text()) == {"shards": 3}
+        assert all((index / f"part-{k:02d}" / "edge_config.json").exists() for k in range(3))
     finally:
         opened.close()
 

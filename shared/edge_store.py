@@ -31,15 +31,16 @@ and the handover's load (everyone: ~0.25 s at 20k points).
 One process per shard: a second `EdgeShard.load` of the same directory fails on the
 WAL lock.
 
-`EdgeCatalog` keeps the shards of one collection — one directory per embedding model —
-and `<collection>.json` beside them, which names the current one and the model that made
-its vectors.
+An index is N of these shards keyed by subject hash (shared/edge_shards.py, which also holds `EdgeCatalog`);
+one EdgeStore is one shard, and a directory written before shards is one EdgeStore.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ from memflow.shared.store import (
     patch_payload,
     require_inputs,
 )
+
+log = logging.getLogger(__name__)
 
 _PAGE = 512
 # Validated payloads kept for searches (`_Recent`): a few hundred subjects' worth of hits, some MB.
@@ -235,32 +238,40 @@ class EdgeStore:
                 self._journal.append(operation)
 
     def _build_elsewhere(self, between: Callable[[], object]) -> bool:
+        steps = _Steps(self._path.name)
         with self._writing:  # a copy of one instant: no write halfway through it
             built = edge_build.copy(self._path)
             self._journal = []
+        steps.done("copy (writes held)")
         try:
             if not edge_build.build(built):
                 return False
-            self._hand_over(built, between)
+            steps.done("build (child process)")
+            self._hand_over(built, between, steps)
+            log.info("index build of %s: %s", self._path.name, steps)
             return True
         finally:
             with self._writing:
                 self._journal = None
             edge_build.recover(self._path)  # a build that failed: its copy
 
-    def _hand_over(self, built: Path, between: Callable[[], object]) -> None:
+    def _hand_over(self, built: Path, between: Callable[[], object], steps: _Steps) -> None:
         """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""
         between()
+        steps.restart()
         with self._writing:
             edge_build.swap_in(self._path, built)
             fresh = self._caught_up(self._journal or [])
             retired = edge_build.commit(self._path)
             with self._readers.alone():
                 old, self._shard, self._recent = self._shard, fresh, _Recent()  # point versions start anew
+        steps.done("load and replay (lock held)")
         edge_build.write_back(retired)
         between()
+        steps.restart()
         with _engine_errors("close the retired shard"):
             old.close()
+        steps.done("close (lock held)")
         shutil.rmtree(retired, ignore_errors=True)
 
     def _caught_up(self, journal: Sequence[qe.UpdateOperation]) -> qe.EdgeShard:
@@ -285,6 +296,25 @@ class EdgeStore:
     def _count(self, points: int) -> None:
         with self._counting:  # writers of several threads
             self._changed += points
+
+
+class _Steps:
+    """How long each step of an index build took, logged once it is served: the per-shard rates that size the
+    stalls a handover puts on searches (bench/RESULTS.md, "Jobs beside searches")."""
+
+    def __init__(self, name: str) -> None:
+        self._took: list[str] = []
+        self.restart()
+
+    def restart(self) -> None:
+        self._since = time.perf_counter()
+
+    def done(self, step: str) -> None:
+        self._took.append(f"{step} {time.perf_counter() - self._since:.3f} s")
+        self.restart()
+
+    def __str__(self) -> str:
+        return ", ".join(self._took)
 
 
 def _nothing() -> None:

@@ -85,7 +85,7 @@ def test_a_search_of_one_subject_is_answered_while_another_shards_handover_is_he
 
 def test_reads_that_name_no_subject_fan_out_and_merge(sharded: ShardedStore) -> None:
     written = {s: memories(7, s) for s in (f"agent-{i}" for i in range(12))}
-    for i, (subject, some) in enumerate(written.items()):
+    for i, some in enumerate(written.values()):
         sharded.put(some, units(len(some), seed=i))
     assert len({shard_of(s, 4) for s in written}) > 1  # the subjects really are spread
     everyone = sorted(m.id for some in written.values() for m in some)

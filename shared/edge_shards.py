@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from memflow.pipeline.models import Memory
+from memflow.shared import edge_build
 from memflow.shared.edge_store import EDGE_CONFIG, EdgeStore
 from memflow.shared.store import (
     MAX_SUBJECTS,
@@ -78,6 +79,9 @@ def index_dim(path: Path) -> int:
 
 def open_index(path: Path, dim: int, shards: int) -> EdgeStore | ShardedStore:
     """The store of the index in `path`, created with `shards` shards if there is none yet."""
+    # A directory written before shards may be mid-handover (renamed to `<index>.old`, the build not yet in its
+    # place): put back first, or it would look like no index and get a new one beside the data.
+    edge_build.recover(path)
     recorded = recorded_shards(path)
     if recorded is None:
         if shards < 1:

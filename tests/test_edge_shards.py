@@ -171,3 +171,16 @@ def test_the_shard_count_is_the_index_s_not_the_setting_s(tmp_path: Path, caplog
 def test_a_new_index_needs_a_shard(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one shard"):
         open_index(tmp_path / "index", DIM, 0)
+
+
+def test_a_directory_written_before_shards_caught_mid_handover_comes_back_as_itself(tmp_path: Path) -> None:
+    old = tmp_path / "memflow__m"
+    before = EdgeStore(old, DIM)
+    before.put(memories(3, "alice"), units(3))
+    before.close()
+    old.rename(edge_build.beside(old, edge_build.OLD))  # the handover's first rename, then the crash
+
+    reopened = open_index(old, DIM, 4)
+    assert isinstance(reopened, EdgeStore) and reopened.count("alice") == 3
+    assert not (old / "shards.json").exists()
+    reopened.close()

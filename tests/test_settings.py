@@ -68,7 +68,7 @@ def test_no_llm_unless_a_base_url_is_set(monkeypatch: pytest.MonkeyPatch) -> Non
 # The environment contract (README, docker-compose, child processes): every name as it was when the
 # settings were one flat object. A group may rename its fields; none of these may change.
 ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
-    "archive_below", "block_ms", "consumers", "pending_enabled", "pending_per_subject", "pending_subjects",
+    "archive_below", "edge_shards", "block_ms", "consumers", "pending_enabled", "pending_per_subject", "pending_subjects",
     "pending_ttl_s", "lease_ms", "partitions", "retention_s", "bm25_route_weight", "candidate_pool", "changes_maxlen", "collapse_records",
     "collection", "context_smoothing", "data_dir", "decay_floor", "decay_tau_hours", "dense_floor", "dense_weight",
     "dialogue_dense_weight", "dir_scoping", "duplicate_threshold", "embedder", "embedder_api_key", "embedder_dim",

@@ -26,12 +26,12 @@ POINTS = 8000
 
 def memories(n: int, subject: str = "ix") -> list[Memory]:
     return [Memory(id=str(uuid.uuid4()), subject=subject, uri=f"mem://{subject}/{i}", dir=Dir.general,
-                   mtype=MType.fact, key=f"k.{i}", content=f"note number {i}", confidence=0.9,
+                   mtype=MType.fact, key=f"k.{i}", content=f"note number {i} of {subject}", confidence=0.9,
                    source=Source.explicit, created_at=T0, updated_at=T0) for i in range(n)]
 
 
-def units(n: int, seed: int = 1) -> list[list[float]]:
-    drawn = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+def units(n: int, seed: int = 1, dim: int = DIM) -> list[list[float]]:
+    drawn = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
     return (drawn / np.linalg.norm(drawn, axis=1, keepdims=True)).tolist()  # type: ignore[no-any-return]
 
 

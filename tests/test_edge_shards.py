@@ -7,32 +7,24 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared import edge_build
 from memflow.shared.edge_shards import EdgeCatalog, ShardedStore, open_index, shard_of
 from memflow.shared.edge_store import EdgeStore
 from memflow.shared.store import Identity, MemoryFilter, Query
+from tests.test_edge_build import memories
+from tests.test_edge_build import units as units_of
 
 DIM = 16
-T0 = datetime(2026, 4, 1, 9, 0, tzinfo=UTC)
 WAIT_S = 30.0  # a bound on a wait for a condition, never a sleep
 
 
-def memories(n: int, subject: str) -> list[Memory]:
-    return [Memory(id=str(uuid.uuid4()), subject=subject, uri=f"mem://{subject}/{i}", dir=Dir.general,
-                   mtype=MType.fact, key=f"k.{i}", content=f"note number {i} of {subject}", confidence=0.9,
-                   source=Source.explicit, created_at=T0, updated_at=T0) for i in range(n)]
-
-
-def units(n: int, seed: int = 1) -> list[list[float]]:
-    drawn = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
-    return (drawn / np.linalg.norm(drawn, axis=1, keepdims=True)).tolist()  # type: ignore[no-any-return]
+# The same points as the build's tests, in a small dimension: these tests are about where points go.
+units = partial(units_of, dim=DIM)
 
 
 def subjects_in(shards: int, wanted: int) -> dict[int, str]:

@@ -25,6 +25,8 @@ SUBJECT_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
 MAX_META_DEPTH = 32
 # The meta entries the trigger stage copies into typed fields: each is a string or absent.
 META_TEXT_KEYS = ("speaker", "external_ref", "outcome")
+# The most characters each of them holds: a reference or a name, not a document (900,000 were stored).
+MAX_META_TEXT = 2048
 # When something said can have been said: far enough inside datetime's years 1-9999 that the
 # pipeline's date arithmetic on it ("next year", an expiry, a decay) cannot overflow.
 EVENT_YEARS = range(1900, 3000)
@@ -228,6 +230,8 @@ class ChatEvent(Wire):
         for key in META_TEXT_KEYS:
             if not isinstance(meta.get(key), str | None):
                 raise ValueError(f"meta.{key} must be a string")
+            if len(meta.get(key) or "") > MAX_META_TEXT:
+                raise ValueError(f"meta.{key} is {len(meta[key])} characters, over the limit of {MAX_META_TEXT}")
         return meta
 
     @model_validator(mode="after")

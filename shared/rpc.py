@@ -35,6 +35,7 @@ from memflow.pipeline.models import (
     Tier,
     Wire,
     aware,
+    event_time,
 )
 from memflow.shared.errors import InvalidInput
 
@@ -112,7 +113,8 @@ class InspectRequest(Wire):
     subject: Subject
     now: datetime | None = None
 
-    _aware = field_validator("now")(aware)
+    # Inspect counts days back from `now` (utilisation): year 1 overflowed into a 503 with a traceback.
+    _now = field_validator("now")(lambda now: None if now is None else event_time(now))
 
 
 class RunJobRequest(Wire):

@@ -7,6 +7,7 @@ process for the module; each test writes under subjects of its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.embedder import Embedder
+from memflow.shared.errors import InvalidInput
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.front import host_names, host_refusal, sdk_hosts
@@ -216,11 +218,66 @@ def test_an_empty_subject_says_empty_and_a_search_nobody_answers_says_failed(ser
     assert "NO API KEYS" in err
 
 
-def test_health_names_redis_the_store_and_the_query_workers(served: Served) -> None:
-    health = httpx.get(f"{served.url}/healthz", timeout=30)
+def test_health_names_redis_the_store_and_the_query_workers_to_a_key_and_only_up_or_down_to_anyone(
+        served: Served) -> None:
+    with served.http(served.key("nobody-in-particular", read_only=True)) as http:
+        health = http.get("/healthz")
     assert health.status_code == 200
     assert health.json() | {"memories": 0} == {"status": "ok", "redis": "ok", "store": "ok", "query_workers": 1,
                                                "memories": 0, "auth": "on", "error": None}
+    # Without a key (or with a wrong one), up or down and nothing else: it told the memory count before.
+    for headers in ({}, {"Authorization": "Bearer mf_nothing_here"}):
+        anyone = httpx.get(f"{served.url}/healthz", headers=headers, timeout=30)
+        assert anyone.status_code == 200 and anyone.json() == {"status": "ok"}, anyone.text
+
+
+def test_inspect_far_in_time_is_refused_naming_now(served: Served) -> None:
+    # Year 1 overflowed inspect's day arithmetic: 503 and a traceback in the log.
+    with served.http(served.admin) as http:
+        for now in ("0001-01-01T00:00:00+00:00", "9999-12-31T00:00:00+00:00"):
+            reply = http.get(f"/v1/subjects/{subject()}/memories", params={"now": now})
+            assert reply.status_code == 422 and error_of(reply)["field"] == "now", reply.text
+        assert http.get(f"/v1/subjects/{subject()}/memories",
+                        params={"now": "2026-03-02T09:00:00+00:00"}).status_code == 200
+
+
+def test_external_ref_is_a_reference_not_a_document(served: Served) -> None:
+    subj = subject()
+    with served.http(served.admin) as http:
+        huge = http.post("/v1/memories", json={"subject": subj, "content": "I like tea.", "external_ref": "x" * 900_000})
+        assert huge.status_code == 422 and error_of(huge)["field"] == "external_ref", huge.text
+        fine = http.post("/v1/memories", json={"subject": subj, "content": "I like tea.", "external_ref": "x" * 2048})
+        assert fine.status_code == 202, fine.text
+    with pytest.raises(InvalidInput, match="meta.external_ref is 2049 characters"):  # the SDK, the same bound
+        served.system.client.write(subj, "I like tea.", external_ref="x" * 2049)
+
+
+def test_feedback_at_far_from_the_servers_clock_is_refused(served: Served) -> None:
+    # Year 9999 was written into last_accessed_at: a memory that never decays.
+    subj = subject()
+    ids = remembered(served, subj, "I prefer green tea in the afternoon.")
+    now = datetime.now(UTC)
+    with served.http(served.admin) as http:
+        for at in (now.replace(year=9999), now + timedelta(hours=1), now - timedelta(days=30),
+                   datetime(1, 1, 1, tzinfo=UTC)):
+            reply = http.post("/v1/feedback", json={"subject": subj, "memory_ids": ids, "at": at.isoformat()})
+            assert reply.status_code == 422 and error_of(reply)["field"] == "at", (at, reply.text)
+        for at in (now - timedelta(days=2), now + timedelta(minutes=1)):
+            reply = http.post("/v1/feedback", json={"subject": subj, "memory_ids": ids, "at": at.isoformat()})
+            assert reply.json() == {"count": len(ids)}, (at, reply.text)
+    for memory in served.system.client.inspect(subj).memories:
+        assert memory.last_accessed_at is None or memory.last_accessed_at < now + timedelta(minutes=5)
+
+
+def test_a_memory_that_does_not_exist_is_a_quiet_404(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    # Not the worker's error: RQ logged ERROR with a traceback for every history of an unknown id.
+    caplog.set_level(logging.DEBUG, logger="memflow.workers.query")
+    missing = str(uuid.uuid4())
+    with served.http(served.admin) as http:
+        assert http.get(f"/v1/memories/{missing}/history").status_code == 404
+    wait_for(lambda: any(missing in r.getMessage() for r in caplog.records), 30, "the refusal to be logged")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and missing in r.getMessage()] == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "NotFound" in r.getMessage()]
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -49,7 +49,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memflow.pipeline.fairness import KeyLimits
-from memflow.pipeline.models import ChatEvent, MemoryId, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
+from memflow.pipeline.models import (
+    MAX_META_TEXT,
+    ChatEvent,
+    MemoryId,
+    PackedPrompt,
+    SearchRequest,
+    SearchResult,
+    Subject,
+    Trace,
+    Wire,
+)
 from memflow.pipeline.scopes import single_subject
 from memflow.shared import rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
@@ -66,6 +76,7 @@ from memflow.workers.front import (
     HostCheck,
     allowed,
     authenticate_async,
+    bearer,
     error_line,
     host_names,
 )
@@ -91,7 +102,7 @@ class WriteRequest(Wire):
     subject: Subject
     content: str = Field(min_length=1)
     session_id: str = "api"
-    external_ref: str | None = None
+    external_ref: str | None = Field(default=None, max_length=MAX_META_TEXT)
     ts: datetime | None = None
     event_id: str | None = None
 
@@ -113,12 +124,14 @@ class ForgetBody(Wire):
 
 
 class Health(Wire):
+    """Up or down for anyone; the rest (what answers, how many memories, the error) for a caller with a key."""
+
     status: Literal["ok", "degraded"]
-    redis: Literal["ok", "unavailable"]
-    store: Literal["ok", "unavailable", "unknown"]
-    query_workers: int
+    redis: Literal["ok", "unavailable"] | None = None
+    store: Literal["ok", "unavailable", "unknown"] | None = None
+    query_workers: int | None = None
     memories: int | None = None
-    auth: Literal["on", "off"]
+    auth: Literal["on", "off"] | None = None
     error: str | None = None
 
 
@@ -428,9 +441,26 @@ async def history(request: Request, key: Caller, memory_id: MemoryId,
 
 @v1.post("/feedback", response_model=rpc.Adopted, tags=["write"])
 async def feedback(request: Request, key: Caller, body: rpc.FeedbackRequest) -> rpc.Adopted:
-    """Count memories as used in an answer (their strength grows); ids of other subjects count nothing."""
+    """Count memories as used in an answer (their strength grows); ids of other subjects count nothing.
+    `at` (default now) is within FEEDBACK_PAST_DAYS days before the server's time and minutes after."""
     allowed(key, body.subject, write=True)
+    recent(body.at, datetime.now(UTC))
     return await ask(request, rpc.FEEDBACK, **body.model_dump())
+
+
+# How far from the server's clock an HTTP caller's feedback may say it was: a day's answers reported late,
+# a clock a little off. Beyond, `at` would set a memory's last use anywhere in time (year 9999: a memory
+# that never decays). The SDK, which reaches Redis itself, may replay any time (evaluations do).
+FEEDBACK_PAST_DAYS = 7
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+def recent(at: datetime | None, now: datetime) -> None:
+    """422 naming `at` when it is outside the window around `now`."""
+    if at is not None and not now - timedelta(days=FEEDBACK_PAST_DAYS) <= at <= now + CLOCK_SKEW:
+        raise ApiError(422, "invalid_input", f"`at` must fall within {FEEDBACK_PAST_DAYS} days before the "
+                       f"server's time and {CLOCK_SKEW.seconds // 60} minutes after ({now.isoformat()}); it was "
+                       f"{at.isoformat()}", "at")
 
 
 @v1.delete("/subjects/{subject:path}/memories", response_model=Forgotten, tags=["write"])
@@ -459,16 +489,34 @@ HEALTH_WAIT_S = 2.0
 
 
 @ops.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-async def healthz(request: Request, client: Client) -> Health | JSONResponse:
-    """Redis answers, a query worker answers, and its store does. No key needed; no subject's data shown.
+async def healthz(request: Request, client: Client) -> JSONResponse:
+    """Redis answers, a query worker answers, and its store does: 200 or 503, with `status` alone without a
+    key (a load balancer needs no more), and what answers, the memory count and the error with any key.
     Answered whatever the other routes are doing: no place among their requests, threads of its own."""
+    health = await _health(request, client)
+    shown = health.model_dump(mode="json") if await _keyed(request) else {"status": health.status}
+    return JSONResponse(shown, status_code=200 if health.status == "ok" else 503)
+
+
+async def _keyed(request: Request) -> bool:
+    """Whether the caller names a key that exists (any key: it sees no subject's data here), or keys are off."""
+    if not request.app.state.auth:
+        return True
+    secret = bearer(request.headers.get("authorization"))
+    try:
+        return secret is not None and bool(await authenticate_async(request.app.state.keystore,
+                                                                    request.app.state.redis, secret))
+    except (ApiError, redis.RedisError):
+        return False
+
+
+async def _health(request: Request, client: Client) -> Health:
     auth: Literal["on", "off"] = "on" if request.app.state.auth else "off"
     try:
         await request.app.state.redis.ping()
     except redis.RedisError as exc:
-        down = Health(status="degraded", redis="unavailable", store="unknown", query_workers=0, auth=auth,
+        return Health(status="degraded", redis="unavailable", store="unknown", query_workers=0, auth=auth,
                       error=str(exc))
-        return JSONResponse(down.model_dump(mode="json"), status_code=503)
     edge: Edge = request.app.state.edge
 
     def count_and_ask() -> tuple[int, Any]:
@@ -481,9 +529,7 @@ async def healthz(request: Request, client: Client) -> Health | JSONResponse:
     except RpcError as exc:
         health = Health(status="degraded", redis="ok", store="unknown", query_workers=workers, auth=auth,
                         error=str(exc))
-    if health.status == "ok":
-        return health
-    return JSONResponse(health.model_dump(mode="json"), status_code=503)
+    return health
 
 
 @ops.get("/metrics", response_class=PlainTextResponse,

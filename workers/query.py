@@ -24,6 +24,7 @@ import redis
 from pydantic import TypeAdapter
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker.base import StopRequested  # type: ignore[attr-defined]
@@ -68,7 +69,7 @@ from memflow.pipeline.timeref import asked_period
 from memflow.shared import metrics, pending, sparse
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
-from memflow.shared.errors import MemflowError, Retryable, StoreUnavailable
+from memflow.shared.errors import InvalidInput, MemflowError, NotFound, Retryable, StoreUnavailable
 from memflow.shared.foreground import frozen_heap
 from memflow.shared.judge import floors_by_language
 from memflow.shared.keys import STAGES
@@ -127,6 +128,8 @@ from memflow.workers import forgetting, jobs, ops
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
+# What a call raises for its caller's mistake: answered to the caller, no error of the worker's.
+ANSWERED = (NotFound, InvalidInput)
 
 
 # -- search ------------------------------------------------------------------
@@ -801,6 +804,15 @@ class QueryWorker(SimpleWorker):
     @property
     def dequeue_timeout(self) -> float:  # type: ignore[override]  # RQ's is whole seconds; Redis takes fractions
         return DEQUEUE_WAIT_S
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """A call refused for what its caller asked (no such memory, a bad field) is answered to the caller,
+        who is told: one line at DEBUG here, not RQ's ERROR with a traceback (a history 404 logged one)."""
+        if isinstance(exc_info[1], ANSWERED):
+            log.debug("job %s refused: %s: %s", job.id, type(exc_info[1]).__name__, exc_info[1])
+            call_exception_handlers(self._exc_handlers, job, *exc_info)
+            return
+        super().handle_exception(job, *exc_info)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():

@@ -1,11 +1,36 @@
-"""Per-key fairness at a front door: how many requests one key may have in flight, and how fast it may
+"""Per-key fairness at the front doors: how many requests one key may have in flight, and how fast it may
 send them (a token bucket), so that one tenant's flood cannot take every query worker from the others
-(issue 30). Pure: the caller passes the time (a monotonic clock's seconds)."""
+(issue 30). A key's share is one record wherever it is kept (shared/shares.py keeps it in Redis, so that
+every server process and both doors, HTTP and /mcp, count against one budget per key).
+
+Pure: the caller passes the record and the time (the seconds of one clock every process agrees on)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Limits:
+    """`concurrency` requests in flight per key, `rate_per_s` requests a second with bursts of `burst`. A place
+    lapses `lease_s` after it was taken: a process that died holding one (its requests never end) leaks it
+    for that long, never for good; it is at least the longest a request may hold its place."""
+
+    concurrency: int
+    rate_per_s: float
+    burst: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class Share:
+    """One key's record: its bucket's `tokens` as of `at_s`, and its places in flight (id → when it lapses)."""
+
+    tokens: float
+    at_s: float
+    places: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -16,45 +41,41 @@ class Refused:
     retry_after_s: int
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
-    in_flight: int = 0
+@dataclass(frozen=True)
+class Admitted:
+    """The key's record with the request's place taken: written back as it is."""
+
+    share: Share
 
 
-class KeyLimits:
-    """`concurrency` requests in flight per key, and `rate_per_s` requests per second per key with bursts of
-    `burst`. A key not heard from in a while costs nothing: its bucket is dropped once full and idle.
-    Not thread-safe: one event loop's (the HTTP API calls it from its loop only)."""
+def fresh(limits: Limits, now_s: float) -> Share:
+    """The record of a key not heard from lately: a full bucket, nothing in flight."""
+    return Share(tokens=float(limits.burst), at_s=now_s)
 
-    def __init__(self, concurrency: int, rate_per_s: float, burst: int) -> None:
-        self.concurrency, self.rate_per_s, self.burst = concurrency, rate_per_s, burst
-        self._buckets: dict[str, _Bucket] = {}
 
-    def admit(self, key: str, now: float) -> Refused | None:
-        """Take a place for `key`'s request (release it with `release`), or say why not."""
-        bucket = self._buckets.get(key) or _Bucket(tokens=float(self.burst), at=now)
-        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.rate_per_s)
-        bucket.at = now
-        self._buckets[key] = bucket
-        if bucket.in_flight >= self.concurrency:
-            return Refused(f"this key has {bucket.in_flight} requests in flight, its most at once", 1)
-        if bucket.tokens < 1.0:
-            wait = (1.0 - bucket.tokens) / self.rate_per_s
-            return Refused(f"this key is over its rate of {self.rate_per_s:g} requests a second",
-                           max(1, math.ceil(wait)))
-        bucket.tokens -= 1.0
-        bucket.in_flight += 1
-        return None
+def admit(share: Share | None, limits: Limits, place: str, now_s: float) -> Admitted | Refused:
+    """Take `place` for a request of the key whose record is `share` (None: none kept), or say why not.
+    Places past their lease are dropped first; the bucket refills with the time passed (never backwards:
+    two processes may read the clock in either order)."""
+    share = share or fresh(limits, now_s)
+    current = max(now_s, share.at_s)
+    live = {p: until for p, until in share.places.items() if until > current}
+    tokens = refilled(share, limits, current)
+    if len(live) >= limits.concurrency:
+        return Refused(f"this key has {len(live)} requests in flight, its most at once", 1)
+    if tokens < 1.0:
+        wait = (1.0 - tokens) / limits.rate_per_s
+        return Refused(f"this key is over its rate of {limits.rate_per_s:g} requests a second", max(1, math.ceil(wait)))
+    return Admitted(Share(tokens - 1.0, current, {**live, place: current + limits.lease_s}))
 
-    def release(self, key: str, now: float) -> None:
-        bucket = self._buckets[key]
-        bucket.in_flight -= 1
-        full_by_now = bucket.tokens + (now - bucket.at) * self.rate_per_s >= self.burst
-        if not bucket.in_flight and full_by_now:
-            del self._buckets[key]  # an idle key with a full bucket is the same as one never seen
 
-    def in_flight(self, key: str) -> int:
-        bucket = self._buckets.get(key)
-        return bucket.in_flight if bucket else 0
+def refilled(share: Share, limits: Limits, now_s: float) -> float:
+    return min(float(limits.burst), share.tokens + max(0.0, now_s - share.at_s) * limits.rate_per_s)
+
+
+def keep_s(share: Share, limits: Limits) -> float:
+    """How long the record must be kept: until its last place lapses and its bucket is full again. Past that it
+    says nothing a missing record does not (`fresh`), so an idle key costs no memory."""
+    last = max(share.places.values(), default=share.at_s)
+    full = share.at_s + (limits.burst - share.tokens) / limits.rate_per_s
+    return max(last, full) - share.at_s

@@ -198,6 +198,11 @@ class Keys:
         """String: the record of the key whose secret hashes to `digest` (the lookup every request makes)."""
         return f"{self.prefix}{{apikeys}}:{digest}"
 
+    def key_share(self, key_id: str) -> str:
+        """Hash: an API key's share of the front doors (shared/shares.py): its bucket and its places in flight,
+        kept until the last place lapses and the bucket is full again."""
+        return f"{self.prefix}share:{key_id}"
+
     @property
     def traces(self) -> str:
         return self.stream("traces")

@@ -360,12 +360,17 @@ class HttpSettings(Group):
     max_requests: int = Field(default=256, ge=1)
     threads: int = Field(default=16, ge=1)
     thread_wait_s: float = Field(default=2.0, gt=0)
-    # Per key, per server process (pipeline/fairness.py): requests in flight at once, and requests a second
-    # with bursts of `key_burst`; past either, 429 with Retry-After. Kept under MEMFLOW_QUERY_WORKERS, so one
-    # key never holds every query worker. Not applied with --no-auth (one caller, trusted).
+    # Per key, across every server process and both doors, the API and /mcp (pipeline/fairness.py, kept in
+    # Redis by shared/shares.py): requests in flight at once, and requests a second with bursts of
+    # `key_burst`; past either, 429 with Retry-After (a tool error saying when, over /mcp). Kept under
+    # MEMFLOW_QUERY_WORKERS, so one key never holds every query worker. A place lapses `key_lease_s` after it
+    # was taken, so a server process that died holding one frees it then: at least the longest a request
+    # holds its place (two calls of MEMFLOW_RPC_TIMEOUT_S, or a search given up on that a worker still runs:
+    # its timeout and 60 s). Not applied with --no-auth (one caller, trusted).
     key_concurrency: int = Field(default=2, ge=1)
     key_rate_per_s: float = Field(default=100.0, gt=0)
     key_burst: int = Field(default=200, ge=1)
+    key_lease_s: float = Field(default=120.0, gt=0)
 
 
 class LLMSettings(Group):

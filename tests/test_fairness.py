@@ -1,6 +1,7 @@
 """Fairness per key (issue 30, item 2): one tenant's searches cannot hold another's. A key has at most
 MEMFLOW_HTTP_KEY_CONCURRENCY requests in flight and MEMFLOW_HTTP_KEY_RATE_PER_S a second (429 with
-Retry-After past either), and a process runs MEMFLOW_QUERY_WORKERS search workers, so a key's slow searches
+Retry-After past either; a tool error saying when over /mcp), counted across every server process and both
+doors (shared/shares.py), and a process runs MEMFLOW_QUERY_WORKERS search workers, so a key's slow searches
 hold some of them, never all.
 
 Real parts: the query stage's workers as `memflow worker` lays them out (workers/system.stage_parts), a real
@@ -10,6 +11,7 @@ test lets them go: A's searches are in flight for as long as the test says, with
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import threading
@@ -21,17 +23,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
 from rq.timeouts import JobTimeoutException
 
 from bench.llm_stub import Reply, ScriptedLLM
-from memflow.pipeline.fairness import KeyLimits
+from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
+from memflow.shared.connections import connect_async
 from memflow.shared.embedder import Embedder, TurnLock
+from memflow.shared.keys import Keys
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
+from memflow.shared.shares import KeyShares, Place
+from memflow.workers.mcp import SUBJECT_HEADER
 from memflow.workers.runtime import Context
 from memflow.workers.system import QUERY, Runner, stage_parts
 from tests.conftest import wait_for
@@ -118,36 +129,165 @@ def test_a_key_flooding_slow_searches_cannot_hold_another_keys_search(deployment
     assert search(deployment.url, a, "team-a/x", PLAIN_QUERY).status_code == 200
 
 
-def test_a_key_past_its_rate_is_told_when_to_try_again(deployment: Deployment) -> None:
+def test_a_key_past_its_rate_is_told_when_to_try_again_by_every_server_process(deployment: Deployment) -> None:
+    """The bucket is the key's, not a process's: `memflow serve --workers N` (or N servers behind a balancer)
+    gives a key no more than its burst and rate in all."""
     slow = deployment.settings.replace(http_key_rate_per_s=0.01, http_key_burst=2)
-    url, process = start_serve(slow)
+    (url, process), (other_url, other) = start_serve(slow), start_serve(slow)
     try:
         a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
-        assert [search(url, a, "team-a/x", PLAIN_QUERY).status_code for _ in range(2)] == [200, 200]
-        over = search(url, a, "team-a/x", PLAIN_QUERY)
-        assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limited", over.text
-        assert "0.01 requests a second" in over.json()["error"]["message"]
-        assert int(over.headers["retry-after"]) >= 1
+        assert [search(u, a, "team-a/x", PLAIN_QUERY).status_code for u in (url, other_url)] == [200, 200]
+        for u in (url, other_url):
+            over = search(u, a, "team-a/x", PLAIN_QUERY)
+            assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limited", over.text
+            assert "0.01 requests a second" in over.json()["error"]["message"]
+            assert int(over.headers["retry-after"]) >= 1
         # Another key's budget is its own.
-        assert search(url, b, "team-b/y", PLAIN_QUERY).status_code == 200
+        assert search(other_url, b, "team-b/y", PLAIN_QUERY).status_code == 200
     finally:
         stop(process)
+        stop(other)
 
 
-def test_key_limits_count_places_and_refill_with_the_time_given() -> None:
-    limits = KeyLimits(concurrency=2, rate_per_s=1.0, burst=3)
-    assert limits.admit("a", 0.0) is None and limits.admit("a", 0.0) is None
-    assert (full := limits.admit("a", 0.0)) is not None and "in flight" in full.reason
-    assert limits.admit("b", 0.0) is None  # another key's places are its own
-    limits.release("a", 0.0)
-    assert limits.admit("a", 0.0) is None  # the third of a burst of three
-    limits.release("a", 0.0)
-    limits.release("a", 0.0)
-    over = limits.admit("a", 0.25)
-    assert over is not None and over.retry_after_s == 1 and "rate of 1 requests a second" in over.reason
-    assert limits.admit("a", 1.0) is None  # a token a second
-    limits.release("a", 1.0)
-    assert limits.in_flight("a") == 0
+def test_a_keys_places_are_counted_across_server_processes(deployment: Deployment) -> None:
+    a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
+    other_url, other = start_serve(deployment.settings)
+    a_replies: list[httpx.Response] = []
+    flood = [threading.Thread(target=search, args=(deployment.url, a, "team-a/x", HELD_QUERY, a_replies), daemon=True)
+             for _ in range(2)]
+    try:
+        for thread in flood:
+            thread.start()
+        wait_for(lambda: deployment.llm.in_flight == 2, 60, "key A's two searches to be held in the planner")
+        refused = search(other_url, a, "team-a/x", PLAIN_QUERY)  # the other process: A has its most in flight
+        assert refused.status_code == 429 and "2 requests in flight" in refused.json()["error"]["message"], refused.text
+        assert search(other_url, b, "team-b/y", PLAIN_QUERY).status_code == 200
+        deployment.gate.set()
+        for thread in flood:
+            thread.join(60)
+        assert [r.status_code for r in a_replies] == [200, 200], [r.text for r in a_replies]
+        assert search(other_url, a, "team-a/x", PLAIN_QUERY).status_code == 200  # given back to every process
+    finally:
+        deployment.gate.set()
+        stop(other)
+
+
+# -- /mcp: the same budget as the API's ---------------------------------------------------------------------
+
+
+async def recall(url: str, key: str, subject: str, query: str) -> CallToolResult:
+    """One `recall` tool call over /mcp of `url`, as the SDK's client makes it."""
+    headers = {"Authorization": f"Bearer {key}", SUBJECT_HEADER: subject}
+    async with (httpx2.AsyncClient(headers=headers, timeout=60) as http,
+                Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client):
+        return await client.call_tool("recall", {"query": query})
+
+
+def text_of(result: CallToolResult) -> str:
+    return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+def test_mcp_tool_calls_count_against_the_keys_budget_with_its_api_requests(deployment: Deployment) -> None:
+    """A key flooding /mcp holds no more than through the API, and one budget covers both doors: past it, a
+    tool error that says when to try again (a model reads it), never a dropped connection."""
+    a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
+    url = deployment.url
+
+    async def flood_over_mcp() -> tuple[list[CallToolResult], CallToolResult, int, CallToolResult]:
+        held: list[CallToolResult] = []
+
+        async def held_recall() -> None:
+            held.append(await recall(url, a, "team-a/x", HELD_QUERY))
+        async with anyio.create_task_group() as tasks:
+            for _ in range(2):
+                tasks.start_soon(held_recall)
+            while deployment.llm.in_flight < 2:  # a condition polled, as wait_for does
+                await anyio.sleep(0.05)
+            third = await recall(url, a, "team-a/x", PLAIN_QUERY)
+            over_http = await anyio.to_thread.run_sync(search, url, a, "team-a/x", PLAIN_QUERY)
+            other = await recall(url, b, "team-b/y", PLAIN_QUERY)
+            deployment.gate.set()
+        return held, third, over_http.status_code, other
+    held, third, http_status, other = asyncio.run(asyncio.wait_for(flood_over_mcp(), 90))
+
+    assert third.is_error and "2 requests in flight" in text_of(third), text_of(third)
+    assert "try again in 1 s" in text_of(third) and "Retry-After: 1" in text_of(third)
+    assert http_status == 429  # the API counts the places A holds over /mcp
+    assert not other.is_error, text_of(other)  # B's own budget, answered while A's are held
+    assert [r.is_error for r in held] == [False, False], [text_of(r) for r in held]
+
+
+def test_api_requests_in_flight_leave_the_key_no_place_over_mcp(deployment: Deployment) -> None:
+    a = deployment.key("team-a/*")
+    flood = [threading.Thread(target=search, args=(deployment.url, a, "team-a/x", HELD_QUERY), daemon=True)
+             for _ in range(2)]
+    for thread in flood:
+        thread.start()
+    wait_for(lambda: deployment.llm.in_flight == 2, 60, "key A's two searches to be held in the planner")
+    refused = asyncio.run(recall(deployment.url, a, "team-a/x", PLAIN_QUERY))
+    assert refused.is_error and "rate limited" in text_of(refused) and "try again in" in text_of(refused)
+    deployment.gate.set()
+    for thread in flood:
+        thread.join(60)
+    answered = asyncio.run(recall(deployment.url, a, "team-a/x", PLAIN_QUERY))
+    assert not answered.is_error, text_of(answered)
+
+
+# -- the record in Redis ---------------------------------------------------------------------------------------
+
+
+def test_a_place_never_given_back_lapses_and_the_record_of_an_idle_key_goes(redis_server: RedisServer) -> None:
+    """What a server process that died holding a place leaves: the place lapses with its lease (the key is
+    served again), and the key's record expires once it says nothing (no key holds memory for ever)."""
+    keys = Keys(prefix=f"t{uuid.uuid4().hex[:10]}:")
+
+    async def scenario() -> tuple[Place | Refused, Place | Refused, float, float, Place | Refused]:
+        client = connect_async(redis_server.url, socket_timeout_s=5, max_connections=4)
+        dead = KeyShares(client, keys, Limits(concurrency=1, rate_per_s=1000, burst=5, lease_s=3.0))
+        alive = KeyShares(client, keys, Limits(concurrency=1, rate_per_s=1000, burst=5, lease_s=3.0))
+        try:
+            taken = await dead.admit("a")  # never released: its process died
+            assert isinstance(taken, Place)
+            seconds, micros = await client.time()
+            lapses = await client.hget(keys.key_share("a"), f"place:{taken.id}")
+            assert lapses is not None
+            refused = await alive.admit("a")  # one place, still held (for at most 3 s)
+            while isinstance(again := await alive.admit("a"), Refused):  # a condition polled: the lease's end
+                await asyncio.sleep(0.05)
+            await alive.release(again)
+            while await client.exists(keys.key_share("a")):  # the record goes once it says nothing (its TTL)
+                await asyncio.sleep(0.05)
+            return taken, refused, float(lapses), seconds + micros / 1e6, again
+        finally:
+            await client.aclose()
+    taken, refused, lapses, now, again = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert isinstance(taken, Place) and isinstance(again, Place)
+    assert isinstance(refused, Refused) and "1 requests in flight" in refused.reason
+    assert 0 < lapses - now <= 3.0  # the server's clock, a lease of 3 s
+
+
+def test_a_keys_share_counts_places_refills_with_the_time_given_and_lets_a_lapsed_place_go() -> None:
+    limits = Limits(concurrency=2, rate_per_s=1.0, burst=3, lease_s=10.0)
+
+    def take(share: Share | None, place: str, now: float) -> Share:
+        decided = admit(share, limits, place, now)
+        assert isinstance(decided, Admitted), decided
+        return decided.share
+
+    two = take(take(None, "p1", 0.0), "p2", 0.0)
+    full = admit(two, limits, "p3", 0.0)
+    assert isinstance(full, Refused) and "2 requests in flight" in full.reason and full.retry_after_s == 1
+    one = Share(two.tokens, two.at_s, {"p2": two.places["p2"]})  # p1 given back
+    assert isinstance(admit(one, limits, "p3", 0.0), Admitted)  # the third of a burst of three
+    empty = Share(0.0, 0.0)  # every token spent, every place given back
+    over = admit(empty, limits, "p4", 0.25)
+    assert isinstance(over, Refused) and over.retry_after_s == 1 and "rate of 1 requests a second" in over.reason
+    held = take(take(empty, "p4", 1.0), "p5", 2.0)  # a token a second; neither place is given back
+    assert isinstance(admit(held, limits, "p6", 10.5), Refused)  # both live
+    assert isinstance(admit(held, limits, "p6", 11.0), Admitted)  # p4 lapsed: its process died
+    # Another process read the clock a little earlier: the bucket does not refill backwards.
+    assert take(Share(2.0, 2.0), "p6", 1.5) == Share(1.0, 2.0, {"p6": 12.0})
+    assert keep_s(held, limits) == 10.0  # p5 lapses at 12; the bucket is full at 2 + 3 s
 
 
 def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_holds_its_keys_place(

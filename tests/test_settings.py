@@ -96,6 +96,8 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "socket_timeout_s", "connect_timeout_s", "http_max_requests", "http_threads", "http_thread_wait_s",
     # issue 30: fairness per key, and search workers past one
     "http_key_concurrency", "http_key_rate_per_s", "http_key_burst", "query_workers",
+    # issue 30: a key's places lapse (a process that died holding one)
+    "http_key_lease_s",
     # issue 30: the host names `serve` answers to
     "http_allowed_hosts")}
 

@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memflow.pipeline.fairness import KeyLimits
+from memflow.pipeline.fairness import Refused
 from memflow.pipeline.models import (
     MAX_META_TEXT,
     ChatEvent,
@@ -67,6 +67,7 @@ from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
 from memflow.shared.settings import HttpSettings, Settings, get_settings
+from memflow.shared.shares import KeyShares, Place, share_limits
 from memflow.shared.status import recent_traces
 from memflow.workers.front import (
     ApiError,
@@ -272,21 +273,22 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
     """The key's place among its own requests (MEMFLOW_HTTP_KEY_CONCURRENCY in flight, MEMFLOW_HTTP_KEY_RATE_PER_S),
-    or 429 with Retry-After at once: one tenant's flood holds at most its share of the query workers, so another
-    tenant's search is served meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
-    limits: KeyLimits | None = request.app.state.key_limits
-    if limits is None or not request.app.state.auth:
+    counted with its requests to every server process and to /mcp (shared/shares.py), or 429 with Retry-After at
+    once: one tenant's flood holds at most its share of the query workers, so another tenant's search is served
+    meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
+    shares: KeyShares | None = request.app.state.shares
+    if shares is None:
         yield
         return
-    refused = limits.admit(key.id, time.monotonic())
-    if refused is not None:
-        raise ApiError(429, "rate_limited", f"{refused.reason}: try again shortly", retry_after_s=refused.retry_after_s)
-    request.state.share = key.id
+    place = await shares.admit(key.id)
+    if isinstance(place, Refused):
+        raise ApiError(429, "rate_limited", f"{place.reason}: try again shortly", retry_after_s=place.retry_after_s)
+    request.state.share = place
     try:
         yield
     finally:
         if request.state.share is not None:  # else handed on to the call still running (`held_past_timeout`)
-            limits.release(key.id, time.monotonic())
+            await shares.release(place)
 
 
 # How long a key's place stays taken by a call its caller stopped waiting for, at most, while the worker may
@@ -298,9 +300,9 @@ def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
     """The caller gave up on `sent`, but a query worker may still be running it: its key's place is released
     when the worker is done (its result is stored), not now. Otherwise a key whose searches outlive the timeout
     would start new ones while the old still hold workers, and take them all (issue 30)."""
-    key_id = getattr(request.state, "share", None)
-    limits: KeyLimits | None = request.app.state.key_limits
-    if key_id is None or limits is None:
+    place: Place | None = getattr(request.state, "share", None)
+    shares: KeyShares | None = request.app.state.shares
+    if place is None or shares is None:
         return
     request.state.share = None
     client: MemoryClient = request.app.state.client
@@ -312,7 +314,7 @@ def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
         except redis.RedisError:
             pass  # the place is given back all the same
         finally:
-            limits.release(key_id, time.monotonic())
+            await shares.release(place)
     task = asyncio.get_running_loop().create_task(release_when_done())
     request.app.state.lingering.add(task)  # a reference until it ends: the loop keeps only weak ones
     task.add_done_callback(request.app.state.lingering.discard)
@@ -655,7 +657,17 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     client = client or MemoryClient(settings)
     keystore = KeyStore(client.redis, client.keys)
     hosts = host_names(settings.http.host, settings.http.allowed_hosts.split(","))
-    mcp = http_endpoint(client, keystore, auth=auth, hosts=hosts)
+    # The key lookups, on the event loop; and the replies of the query worker's calls (the RPC queues'
+    # server: the streams' own unless MEMFLOW_REDIS_QUEUE_URL names another).
+    # A request holds at most one connection of each at a time; /healthz has a few of its own beyond.
+    options: dict[str, Any] = {"socket_timeout_s": client_socket_timeout_s(settings),
+                               "connect_timeout_s": settings.client.connect_timeout_s,
+                               "max_connections": settings.http.max_requests + HEALTH_CONNECTIONS}
+    redis_async = connect_async(require_url(settings), cluster=settings.redis.cluster, **options)
+    replies = connect_async(settings.redis.queue_url or require_url(settings), **options)
+    # Every key's share of both doors, on the queues' server (the one whose queue it guards): with --no-auth, none.
+    shares = KeyShares(replies, client.keys, share_limits(settings.http)) if auth else None
+    mcp = http_endpoint(client, keystore, auth=auth, hosts=hosts, shares=shares)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -669,16 +681,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.state.keystore = keystore
     app.state.edge = Edge(settings.http)
     app.state.lingering = set[asyncio.Task[None]]()
-    app.state.key_limits = KeyLimits(settings.http.key_concurrency, settings.http.key_rate_per_s,
-                                     settings.http.key_burst)
-    # The key lookups, on the event loop; and the replies of the query worker's calls (the RPC queues'
-    # server: the streams' own unless MEMFLOW_REDIS_QUEUE_URL names another).
-    # A request holds at most one connection of each at a time; /healthz has a few of its own beyond.
-    options: dict[str, Any] = {"socket_timeout_s": client_socket_timeout_s(settings),
-                               "connect_timeout_s": settings.client.connect_timeout_s,
-                               "max_connections": settings.http.max_requests + HEALTH_CONNECTIONS}
-    app.state.redis = connect_async(require_url(settings), cluster=settings.redis.cluster, **options)
-    app.state.replies = connect_async(settings.redis.queue_url or require_url(settings), **options)
+    app.state.redis, app.state.replies, app.state.shares = redis_async, replies, shares
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)

@@ -22,7 +22,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -38,12 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from memflow.pipeline.fairness import Refused
 from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role
 from memflow.pipeline.scopes import single_subject
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.settings import Settings
+from memflow.shared.shares import KeyShares
 from memflow.workers.front import (
     ANY_HOST,
     ApiError,
@@ -70,10 +72,12 @@ SUBJECT_ID = re.compile(SUBJECT_PATTERN)
 
 @dataclass(frozen=True)
 class Caller:
-    """The subject a client speaks for, and whether its key may change anything."""
+    """The subject a client speaks for, whether its key may change anything, and the key (its share of the
+    doors is counted by its id)."""
 
     subject: str
     read_only: bool
+    key_id: str | None = field(default=None, compare=False)
 
 
 def resolve_caller(key: ApiKey, named: str | None, *, where: str) -> Caller:
@@ -86,7 +90,7 @@ def resolve_caller(key: ApiKey, named: str | None, *, where: str) -> Caller:
                        "(the key does not name exactly one)", where)
     if not SUBJECT_ID.fullmatch(subject):
         raise ApiError(400, "invalid_input", f"{subject!r} is no subject id (letters, digits, . _ : / -)", where)
-    return Caller(allowed(key, subject, field=where), key.read_only)
+    return Caller(allowed(key, subject, field=where), key.read_only, key.id)
 
 
 class StdioCaller:
@@ -179,33 +183,55 @@ def told() -> Iterator[None]:
 
 class MemoryTools:
     """The tools (their docstrings are what a model reads to decide when to call them), for the caller
-    `caller_of` finds for each call."""
+    `caller_of` finds for each call; over HTTP, each call takes a place among its key's requests to every door
+    (`shares`: the HTTP API's own limits, one budget per key)."""
 
-    def __init__(self, client: MemoryClient, caller_of: Callable[[Context], Caller]) -> None:
-        self.client, self.caller_of = client, caller_of
+    def __init__(self, client: MemoryClient, caller_of: Callable[[Context], Caller],
+                 shares: KeyShares | None = None) -> None:
+        self.client, self.caller_of, self.shares = client, caller_of, shares
 
-    def _writer(self, ctx: Context) -> Caller:
-        caller = self.caller_of(ctx)
-        if caller.read_only:
-            raise ApiError(403, "forbidden", "this key is read-only: it may recall and get context, not remember, "
-                          "forget or publish")
-        return caller
+    @contextmanager
+    def _serving(self, ctx: Context, *, write: bool = False) -> Iterator[Caller]:
+        """The caller of this call, while its key's place is held; its failures as tool errors (`told`)."""
+        with told():
+            caller = self.caller_of(ctx)
+            if write and caller.read_only:
+                raise ApiError(403, "forbidden", "this key is read-only: it may recall and get context, not "
+                               "remember, forget or publish")
+            with self._share(caller):
+                yield caller
+
+    @contextmanager
+    def _share(self, caller: Caller) -> Iterator[None]:
+        """A place among the key's requests in flight, from the server's event loop (a tool runs in a thread of
+        it); refused as a tool error that says when to try again, as the API's 429 does with Retry-After."""
+        if self.shares is None or caller.key_id is None:
+            yield
+            return
+        place = anyio.from_thread.run(self.shares.admit, caller.key_id)
+        if isinstance(place, Refused):
+            raise ToolError(f"rate limited: {place.reason}; try again in {place.retry_after_s} s "
+                            f"(Retry-After: {place.retry_after_s})")
+        try:
+            yield
+        finally:
+            anyio.from_thread.run(self.shares.release, place)
 
     def remember(self, content: Annotated[str, Field(min_length=1, description="One self-contained statement.")],
                  ctx: Context) -> Remembered:
         """Remember one thing about the user for later conversations: a preference, a fact, a decision, a rule.
         Use it when the user asks you to remember something, or says something that will matter again."""
-        with told():
-            subject, event_id = self._writer(ctx).subject, f"mcp-{uuid.uuid4()}"
-            self.client.write(subject, content, session_id="mcp", event_id=event_id)
+        with self._serving(ctx, write=True) as caller:
+            event_id = f"mcp-{uuid.uuid4()}"
+            self.client.write(caller.subject, content, session_id="mcp", event_id=event_id)
         return Remembered(event_id=event_id, note="accepted: searchable at once (as pending until it is written)")
 
     def recall(self, query: Annotated[str, Field(min_length=1, description="What you want to know, in words.")],
                ctx: Context, k: Annotated[int, Field(ge=1, le=50, description="At most this many.")] = 5) -> Recalled:
         """Search what is remembered about the user. Use it before answering anything that may depend on
         their preferences, past decisions or facts about them, or when they ask what you remember."""
-        with told():
-            result = self.client.search(self.caller_of(ctx).subject, query, k=k)
+        with self._serving(ctx) as caller:
+            result = self.client.search(caller.subject, query, k=k)
         if result.status == "failed":
             raise ToolError(f"memory unavailable: the search could not look ({error_line(result.error or '')}); "
                             "this does not mean nothing is remembered")
@@ -218,8 +244,8 @@ class MemoryTools:
                 ctx: Context, budget_tokens: Annotated[int, Field(ge=50, le=8000)] = 800) -> Packed:
         """The memories that matter for a task, packed into prompt text within a token budget. Use it at the
         start of a task or conversation to bring in the user's preferences, rules and relevant facts."""
-        with told():
-            packed = self.client.pack(self.caller_of(ctx).subject, task, budget_tokens)
+        with self._serving(ctx) as caller:
+            packed = self.client.pack(caller.subject, task, budget_tokens)
         note = "ready to use" if packed.used_ids else "nothing remembered bears on this task"
         return Packed(text=packed.system, tokens=packed.tokens, memory_ids=packed.used_ids, note=note)
 
@@ -231,8 +257,8 @@ class MemoryTools:
         the user asks you to forget something or says a memory is wrong. Returns the proof nothing is left."""
         if not memory_ids and not contains:
             raise ToolError("name what to forget: memory_ids (from recall) or contains (a phrase)")
-        with told():
-            return forget_proven(self.client, self._writer(ctx).subject, memory_ids, contains)
+        with self._serving(ctx, write=True) as caller:
+            return forget_proven(self.client, caller.subject, memory_ids, contains)
 
     def publish_turns(self, turns: Annotated[list[TurnIn], Field(min_length=1, description=(
                           "The turns, oldest first: at most as many as the HTTP API takes in one batch (500)."))],
@@ -244,9 +270,8 @@ class MemoryTools:
         most = self.client.settings.http.max_batch
         if len(turns) > most:  # the HTTP API's bound (MEMFLOW_HTTP_MAX_BATCH): one door is no wider than another
             raise ToolError(f"at most {most} turns per call ({len(turns)} given): report them in batches")
-        with told():
-            subject = self._writer(ctx).subject
-            events = turn_events(subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
+        with self._serving(ctx, write=True) as caller:
+            events = turn_events(caller.subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
             ids = self.client.publish_many(events)
         return Published(ids=ids, event_ids=[e["event_id"] for e in events],
                          note=f"{len(ids)} events accepted; what the user said is found at once (pending till written)")
@@ -352,10 +377,12 @@ class HttpEndpoint:
     lifespan: Callable[[Any], AbstractAsyncContextManager[None]]
 
 
-def http_endpoint(client: MemoryClient, keystore: KeyStore, *, auth: bool, hosts: frozenset[str]) -> HttpEndpoint:
+def http_endpoint(client: MemoryClient, keystore: KeyStore, *, auth: bool, hosts: frozenset[str],
+                  shares: KeyShares | None = None) -> HttpEndpoint:
     """`/mcp`, answering only to `hosts` (front.host_names): `serve` checks Host and Origin on every route
-    already, and the SDK's own rebinding protection checks them again here, with the same names."""
-    server = build_server(MemoryTools(client, from_request))
+    already, and the SDK's own rebinding protection checks them again here, with the same names. Each tool
+    call counts against its key's `shares` as an API request does (None: --no-auth, nothing to share)."""
+    server = build_server(MemoryTools(client, from_request, shares))
     allowed_hosts, allowed_origins = sdk_hosts(hosts)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=ANY_HOST not in hosts,
                                          allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)

@@ -1,0 +1,108 @@
+"""Each API key's share of the front doors, kept in Redis: every `memflow serve` process and both doors (the
+HTTP API and /mcp) count one key's requests against one budget. pipeline/fairness.py decides; this module
+owns the record (STYLE 20).
+
+One hash per key (`Keys.key_share`): `tokens` and `at` (its bucket) and `place:<id>` → when that place lapses,
+in seconds of the Redis server's clock (one clock for every process and host). `admit` reads the record
+under WATCH, decides, and writes it back in one MULTI that fails if another process changed it meanwhile
+(STYLE 19: the write checks its own precondition; a conflict reads again). `release` gives a place back
+with one HDEL. A process that dies holding places leaks them only until they lapse (`Limits.lease_s`), and
+the hash expires once it says nothing a missing one does not (`fairness.keep_s`): its size is bounded by
+the key's concurrency, its life by the lease.
+
+Kept on the RPC queues' server: one server, never a cluster (RQ runs on none), the one whose queue these
+shares guard.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+import redis.asyncio
+
+from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s
+from memflow.shared.keys import Keys
+from memflow.shared.settings import HttpSettings
+
+# How many times `admit` reads again after another request of the same key changed the record first. Only a
+# key's own requests conflict: a flood of one key retries among its own, another key's record is untouched.
+ATTEMPTS = 8
+PLACE = "place:"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A request's place among its key's requests in flight: give it back with `KeyShares.release`."""
+
+    key_id: str
+    id: str
+
+
+def share_limits(http: HttpSettings) -> Limits:
+    """The limits MEMFLOW_HTTP_KEY_CONCURRENCY, _KEY_RATE_PER_S, _KEY_BURST and _KEY_LEASE_S set."""
+    return Limits(http.key_concurrency, http.key_rate_per_s, http.key_burst, http.key_lease_s)
+
+
+class KeyShares:
+    """The places and buckets of every key, on `client` (an asyncio client of the queues' server)."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, limits: Limits) -> None:
+        self.client, self.keys, self.limits = client, keys, limits
+
+    async def admit(self, key_id: str) -> Place | Refused:
+        """A place for a request of `key_id`, or why not (and when to try again)."""
+        name, place = self.keys.key_share(key_id), uuid.uuid4().hex
+        for _ in range(ATTEMPTS):
+            decided = await self._try(name, place)
+            if decided is not None:
+                return Place(key_id, place) if isinstance(decided, Admitted) else decided
+        return Refused(f"this key's requests came too fast to count ({ATTEMPTS} conflicts in a row)", 1)
+
+    async def _try(self, name: str, place: str) -> Admitted | Refused | None:
+        """One read-decide-write; None when another request of the key wrote first."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(name)
+                seconds, micros = await pipe.time()
+                decided = admit(_share(await pipe.hgetall(name)), self.limits, place, seconds + micros / 1e6)
+                if isinstance(decided, Refused):
+                    return decided
+                cast(Any, pipe).multi()  # untyped in redis-py 8.2: no ignore that a typed release leaves unused
+                _write(pipe, name, decided.share, self.limits)
+                await pipe.execute()
+                return decided
+            except redis.WatchError:
+                return None
+
+    async def release(self, place: Place) -> None:
+        """Give `place` back (nothing if it lapsed meanwhile)."""
+        await self.client.hdel(self.keys.key_share(place.key_id), PLACE + place.id)
+
+    async def in_flight(self, key_id: str) -> int:
+        """How many places `key_id` holds, lapsed ones included until its next request drops them."""
+        fields = [_text(f) for f in await self.client.hkeys(self.keys.key_share(key_id))]
+        return sum(f.startswith(PLACE) for f in fields)
+
+
+def _share(raw: Mapping[Any, Any]) -> Share | None:
+    fields = {_text(k): float(v) for k, v in raw.items()}
+    if not fields:
+        return None
+    places = {k.removeprefix(PLACE): until for k, until in fields.items() if k.startswith(PLACE)}
+    return Share(tokens=fields["tokens"], at_s=fields["at"], places=places)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _write(pipe: redis.asyncio.client.Pipeline, name: str, share: Share, limits: Limits) -> None:
+    pipe.delete(name)  # the lapsed places go with it
+    pipe.hset(name, mapping={"tokens": share.tokens, "at": share.at_s,
+                             **{PLACE + place: until for place, until in share.places.items()}})
+    pipe.pexpire(name, max(1, math.ceil(keep_s(share, limits) * 1000)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic
@@ -34,7 +34,7 @@ from rq.serializers import JSONSerializer
 
 from memflow.pipeline.gate import redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
-from memflow.shared import pending
+from memflow.shared import pending, transfer
 from memflow.shared.codec import encode
 from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated
 from memflow.shared.errors import InvalidInput, RpcError
@@ -50,11 +50,13 @@ from memflow.shared.rpc import (
     ROLLBACK,
     RUN_JOB,
     SEARCH,
+    SUBJECTS,
     VERIFY_FORGOTTEN,
     WORKERS_MODULE,
     ForgetProof,
     ForgetReport,
     History,
+    ImportReport,
     InspectReport,
     JobReport,
     Rep,
@@ -206,6 +208,21 @@ class MemoryClient:
 
     def inspect(self, subject: str, *, now: datetime | None = None) -> InspectReport:
         return self.call(INSPECT, subject=subject, now=now)
+
+    # -- export and import (docs/export-format.md) ------------------------------------
+
+    def export(self, subjects: Sequence[str] | None = None, *, with_vectors: bool = False,
+               now: datetime | None = None) -> Iterator[bytes]:
+        """The export of `subjects` (None: every subject) as JSON Lines, line by line: a header, then every
+        stored point of each subject with its versions, history and provenance (and its vector, if asked)."""
+        chosen = list(subjects) if subjects is not None else self.call(SUBJECTS).subjects
+        return transfer.export_lines(self, chosen, with_vectors, now or datetime.now(UTC))
+
+    def import_(self, lines: Iterable[bytes | str]) -> ImportReport:
+        """Import an export: the whole file is read and checked first (`FormatError` naming the line and the
+        field), then each subject gets what it lacks, through the one write path. The same file twice changes
+        nothing; a memory forgotten here is not written back."""
+        return transfer.import_parsed(self, transfer.read(lines))
 
     # -- maintenance ---------------------------------------------------------------
 

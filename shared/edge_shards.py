@@ -207,6 +207,13 @@ class ShardedStore:
     def close(self) -> None:
         _each(self.parts, EdgeStore.close)
 
+    def holds(self, memory_ids: Sequence[str]) -> set[str]:
+        """Those of `memory_ids` with a point in any shard."""
+        return {i for part in self.parts for i in part.holds(memory_ids)}
+
+    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        return {i: v for part in self.parts for i, v in part.vectors(memory_ids).items()}
+
     def _holding(self, memory_ids: Sequence[str]) -> Iterable[EdgeStore]:
         return (part for part in self.parts if part.holds(memory_ids))
 

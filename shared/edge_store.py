@@ -193,6 +193,14 @@ class EdgeStore:
             records = self._shard.retrieve(list(memory_ids), False, False)
         return {str(r.id) for r in records}
 
+    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` held here, as stored (cosine: normalised)."""
+        if not memory_ids:
+            return {}
+        with self._readers.reading(), _engine_errors("retrieve"):
+            records = self._shard.retrieve(list(memory_ids), False, True)
+        return {str(r.id): _dense_of(r.vector) for r in records}
+
     def page_records(self, offset: str | None, limit: int) -> list[Memory]:
         """`page` without its next offset: up to `limit` points in id order from `offset`."""
         request = qe.ScrollRequest(offset=offset, limit=limit, with_payload=True)
@@ -339,6 +347,13 @@ def _index_schema(name: str) -> qe.PayloadSchemaType | qe.KeywordIndexParams:
     # Every query filters on subject: as a tenant key the engine keeps each subject's
     # points together, so a filtered search reads one subject's data, not everyone's.
     return qe.KeywordIndexParams(is_tenant=True) if name == "subject" else qe.PayloadSchemaType.Keyword
+
+
+def _dense_of(vector: object) -> list[float]:
+    """The dense part of a retrieved point's vectors (named: a dict of them)."""
+    if not isinstance(vector, dict) or not isinstance(vector.get(DENSE), list):
+        raise StoreUnavailable(f"the engine returned no {DENSE} vector for a point")
+    return [float(x) for x in vector[DENSE]]
 
 
 def _point(memory: Memory, vector: Sequence[float]) -> qe.Point:

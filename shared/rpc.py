@@ -20,6 +20,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
+from memflow.pipeline.export import Record
 from memflow.pipeline.models import (
     Memory,
     MemoryId,
@@ -161,6 +162,29 @@ class ReviewDecideRequest(Wire):
     at: datetime | None = None
 
     _aware = field_validator("at")(aware)
+
+
+# The most memories one import call carries: a job's arguments sit in Redis until a worker takes them, and
+# the worker embeds those it lacks vectors for (~2 KB a memory, 4 more with a vector: a few MB a call). A
+# bigger subject is sent in several calls, the whole file validated first (docs/export-format.md#import).
+MAX_IMPORT_RECORDS = 500
+
+
+class ExportRequest(Wire):
+    subject: Subject
+    with_vectors: bool = False
+
+
+class ImportRequest(Wire):
+    """Some of one subject's lines of an export, already read and checked against the header they came under."""
+
+    subject: Subject
+    exported_at: datetime
+    model: str | None = None
+    dim: int | None = Field(default=None, ge=1)
+    records: list[Record] = Field(max_length=MAX_IMPORT_RECORDS)
+
+    _aware = field_validator("exported_at")(aware)
 
 
 # -- replies -----------------------------------------------------------------------------
@@ -411,6 +435,33 @@ class SubjectList(Wire):
     subjects: list[str]
 
 
+class ExportedSubject(Wire):
+    """Every stored point of a subject, oldest first; `model` and `dim` name the vectors' model when asked for."""
+
+    subject: str
+    model: str | None = None
+    dim: int | None = None
+    records: list[Record]
+
+
+class Imported(Wire):
+    """What an import did to one subject: memories `written`; `already` held as the file has them; `kept`
+    held here in another state (this store's stands); `forgotten` here, so not written back; `reembedded`: those
+    written whose vectors were encoded here (none in the file, or another model's)."""
+
+    subject: str
+    memories: int
+    written: int
+    already: int
+    kept: int
+    forgotten: int
+    reembedded: int
+
+
+class ImportReport(Wire):
+    subjects: list[Imported]
+
+
 # -- the table -----------------------------------------------------------------------------
 
 SEARCH = Rpc("search", SearchRequest, SearchResult)
@@ -426,10 +477,13 @@ REVIEW_LIST = Rpc("review_list", ReviewListRequest, ReviewList)
 REVIEW_DECIDE = Rpc("review_decide", ReviewDecideRequest, ReviewDecision)
 HEALTH = Rpc("health", HealthRequest, Health)
 SUBJECTS = Rpc("subjects", SubjectsRequest, SubjectList)
+# Maintenance-sized (a whole subject, an embedding per memory lacking a vector): the jobs' queue, never a search's.
+EXPORT = Rpc("export", ExportRequest, ExportedSubject, queue="jobs")
+IMPORT = Rpc("import_subject", ImportRequest, Imported, queue="jobs")
 
 RPCS: dict[str, Rpc[Any, Any]] = {rpc.name: rpc for rpc in (
     SEARCH, PACK, FORGET, VERIFY_FORGOTTEN, FEEDBACK, INSPECT, RUN_JOB, HISTORY, ROLLBACK, REVIEW_LIST,
-    REVIEW_DECIDE, HEALTH, SUBJECTS)}
+    REVIEW_DECIDE, HEALTH, SUBJECTS, EXPORT, IMPORT)}
 
 
 def request_of(rpc: Rpc[Req, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Req:

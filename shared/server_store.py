@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import httpx
@@ -156,6 +156,22 @@ class ServerStore:
             selector = models.PointIdsList(points=list(memory_ids))
             with _server_errors("delete"):
                 self._client.delete(self._collection, points_selector=selector, wait=True)
+
+    def holds(self, memory_ids: Sequence[str]) -> set[str]:
+        """Those of `memory_ids` with a point in the collection (any subject)."""
+        if not memory_ids:
+            return set()
+        with _server_errors("retrieve"):
+            records = self._client.retrieve(self._reads, list(memory_ids), with_payload=False, with_vectors=False)
+        return {str(r.id) for r in records}
+
+    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` held here, as stored (cosine: normalised)."""
+        if not memory_ids:
+            return {}
+        with _server_errors("retrieve"):
+            records = self._client.retrieve(self._reads, list(memory_ids), with_payload=False, with_vectors=[DENSE])
+        return {str(r.id): list(cast(dict[str, list[float]], r.vector)[DENSE]) for r in records}
 
     def count(self, subject: str | None = None) -> int:
         flt = None if subject is None else models.Filter(must=[_subject(subject)])

@@ -139,6 +139,20 @@ class Optimizable(Protocol):
         ...
 
 
+@runtime_checkable
+class PointLookup(Protocol):
+    """A store that answers by point id across subjects (every engine here): an import checks that no id it
+    puts belongs to another subject, an export with vectors reads them (workers/transfer.py)."""
+
+    def holds(self, memory_ids: Sequence[str]) -> set[str]:
+        """Those of `memory_ids` with a point, of any subject."""
+        ...
+
+    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` held, as stored."""
+        ...
+
+
 # ---------------------------------------------------------------------------
 # What both adapters share, so the two engines cannot drift apart.
 

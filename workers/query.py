@@ -77,10 +77,12 @@ from memflow.shared.llm import Reading
 from memflow.shared.llm import usage as llm_usage
 from memflow.shared.pending_search import Shown, about_to_be_written, with_pending
 from memflow.shared.rpc import (
+    EXPORT,
     FEEDBACK,
     FORGET,
     HEALTH,
     HISTORY,
+    IMPORT,
     INSPECT,
     PACK,
     REVIEW_DECIDE,
@@ -92,6 +94,8 @@ from memflow.shared.rpc import (
     VERIFY_FORGOTTEN,
     WORKERS_MODULE,
     Adopted,
+    ExportedSubject,
+    ExportRequest,
     FeedbackRequest,
     ForgetProof,
     ForgetReport,
@@ -100,6 +104,8 @@ from memflow.shared.rpc import (
     HealthRequest,
     History,
     HistoryRequest,
+    Imported,
+    ImportRequest,
     InspectReport,
     InspectRequest,
     JobReport,
@@ -124,7 +130,7 @@ from memflow.shared.status import remember_trace
 from memflow.shared.store import MemoryFilter, Query, SearchMode, admits, narrowed
 from memflow.shared.store import Scored as StoreScored
 from memflow.shared.streams import backlog
-from memflow.workers import forgetting, jobs, ops
+from memflow.workers import forgetting, jobs, ops, transfer
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)
@@ -628,6 +634,16 @@ def subjects(ctx: Context, req: SubjectsRequest) -> SubjectList:
     return SubjectList(subjects=sorted(ctx.store.subjects()))
 
 
+def export(ctx: Context, req: ExportRequest) -> ExportedSubject:
+    """Every stored point of a subject, for `memflow export` (workers/transfer.py, docs/export-format.md)."""
+    return ExportedSubject.model_validate(transfer.export_subject(ctx, req.subject, req.with_vectors))
+
+
+def import_subject(ctx: Context, req: ImportRequest) -> Imported:
+    """Write what a subject lacks of an export, through the applier (workers/transfer.py)."""
+    return Imported.model_validate(transfer.import_subject(ctx, req))
+
+
 # -- the worker ----------------------------------------------------------------
 
 
@@ -645,7 +661,7 @@ HANDLERS: dict[str, Handler[Any, Any]] = {h.rpc.name: h for h in (
     Handler(VERIFY_FORGOTTEN, verify_forgotten), Handler(FEEDBACK, feedback), Handler(INSPECT, inspect),
     Handler(RUN_JOB, run_job), Handler(HISTORY, history), Handler(ROLLBACK, rollback),
     Handler(REVIEW_LIST, review_list), Handler(REVIEW_DECIDE, review_decide), Handler(HEALTH, health),
-    Handler(SUBJECTS, subjects))}
+    Handler(SUBJECTS, subjects), Handler(EXPORT, export), Handler(IMPORT, import_subject))}
 
 
 def serve(ctx: Context, job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

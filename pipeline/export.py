@@ -1,0 +1,205 @@
+"""The export format and what an import of it does: pure (docs/export-format.md).
+
+An export is JSON Lines: a header line (the format and its version, when it was made, and — when the
+vectors travel — the model that made them and their dimension), then one line per stored point of a
+memory: its whole payload (every version is a point of its own; statuses, holder, provenance, lifecycle
+state and the revisions that are its history), and optionally its dense vector.
+
+An import is a set of puts through the one write path (shared/applier.py): a point the target lacks is
+written as it was exported, one it already holds stays as it is there, and one whose events or words were
+forgotten there is not written back (the applier reads forget's tombstones for every put).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import groupby
+from typing import Literal, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+
+from memflow.pipeline.models import Memory, Mutation, PutOp, Status, Subject, Wire, aware
+from memflow.pipeline.writes import mutation
+
+FORMAT: Literal["memflow.export"] = "memflow.export"
+# A reader refuses a version it does not know rather than half-read it; a change that an older reader
+# could misread takes a new version (docs/export-format.md#versions).
+FORMAT_VERSION = 1
+# Puts per mutation: one store write each, and one line of the feed per put (a subject's import is several).
+PUTS_PER_MUTATION = 256
+# The action the `changes` feed and the history name an imported point's arrival by.
+IMPORT_ACTION = "import"
+
+
+class FormatError(ValueError):
+    """A line the reader cannot take: its number (1 is the header), the field, and why."""
+
+    def __init__(self, line: int, field_name: str, reason: str) -> None:
+        super().__init__(f"line {line}: {field_name}: {reason}")
+        self.line, self.field, self.reason = line, field_name, reason
+
+
+class Header(Wire):
+    """The first line of an export."""
+
+    kind: Literal["header"] = "header"
+    format: Literal["memflow.export"] = FORMAT
+    version: int = FORMAT_VERSION
+    exported_at: datetime
+    subjects: list[Subject] = Field(default_factory=list)
+    # The embedding model that made the vectors and their dimension: set when the lines carry vectors.
+    model: str | None = None
+    dim: int | None = Field(default=None, ge=1)
+
+    _aware = field_validator("exported_at")(aware)
+
+    @field_validator("version")
+    @classmethod
+    def _known(cls, version: int) -> int:
+        if version != FORMAT_VERSION:
+            raise ValueError(f"format version {version} is not one this memflow reads ({FORMAT_VERSION})")
+        return version
+
+
+class Record(Wire):
+    """One stored point: its payload as the store keeps it, and optionally its dense vector."""
+
+    kind: Literal["memory"] = "memory"
+    memory: Memory
+    vector: list[float] | None = None
+
+    @field_validator("memory")
+    @classmethod
+    def _not_deleted(cls, memory: Memory) -> Memory:
+        # A deleted point is a forget under way: its words are about to go, never to travel.
+        if memory.status is Status.deleted:
+            raise ValueError("a deleted memory is never exported")
+        return memory
+
+    @field_validator("vector")
+    @classmethod
+    def _finite(cls, vector: list[float] | None) -> list[float] | None:
+        if vector is not None and not all(map(math.isfinite, vector)):
+            raise ValueError("vector must hold finite numbers only")
+        return vector
+
+
+@dataclass
+class Parsed:
+    """A whole file, read and checked: its header and its records by subject, in file order."""
+
+    header: Header
+    subjects: dict[str, list[Record]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(len(r) for r in self.subjects.values())
+
+
+def header(exported_at: datetime, subjects: Sequence[str], model: str | None = None,
+           dim: int | None = None) -> Header:
+    return Header(exported_at=exported_at, subjects=list(subjects), model=model, dim=dim)
+
+
+def ordered(records: Iterable[Record]) -> list[Record]:
+    """The order a subject's lines are written in: oldest first, ties by id (two exports of one store match)."""
+    return sorted(records, key=lambda r: (r.memory.created_at, r.memory.id))
+
+
+def line(item: Header | Record) -> bytes:
+    """One line of the file, newline included (None fields written: a reader sees every field named)."""
+    return item.model_dump_json().encode() + b"\n"
+
+
+def lines(head: Header, records: Iterable[Record]) -> Iterator[bytes]:
+    yield line(head)
+    for record in records:
+        yield line(record)
+
+
+def read(text_lines: Iterable[bytes | str], max_records: int | None = None) -> Parsed:
+    """Read and check a whole export (FormatError naming the line and the field at the first problem):
+    nothing of a file is taken until all of it is read. Blank lines are skipped; `max_records` bounds it."""
+    parsed: Parsed | None = None
+    seen: set[str] = set()
+    for number, raw in enumerate(text_lines, start=1):
+        if not raw.strip():
+            continue
+        if parsed is None:
+            parsed = Parsed(_model(Header, raw, number))
+            continue
+        record = _model(Record, raw, number)
+        _check(record, parsed.header, number, seen)
+        parsed.subjects.setdefault(record.memory.subject, []).append(record)
+        if max_records is not None and len(seen) > max_records:
+            raise FormatError(number, "memory", f"more than {max_records} memories in one import")
+    if parsed is None:
+        raise FormatError(1, "kind", "an empty file: no header line")
+    return parsed
+
+
+L = TypeVar("L", Header, Record)
+
+
+def _model(model: type[L], raw: bytes | str, number: int) -> L:
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(number, "line", f"not JSON: {exc}") from None
+    expected = "header" if model is Header else "memory"
+    if not isinstance(value, dict) or value.get("kind") != expected:
+        found = value.get("kind") if isinstance(value, dict) else type(value).__name__
+        raise FormatError(number, "kind", f"expected a {expected} line, found {found!r:.40}")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "line"
+        raise FormatError(number, where, str(first.get("msg"))) from None
+
+
+def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
+    memory = record.memory
+    if memory.id in seen:
+        raise FormatError(number, "memory.id", f"{memory.id} appears twice")
+    seen.add(memory.id)
+    if head.subjects and memory.subject not in head.subjects:
+        raise FormatError(number, "memory.subject", f"{memory.subject!r} is not among the header's subjects")
+    if record.vector is not None and (head.model is None or head.dim is None):
+        raise FormatError(number, "vector", "a vector, but the header names no model and dim")
+    if record.vector is not None and len(record.vector) != head.dim:
+        raise FormatError(number, "vector", f"{len(record.vector)} numbers, the header says dim {head.dim}")
+
+
+def mutations(subject: str, records: Sequence[Record], exported_at: datetime) -> list[Mutation]:
+    """The puts that import `records` of `subject`, through the applier: one mutation per instant the
+    memories were made, so that forget's tombstones judge each by when it was said (`Tombstones.bury`: words
+    forgotten after they were said stay forgotten; said again after the forget they are new)."""
+    found: list[Mutation] = []
+    why = f"imported from an export made at {exported_at.isoformat()}"
+    for at, group in groupby(ordered(records), key=lambda r: r.memory.created_at):
+        memories = [_as_put(r.memory, subject) for r in group]
+        for start in range(0, len(memories), PUTS_PER_MUTATION):
+            puts = [PutOp(memory=m) for m in memories[start:start + PUTS_PER_MUTATION]]
+            found.append(mutation(subject, IMPORT_ACTION, why, at, puts))
+    return found
+
+
+def _as_put(memory: Memory, subject: str) -> Memory:
+    if memory.subject != subject:
+        raise ValueError(f"memory {memory.id} is of {memory.subject}, not {subject}")
+    # The op that last wrote it in the store it came from names nothing here; the put stamps its own.
+    return memory.model_copy(update={"last_op": None})
+
+
+def usable_vectors(head_model: str | None, head_dim: int | None, records: Sequence[Record],
+                   model: str, dim: int) -> dict[str, list[float]]:
+    """The exported vectors that can be stored as they are: made by the store's own model, at its dimension.
+    The rest are encoded again (a vector of another model means nothing in this index)."""
+    if head_model != model or head_dim != dim:
+        return {}
+    return {r.memory.id: r.vector for r in records if r.vector is not None}

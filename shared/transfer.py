@@ -1,0 +1,62 @@
+"""Export and import as a client does them (`MemoryClient.export` / `import_`, `memflow export|import`, the
+HTTP routes): one call of the query worker per subject to export, and per slice of a subject to import, the
+whole file read and checked first (docs/export-format.md). The format itself is pipeline/export.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from memflow.pipeline import export
+from memflow.pipeline.export import Parsed, Record
+from memflow.shared.rpc import EXPORT, IMPORT, MAX_IMPORT_RECORDS, ExportedSubject, Imported, ImportReport
+
+if TYPE_CHECKING:
+    from memflow.shared.client import MemoryClient
+
+# An import call embeds up to MAX_IMPORT_RECORDS memories on a busy machine: minutes, not the searches' seconds.
+TRANSFER_TIMEOUT_S = 600.0
+
+
+def export_lines(client: MemoryClient, subjects: Sequence[str], with_vectors: bool, now: datetime) -> Iterator[bytes]:
+    """The export of `subjects`, line by line: the header (with the model of the vectors, known from the first
+    subject's reply), then each subject's points oldest first. One subject's points are in memory at a time."""
+    replies = (_exported(client, s, with_vectors) for s in subjects)
+    first = next(replies, None)
+    model, dim = (first.model, first.dim) if first is not None else (None, None)
+    yield export.line(export.header(now, subjects, model, dim))
+    if first is not None:
+        yield from map(export.line, first.records)
+    for reply in replies:
+        yield from map(export.line, reply.records)
+
+
+def _exported(client: MemoryClient, subject: str, with_vectors: bool) -> ExportedSubject:
+    return client.call(EXPORT, subject=subject, with_vectors=with_vectors, timeout_s=TRANSFER_TIMEOUT_S)
+
+
+def read(lines: Iterable[bytes | str]) -> Parsed:
+    """A whole export, read and checked (export.FormatError naming the line and field)."""
+    return export.read(lines)
+
+
+def import_parsed(client: MemoryClient, parsed: Parsed,
+                  allowed: Callable[[str], object] = lambda subject: None) -> ImportReport:
+    """Import every subject of `parsed` (`allowed` is asked about each before anything is written: the
+    HTTP door's scope check), a slice of at most MAX_IMPORT_RECORDS memories per call."""
+    for subject in parsed.subjects:
+        allowed(subject)
+    return ImportReport(subjects=[_import_subject(client, parsed, s, records)
+                                  for s, records in parsed.subjects.items()])
+
+
+def _import_subject(client: MemoryClient, parsed: Parsed, subject: str, records: list[Record]) -> Imported:
+    head = parsed.header
+    done = Imported(subject=subject, memories=0, written=0, already=0, kept=0, forgotten=0, reembedded=0)
+    for start in range(0, len(records), MAX_IMPORT_RECORDS):
+        part = client.call(IMPORT, subject=subject, exported_at=head.exported_at, model=head.model, dim=head.dim,
+                           records=records[start:start + MAX_IMPORT_RECORDS], timeout_s=TRANSFER_TIMEOUT_S)
+        done = Imported(subject=subject, **{name: getattr(done, name) + getattr(part, name)
+                                            for name in Imported.model_fields if name != "subject"})
+    return done

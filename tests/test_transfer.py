@@ -1,0 +1,175 @@
+"""Export and import (docs/export-format.md), on real services: a subject with corrections, contests and
+forgets, and a slice of MADial, round-trip into a fresh deployment with identical inspect, history and search;
+the same file twice changes nothing; a memory forgotten in the target stays forgotten; a file that cannot be
+read is refused with its line and field, before anything is written."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memflow.bench.madial import event_id_of, load, subject_of
+from memflow.pipeline import export
+from memflow.pipeline.export import FormatError
+from memflow.pipeline.models import Status
+from memflow.shared.embedder import Embedder
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from tests.conftest import System, start_system
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+NOW = T0 + timedelta(days=3)
+MADIAL = Path("/work/shared/datasets/madial")
+# Bookkeeping of the store a point was written in (the op that last wrote it), not of the memory.
+OWN = {"last_op", "last_count"}
+
+
+@pytest.fixture
+def target(settings: Settings, embedder: Embedder, tmp_path: Path) -> Iterator[System]:
+    """A second, fresh deployment: its own key prefix and data directory on the same Redis server."""
+    other = settings.replace(stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=tmp_path / "b")
+    running = start_system(other, embedder)
+    yield running
+    running.shutdown()
+
+
+def settle(system: System) -> None:
+    assert system.client.wait_idle(60), "the pipeline did not drain"
+
+
+def said(system: System, subject: str, texts: list[str]) -> None:
+    for i, text in enumerate(texts):
+        system.client.write(subject, text, ts=T0 + timedelta(hours=i), event_id=f"{subject}-w{i}", session_id=f"s{i}")
+    settle(system)
+
+
+def inspected(system: System, subject: str) -> dict[str, Any]:
+    report = system.client.inspect(subject, now=NOW)
+    return {"memories": [m.model_dump(mode="json", exclude=OWN) for m in report.memories],
+            "people": [p.model_dump(mode="json") for p in report.people]}
+
+
+def histories(system: System, subject: str) -> dict[str, Any]:
+    return {m.id: system.client.history(m.id, subject=subject).model_dump(mode="json")
+            for m in system.ctx.store.get(MemoryFilter(subject))}
+
+
+def searched(system: System, subject: str, queries: list[str]) -> list[Any]:
+    return [[(h.id, h.score) for h in system.client.search(subject, q, k=10, now=NOW).hits] for q in queries]
+
+
+def same_search(ours: list[Any], theirs: list[Any], exact: bool) -> None:
+    """The same memories in the same order; the same scores, to the encoder's last digits when the vectors were
+    encoded again (a batch sums in another order than one passage alone: 1e-6 apart, measured)."""
+    assert [[i for i, _ in hits] for hits in ours] == [[i for i, _ in hits] for hits in theirs]
+    scores = [s for hits in theirs for _, s in hits]
+    assert [s for hits in ours for _, s in hits] == (scores if exact else pytest.approx(scores, abs=1e-4))
+
+
+def round_trip(source: System, dest: System, subjects: list[str], queries: dict[str, list[str]],
+               with_vectors: bool = False) -> None:
+    lines = list(source.client.export(subjects, with_vectors=with_vectors))
+    report = dest.client.import_(lines)
+    assert [s.subject for s in report.subjects] == subjects
+    for subject in subjects:
+        assert inspected(dest, subject) == inspected(source, subject)
+        assert histories(dest, subject) == histories(source, subject)
+        same_search(searched(dest, subject, queries[subject]), searched(source, subject, queries[subject]),
+                    exact=with_vectors)
+
+
+def stateful_subject(system: System, subject: str) -> None:
+    """A correction (a superseded version), a contest (two sides contested) and a forget."""
+    said(system, subject, ["I live in Berlin.", "Correction: I live in Munich, not Berlin.",
+                           "My wife's name is Anna.", "I prefer short answers.",
+                           "My car is a red Volvo.", "The project database is Postgres."])
+    forgotten = [m.id for m in system.ctx.store.get(MemoryFilter(subject)) if "Volvo" in m.content]
+    assert forgotten and system.client.forget(subject, forgotten) >= 1
+    rivals = [m for m in system.ctx.store.get(MemoryFilter(subject)) if "Postgres" in m.content]
+    contest(system, subject, rivals[0].id)
+
+
+def contest(system: System, subject: str, memory_id: str) -> None:
+    """Make a memory stubborn by use, then say otherwise offhandedly: both sides stand, contested."""
+    for i in range(6):
+        system.client.feedback(subject, [memory_id], at=T0 + timedelta(hours=10 + i), request_id=f"use-{i}")
+    system.client.write(subject, "The project database is MySQL.", ts=T0 + timedelta(hours=20),
+                        event_id=f"{subject}-w-rival", session_id="s-rival")
+    settle(system)
+
+
+def test_a_subject_with_corrections_contests_and_forgets_round_trips(system: System, target: System) -> None:
+    stateful_subject(system, "ana")
+    statuses = {m.status for m in system.ctx.store.get(MemoryFilter("ana"))}
+    assert {Status.superseded, Status.contested, Status.active} <= statuses, statuses
+    round_trip(system, target, ["ana"], {"ana": ["where do I live", "what database", "my wife", "car"]},
+               with_vectors=True)
+
+
+@pytest.mark.skipif(not MADIAL.exists(), reason="the MADial development split is not here")
+def test_a_slice_of_madial_round_trips(system: System, target: System) -> None:
+    split = load(MADIAL, "en")
+    user = split.memories[0].user
+    memories = split.of_user(user)[:12]
+    subject = subject_of("en", user)
+    for m in memories:
+        system.client.write(subject, m.event, ts=m.ts, external_ref=m.id, event_id=event_id_of("en", m.id),
+                            session_id="madial-en")
+    settle(system)
+    queries = [d.query[-300:] for d in split.dialogues if d.user == user][:3]
+    round_trip(system, target, [subject], {subject: queries})
+
+
+def test_the_same_file_twice_changes_nothing(system: System, target: System) -> None:
+    said(system, "bo", ["I live in Berlin.", "Correction: I live in Munich, not Berlin.", "I like tea."])
+    lines = list(system.client.export(["bo"]))
+    first = target.client.import_(lines).subjects[0]
+    assert first.written == first.memories > 0 and first.reembedded == first.memories
+    before = (target.ctx.client.xlen(target.ctx.keys.changes), inspected(target, "bo"))
+    again = target.client.import_(lines).subjects[0]
+    assert (again.written, again.already, again.kept) == (0, first.memories, 0)
+    assert (target.ctx.client.xlen(target.ctx.keys.changes), inspected(target, "bo")) == before
+
+
+def test_a_memory_forgotten_in_the_target_is_not_brought_back(system: System, target: System) -> None:
+    said(system, "cy", ["My car is a red Volvo.", "I like tea."])
+    lines = list(system.client.export(["cy"]))
+    target.client.import_(lines)
+    volvo = [m.id for m in target.ctx.store.get(MemoryFilter("cy")) if "Volvo" in m.content]
+    assert target.client.forget("cy", volvo) == len(volvo) > 0
+    again = target.client.import_(lines).subjects[0]
+    assert again.forgotten == len(volvo) and again.written == 0
+    assert not [m for m in target.ctx.store.get(MemoryFilter("cy")) if "Volvo" in m.content]
+    assert target.client.verify_forgotten("cy", volvo).verified
+
+
+def test_vectors_of_the_stores_model_are_used_and_others_reencoded(system: System, target: System) -> None:
+    said(system, "di", ["I like tea.", "I live in Oslo."])
+    said(system, "dj", ["I like coffee.", "I live in Rome."])
+    lines = list(system.client.export(["di"], with_vectors=True))
+    head = export.read(lines).header
+    assert head.model == system.ctx.embedder.model_id and head.dim == system.ctx.embedder.dim
+    assert target.client.import_(lines).subjects[0].reembedded == 0
+    theirs = list(system.client.export(["dj"], with_vectors=True))
+    theirs[0] = export.line(export.read(theirs).header.model_copy(update={"model": "st:another-model"}))
+    report = target.client.import_(theirs).subjects[0]
+    assert report.reembedded == report.written == report.memories > 0
+    for subject, exact in (("di", True), ("dj", False)):
+        same_search(searched(target, subject, ["where do I live"]), searched(system, subject, ["where do I live"]),
+                    exact)
+
+
+def test_an_unreadable_file_is_refused_with_its_line_and_field_before_any_write(system: System,
+                                                                                target: System) -> None:
+    said(system, "ed", ["I like tea.", "I live in Oslo."])
+    lines = list(system.client.export(["ed"]))
+    broken = lines[2].replace(b'"confidence":', b'"confidence":"high","was":')
+    with pytest.raises(FormatError) as refused:
+        target.client.import_([lines[0], lines[1], broken])
+    assert (refused.value.line, refused.value.field) == (3, "memory.confidence")
+    assert target.ctx.store.get(MemoryFilter("ed")) == []  # the good line before it was not written either

@@ -1,0 +1,96 @@
+"""Export and import, run in the query worker (it holds the store, the embedder and the applier).
+
+The format and the puts an import makes are pure (pipeline/export.py, docs/export-format.md). An import
+writes only what the subject lacks, through the applier under the subject's write lock: a point already
+held stays as this store has it, and a put of something forgotten here is not written (the applier reads
+forget's tombstones). A second import of the same file finds every point held and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memflow.pipeline import export
+from memflow.pipeline.export import Record
+from memflow.pipeline.models import Memory, Status
+from memflow.shared.errors import InvalidInput
+from memflow.shared.rpc import ImportRequest
+from memflow.shared.store import MemoryFilter, PointLookup, Store
+from memflow.workers.runtime import Context
+
+# Bookkeeping of the store a point was written in, not of the memory: two stores holding one memory differ in it.
+_OWN_BOOKKEEPING = frozenset({"last_op", "last_count"})
+
+
+def export_subject(ctx: Context, subject: str, with_vectors: bool) -> dict[str, Any]:
+    """Every stored point of `subject` (a deleted one is a forget under way: left out), oldest first."""
+    memories = [m for m in ctx.store.get(MemoryFilter(subject)) if m.status is not Status.deleted]
+    vectors = _lookup(ctx.store).vectors([m.id for m in memories]) if with_vectors and memories else {}
+    records = export.ordered(Record(memory=m, vector=vectors.get(m.id)) for m in memories)
+    model, dim = (ctx.embedder.model_id, ctx.embedder.dim) if with_vectors else (None, None)
+    return {"subject": subject, "model": model, "dim": dim, "records": records}
+
+
+def import_subject(ctx: Context, req: ImportRequest) -> dict[str, Any]:
+    """Write the memories of `req` that the subject lacks; say what became of each."""
+    records = req.records
+    _refuse_other_subjects(ctx.store, req.subject, records)
+    vectors = _vectors(ctx, req, _absent(ctx.store, req.subject, records))
+    with ctx.applier.holding(req.subject) as held:
+        held_now = _held(ctx.store, req.subject, records)  # under the lock: what the puts will meet
+        todo = [r for r in records if r.memory.id not in held_now]
+        vectors |= _vectors(ctx, req, [r for r in todo if r.memory.id not in vectors])
+        forgotten: list[str] = []
+        for mutation in export.mutations(req.subject, todo, req.exported_at):
+            forgotten += held.apply(mutation, vectors).forgotten
+    already = sum(1 for r in records if r.memory.id in held_now and _same(r.memory, held_now[r.memory.id]))
+    reembedded = set(vectors) - set(export.usable_vectors(req.model, req.dim, records, ctx.embedder.model_id,
+                                                          ctx.embedder.dim))
+    return {"subject": req.subject, "memories": len(records), "written": len(todo) - len(forgotten),
+            "already": already, "kept": len(held_now) - already, "forgotten": len(forgotten),
+            "reembedded": len(reembedded - set(forgotten) - set(held_now))}
+
+
+def _refuse_other_subjects(store: Store, subject: str, records: Sequence[Record]) -> None:
+    """An id is a point of one subject: a put of another subject's id (ids are derived from public inputs,
+    pipeline/ids.py) would write a second point with that id, in another shard. Refused, naming the line's record."""
+    for i, record in enumerate(records):
+        if record.memory.subject != subject:
+            raise InvalidInput(f"records.{i}.memory.subject", f"{record.memory.subject!r} in an import of {subject!r}")
+    ids = [r.memory.id for r in records]
+    elsewhere = _lookup(store).holds(ids) - set(_held(store, subject, records))
+    if elsewhere:
+        i = next(i for i, memory_id in enumerate(ids) if memory_id in elsewhere)
+        raise InvalidInput(f"records.{i}.memory.id", f"{ids[i]} is the id of a memory of another subject")
+
+
+def _lookup(store: Store) -> PointLookup:
+    if not isinstance(store, PointLookup):
+        raise InvalidInput("store", f"{type(store).__name__} cannot be exported from or imported into by id")
+    return store
+
+
+def _held(store: Store, subject: str, records: Sequence[Record]) -> dict[str, Memory]:
+    ids = [r.memory.id for r in records]
+    return {m.id: m for m in store.get(MemoryFilter(subject, ids=ids))} if ids else {}
+
+
+def _absent(store: Store, subject: str, records: Sequence[Record]) -> list[Record]:
+    held = _held(store, subject, records)
+    return [r for r in records if r.memory.id not in held]
+
+
+def _vectors(ctx: Context, req: ImportRequest, records: Sequence[Record]) -> dict[str, list[float]]:
+    """A vector for each of `records`: the file's when this store's model made it, else encoded here."""
+    embedder = ctx.embedder
+    found = export.usable_vectors(req.model, req.dim, records, embedder.model_id, embedder.dim)
+    missing = [r.memory for r in records if r.memory.id not in found]
+    if missing:
+        found |= dict(zip([m.id for m in missing], embedder.encode_passages([m.content for m in missing]),
+                          strict=True))
+    return found
+
+
+def _same(ours: Memory, theirs: Memory) -> bool:
+    return ours.model_dump(exclude=set(_OWN_BOOKKEEPING)) == theirs.model_dump(exclude=set(_OWN_BOOKKEEPING))

@@ -338,7 +338,8 @@ class SchedulerSettings(Group):
 
 class HttpSettings(Group):
     """`memflow serve` (workers/api.py): where it listens, and the most it reads of one request — a body
-    over `max_body_bytes` is refused before it is parsed, so a 10 MB post costs nothing. `api_key` is the
+    over `max_body_bytes` (`max_import_bytes` for an import) is refused before it is parsed, so a 10 MB post
+    costs nothing. `api_key` is the
     key `memflow mcp` over stdio presents (MEMFLOW_API_KEY)."""
 
     prefix = "http_"
@@ -352,6 +353,9 @@ class HttpSettings(Group):
     allowed_hosts: str = ""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_batch: int = Field(default=500, ge=1)
+    # `POST /v1/import` alone: an export is bigger than any other request (~2 KB a memory, ~6 with vectors);
+    # read whole and checked before anything is written, so this bounds the memory one import holds.
+    max_import_bytes: int = Field(default=16 * 1_048_576, ge=1024)
     api_key: SecretStr | None = None
     # How much one server process takes on at once (workers/api.py): requests being worked on (past it:
     # 503 with Retry-After at once; a search waiting for the query worker holds no thread, only one of

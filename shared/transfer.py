@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memflow.pipeline import export
 from memflow.pipeline.export import Parsed, Record
@@ -52,11 +52,19 @@ def import_parsed(client: MemoryClient, parsed: Parsed,
 
 
 def _import_subject(client: MemoryClient, parsed: Parsed, subject: str, records: list[Record]) -> Imported:
+    return total(subject, [client.call(IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+                           for fields in import_calls(parsed, subject, records)])
+
+
+def import_calls(parsed: Parsed, subject: str, records: list[Record]) -> list[dict[str, Any]]:
+    """The requests that import `records` of `subject`: at most MAX_IMPORT_RECORDS memories each."""
     head = parsed.header
-    done = Imported(subject=subject, memories=0, written=0, already=0, kept=0, forgotten=0, reembedded=0)
-    for start in range(0, len(records), MAX_IMPORT_RECORDS):
-        part = client.call(IMPORT, subject=subject, exported_at=head.exported_at, model=head.model, dim=head.dim,
-                           records=records[start:start + MAX_IMPORT_RECORDS], timeout_s=TRANSFER_TIMEOUT_S)
-        done = Imported(subject=subject, **{name: getattr(done, name) + getattr(part, name)
-                                            for name in Imported.model_fields if name != "subject"})
-    return done
+    return [{"subject": subject, "exported_at": head.exported_at, "model": head.model, "dim": head.dim,
+             "records": records[start:start + MAX_IMPORT_RECORDS]}
+            for start in range(0, len(records), MAX_IMPORT_RECORDS)]
+
+
+def total(subject: str, parts: Sequence[Imported]) -> Imported:
+    """What the calls importing one subject did, added up."""
+    counts = {name: sum(getattr(p, name) for p in parts) for name in Imported.model_fields if name != "subject"}
+    return Imported(subject=subject, **counts)

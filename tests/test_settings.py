@@ -99,7 +99,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 30: a key's places lapse (a process that died holding one)
     "http_key_lease_s",
     # issue 30: the host names `serve` answers to
-    "http_allowed_hosts")}
+    "http_allowed_hosts",
+    # issue 31: export and import
+    "http_max_import_bytes")}
 
 
 def every_name_set() -> Settings:

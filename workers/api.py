@@ -607,22 +607,23 @@ class BodyLimit:
     """Refuse a body over `max_bytes` before anything reads it: by its Content-Length when it says one,
     else while it streams in."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
+        self.app, self.default_bytes, self.per_path = app, max_bytes, per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes = self.per_path.get(scope.get("path", ""), self.default_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            return await self._refuse(send, max_bytes)
         seen, refused = 0, False
 
         async def counted() -> Message:
             nonlocal seen, refused
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > max_bytes:
                 refused = True
                 raise _TooLarge()
             return message
@@ -635,10 +636,10 @@ class BodyLimit:
         except _TooLarge:
             pass
         if refused:
-            await self._refuse(send)
+            await self._refuse(send, max_bytes)
 
-    async def _refuse(self, send: Send) -> None:
-        response = _reply(413, "invalid_input", f"the body is over {self.max_bytes} bytes", "body")
+    async def _refuse(self, send: Send, max_bytes: int) -> None:
+        response = _reply(413, "invalid_input", f"the body is over {max_bytes} bytes", "body")
         await response({"type": "http"}, _nothing, send)
 
 
@@ -685,13 +686,17 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.state.auth = auth
     _install_errors(app)
     app.include_router(v1)
+    from memflow.workers.transfer_api import IMPORT_PATH, document_transfer, transfer_routes  # built on this module
+    app.include_router(transfer_routes)
     app.include_router(ops)
     app.add_route("/mcp", mcp.app, include_in_schema=False)  # type: ignore[arg-type]  # an ASGI app: every method
     from memflow.workers.inspector import pages  # here: the inspector's pages are built on this module
     app.include_router(pages)
-    app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes,
+                       per_path={IMPORT_PATH: settings.http.max_import_bytes})  # an export is bigger
     app.add_middleware(HostCheck, names=hosts)  # the outermost: a page of another site gets nothing read
     _document_events(app)
+    document_transfer(app)
     return app
 
 

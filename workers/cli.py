@@ -21,6 +21,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from pydantic import BaseModel
 
+from memflow.pipeline.export import FormatError
 from memflow.scheduler.app import build_scheduler, next_fire_times
 from memflow.shared import dlq as dead
 from memflow.shared import rpc
@@ -265,6 +266,41 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
                        f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}")
     if proof and not proof.verified:
         raise typer.Exit(1)
+
+
+@app.command("export")
+def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="Subjects to export.")] = None,
+                    every: Annotated[bool, typer.Option("--all", help="Every subject in the store.")] = False,
+                    with_vectors: Annotated[bool, typer.Option("--with-vectors", help=(
+                        "Include each memory's dense vector and the model that made it (an import into a store "
+                        "of that model stores them as they are; others encode again)."))] = False) -> None:
+    """Write memories as JSON Lines to stdout, with their versions, history and provenance (docs/export-format.md)."""
+    if bool(subjects) == every:
+        raise typer.BadParameter("name the subjects to export, or --all (not both)")
+    out = sys.stdout.buffer
+    for line in MemoryClient(_settings()).export(None if every else subjects, with_vectors=with_vectors):
+        out.write(line)
+    out.flush()
+
+
+@app.command("import")
+def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON Lines); - for stdin.")],
+                    as_json: JsonFlag = False) -> None:
+    """Import an export: checked whole first, then each subject gets what it lacks (the same file twice changes
+    nothing; a memory forgotten here is not brought back)."""
+    try:
+        with (sys.stdin.buffer if str(path) == "-" else path.open("rb")) as lines:
+            report = MemoryClient(_settings()).import_(lines)
+    except FormatError as exc:
+        _fail(f"{path}: {exc}: nothing was imported")
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc}")
+    if as_json:
+        _print_json(report.model_dump(mode="json"))
+        return
+    for s in report.subjects:
+        typer.echo(f"{s.subject}: {s.memories} in the file — {s.written} written ({s.reembedded} encoded here), "
+                   f"{s.already} already here, {s.kept} kept as this store has them, {s.forgotten} forgotten here")
 
 
 @app.command("compact-aof")

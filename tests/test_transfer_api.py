@@ -1,0 +1,128 @@
+"""Export and import over HTTP (`GET /v1/subjects/{s}/export`, `POST /v1/import`), as an attacker holding one
+valid key would try them: another tenant's subjects, another tenant's memory ids, a read-only key, a body over
+the cap, a broken line. The `served` server of tests/test_api.py (a real uvicorn process)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from memflow.shared.apikeys import KeyStore
+from memflow.shared.embedder import Embedder
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from tests.conftest import System, start_system
+from tests.test_api import Served, error_of, remembered, start_serve, stop, subject
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One system and one `memflow serve` process for the module, with an admin key (as tests/test_api.py)."""
+    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
+                        data_dir=tmp_path_factory.mktemp("transfer-api"), reclaim_idle_ms=300, block_ms=50,
+                        retry_base_s=0.01, retry_max_s=0.2)
+    system = start_system(settings, embedder)
+    url, process = start_serve(settings)
+    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
+                                                                    now=datetime.now(UTC))[1]
+    yield Served(system, settings, url, process, admin)
+    stop(process)
+    system.shutdown()
+
+
+def exported(served: Served, key: str, subj: str, **params: Any) -> list[bytes]:
+    with served.http(key) as http:
+        reply = http.get(f"/v1/subjects/{subj}/export", params=params)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"].startswith("application/x-ndjson")
+        return reply.content.splitlines(keepends=True)
+
+
+def posted(served: Served, key: str, lines: list[bytes]) -> Any:
+    with served.http(key) as http:
+        return http.post("/v1/import", content=b"".join(lines), headers={"content-type": "application/x-ndjson"})
+
+
+def payloads(lines: list[bytes]) -> list[dict[str, Any]]:
+    """The records of an export without the bookkeeping of the store they were written in."""
+    found = [json.loads(line) for line in lines[1:]]
+    for record in found:
+        record["memory"].pop("last_op")
+    return found
+
+
+def test_an_export_from_another_deployment_is_imported_and_exported_again_the_same(served: Served,
+                                                                                  system: System) -> None:
+    subj = subject()
+    system.client.write(subj, "I live in Berlin.", event_id=f"{subj}-1")
+    system.client.write(subj, "Correction: I live in Munich, not Berlin.", event_id=f"{subj}-2")
+    assert system.client.wait_idle(60)
+    lines = list(system.client.export([subj], with_vectors=True))
+    key = served.key(subj)
+    reply = posted(served, key, lines)
+    assert reply.status_code == 200, reply.text
+    done = reply.json()["subjects"][0]
+    assert done["written"] == done["memories"] == len(lines) - 1 and done["reembedded"] == 0
+    assert payloads(exported(served, key, subj)) == [{**r, "vector": None} for r in payloads(lines)]
+    again = posted(served, key, lines).json()["subjects"][0]
+    assert (again["written"], again["already"]) == (0, done["memories"])
+
+
+def test_a_key_exports_and_imports_only_its_subjects(served: Served) -> None:
+    mine, theirs = subject(), subject()
+    remembered(served, theirs, "My bank is Acme Bank.")
+    key = served.key(mine)
+    with served.http(key) as http:
+        assert http.get(f"/v1/subjects/{theirs}/export").status_code == 403
+    lines = exported(served, served.admin, theirs)
+    reply = posted(served, key, lines)
+    assert reply.status_code == 403 and error_of(reply)["field"] == "memory.subject"
+    read_only = served.key(theirs, read_only=True)
+    assert posted(served, read_only, lines).status_code == 403
+
+
+def test_another_subjects_memory_id_cannot_be_imported_under_ones_own(served: Served) -> None:
+    mine, theirs = subject(), subject()
+    remembered(served, theirs, "My bank is Acme Bank.")
+    before = served.system.ctx.store.get(MemoryFilter(theirs))
+    lines = exported(served, served.admin, theirs)
+    head = json.loads(lines[0]) | {"subjects": [mine]}
+    record = json.loads(lines[1])
+    record["memory"] |= {"subject": mine, "uri": record["memory"]["uri"].replace(theirs, mine),
+                         "content": "attacker's words"}
+    reply = posted(served, served.key(mine), [json.dumps(head).encode() + b"\n", json.dumps(record).encode()])
+    assert reply.status_code == 422 and "another subject" in error_of(reply)["message"], reply.text
+    assert served.system.ctx.store.get(MemoryFilter(mine)) == []
+    assert served.system.ctx.store.get(MemoryFilter(theirs)) == before
+
+
+def test_a_broken_line_is_refused_naming_it_and_nothing_is_written(served: Served) -> None:
+    subj = subject()
+    remembered(served, subj, "I like green tea.", "I live in Oslo.")
+    lines = exported(served, served.admin, subj)
+    broken = [*lines[:2], lines[2].replace(b'"created_at":', b'"created_at":"yesterday","was":')]
+    reply = posted(served, served.admin, broken)
+    assert reply.status_code == 422, reply.text
+    error = error_of(reply)
+    assert error["field"] == "memory.created_at" and error["message"].startswith("line 3: memory.created_at")
+    assert posted(served, served.admin, [b'{"kind": "memory"}\n']).status_code == 422
+
+
+def test_an_import_over_the_cap_is_refused_413(served: Served) -> None:
+    cap = served.settings.http.max_import_bytes
+    reply = posted(served, served.admin, [b" " * (cap + 1)])
+    assert reply.status_code == 413 and error_of(reply)["field"] == "body"
+
+
+def test_the_routes_and_their_lines_are_in_the_openapi_document(served: Served) -> None:
+    with served.http(None) as http:
+        document = http.get("/openapi.json").json()
+    assert {"ExportHeader", "ExportRecord", "ImportReport", "Imported"} <= set(document["components"]["schemas"])
+    assert "post" in document["paths"]["/v1/import"]
+    assert "get" in document["paths"]["/v1/subjects/{subject}/export"]

@@ -1,0 +1,89 @@
+"""Export and import over HTTP (docs/export-format.md), under the key's scopes: `GET /v1/subjects/{s}/export`
+streams a subject's export as JSON Lines; `POST /v1/import` takes one (MEMFLOW_HTTP_MAX_IMPORT_BYTES at most),
+reads and checks all of it, refuses it whole if the key may not write one of its subjects, then imports
+subject by subject through the query worker, as `memflow import` does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from memflow.pipeline import export
+from memflow.pipeline.export import FormatError, Header, Parsed, Record
+from memflow.pipeline.models import Subject
+from memflow.shared import rpc
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S, import_calls, total
+from memflow.workers.api import ERRORS, Caller, admitted, ask, blocking, fair_share
+from memflow.workers.front import ApiError, allowed
+
+IMPORT_PATH = "/v1/import"
+NDJSON = "application/x-ndjson"
+# Memories one import request may carry: reading and checking them holds a thread of the server (~40 µs a
+# memory); a bigger export is posted in parts (each part whole subjects: a subject is never split by a door).
+MAX_IMPORT_MEMORIES = 20_000
+
+transfer_routes = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)],
+                            tags=["transfer"])
+
+_LINES = {"description": "JSON Lines: an `ExportHeader` line, then one `ExportRecord` line per stored point "
+                         "(docs/export-format.md).",
+          "content": {NDJSON: {"schema": {"oneOf": [{"$ref": "#/components/schemas/ExportHeader"},
+                                                    {"$ref": "#/components/schemas/ExportRecord"}]}}}}
+
+
+@transfer_routes.get("/subjects/{subject:path}/export", response_class=StreamingResponse, responses={200: _LINES})
+async def export_subject(request: Request, key: Caller, subject: Subject, with_vectors: bool = False
+                         ) -> StreamingResponse:
+    """Every stored point of a subject with its versions, history, provenance and lifecycle state, as JSON
+    Lines; `with_vectors`: each point's dense vector too, and the model that made it in the header."""
+    reply = await ask(request, rpc.EXPORT, subject=allowed(key, subject), with_vectors=with_vectors,
+                      timeout_s=TRANSFER_TIMEOUT_S)
+    head = export.header(datetime.now(UTC), [subject], reply.model, reply.dim)
+    name = subject.replace("/", "_")
+    return StreamingResponse(export.lines(head, reply.records), media_type=NDJSON,
+                             headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'})
+
+
+@transfer_routes.post(IMPORT_PATH.removeprefix("/v1"), response_model=rpc.ImportReport,
+                      openapi_extra={"requestBody": {"required": True, **_LINES}})
+async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
+    """Import an export: each subject gets the memories it lacks, through the one write path. Refused whole
+    (422 naming the line and field, 403 naming a subject) before anything is written; the same file twice
+    changes nothing; a memory forgotten here is not brought back."""
+    if key.read_only:
+        allowed(key, "", write=True)
+    parsed = await blocking(request, partial(_read, await request.body()))
+    for subject in parsed.subjects:
+        allowed(key, subject, write=True, field="memory.subject")
+    done = []
+    for subject, records in parsed.subjects.items():
+        parts = [await ask(request, rpc.IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+                 for fields in import_calls(parsed, subject, records)]
+        done.append(total(subject, parts))
+    return rpc.ImportReport(subjects=done)
+
+
+def _read(body: bytes) -> Parsed:
+    try:
+        return export.read(body.splitlines(), max_records=MAX_IMPORT_MEMORIES)
+    except FormatError as exc:
+        raise ApiError(422, "invalid_input", str(exc), exc.field) from None
+
+
+def document_transfer(app: FastAPI) -> None:
+    """The lines' schemas join the OpenAPI document (the routes name them in their JSON Lines bodies)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        document = generate()
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name, model in (("ExportHeader", Header), ("ExportRecord", Record)):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas.setdefault(name, schema)
+        return document
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -20,7 +20,7 @@ from memflow.pipeline.models import Status
 from memflow.shared.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
-from tests.conftest import System, start_system
+from tests.conftest import System, run_cli, start_system
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -173,3 +173,34 @@ def test_an_unreadable_file_is_refused_with_its_line_and_field_before_any_write(
         target.client.import_([lines[0], lines[1], broken])
     assert (refused.value.line, refused.value.field) == (3, "memory.confidence")
     assert target.ctx.store.get(MemoryFilter("ed")) == []  # the good line before it was not written either
+
+
+# -- the command line -------------------------------------------------------------------------------------------
+
+
+def test_the_command_line_exports_and_imports(system: System, target: System, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    said(system, "fa", ["I like tea.", "I live in Oslo."])
+    file = tmp_path / "fa.jsonl"
+    file.write_text(run_cli(system, monkeypatch, "export", "fa", "--with-vectors"))
+    assert export.read(file.read_bytes().splitlines()).count == len(system.ctx.store.get(MemoryFilter("fa")))
+    shown = run_cli(target, monkeypatch, "import", str(file))
+    assert "fa: " in shown and " written (0 encoded here)" in shown
+    assert inspected(target, "fa") == inspected(system, "fa")
+    every = run_cli(system, monkeypatch, "export", "--all")
+    assert export.read(every.encode().splitlines()).header.subjects == ["fa"]
+
+
+def test_the_command_line_refuses_a_broken_file_in_one_line(system: System, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from memflow.workers.cli import app
+    file = tmp_path / "broken.jsonl"
+    file.write_text('{"kind": "header", "format": "memflow.export", "version": 9, "exported_at": "2026-01-01T00:00:00Z"}\n')
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis.url)
+    monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.redis.stream_prefix)
+    result = CliRunner().invoke(app, ["import", str(file)])
+    assert result.exit_code == 1
+    assert "line 1: version: " in result.output and "nothing was imported" in result.output
+    assert CliRunner().invoke(app, ["export"]).exit_code == 2  # neither subjects nor --all

@@ -7,6 +7,7 @@ refused with `invalid_input` naming the field, which the status check holds to t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import schemathesis
@@ -14,6 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
 from tests.test_api import Served, served  # noqa: F401  (the module's system and `memflow serve`)
+
+
+@schemathesis.serializer("application/x-ndjson")
+def _json_lines(ctx: Any, value: Any) -> bytes:
+    """`POST /v1/import` reads JSON Lines (docs/export-format.md): a generated line is one JSON value."""
+    return json.dumps(value).encode() + b"\n"
 
 
 def test_every_answer_is_one_the_document_declares(served: Served) -> None:  # noqa: F811

@@ -244,52 +244,68 @@ class SentenceTransformerEmbedder:
         return [v.tolist() for v in vectors]
 
 
+# An encode of at most this many characters (a search's query and its rewrites: ~100 tokens) is cheap: ~50 ms of
+# e5 on an idle machine, so a cheap one waits for little even behind another (issue 30).
+CHEAP_ENCODE_CHARS = 400
+
+
 class TurnLock:
     """The encoder's lock, taken cheapest first. An encoder is one resource per process shared by every search
     worker and the write path, and an encode's time grows faster than its text (e5: 64 tokens 0.24 s, 516 tokens
     4.2 s under load): with a plain Lock one tenant's long queries, asked for again and again, keep another's
     short one waiting without bound. Here a waiting short encode goes before waiting long ones, so a one-line
     search waits for at most the encode in progress; a long one passed over MAX_PASSES times goes next whatever
-    waits (a write's batch is never starved by a stream of searches) (issue 30)."""
+    waits (a write's batch is never starved by a stream of searches) (issue 30).
+
+    With `cheap_lane` (an engine whose calls may run at once), encodes of at most that cost have a lane of their
+    own beside the expensive one: one of each runs at a time, so a one-line search never waits for a long encode
+    in progress, only for a cheap one (and shares the cores with the long one meanwhile)."""
 
     MAX_PASSES = 8
 
-    def __init__(self) -> None:
+    def __init__(self, cheap_lane: int = 0) -> None:
+        self.cheap_lane = cheap_lane
         self._changed = threading.Condition(threading.Lock())
-        self._held = False
+        self._held: set[bool] = set()  # the lanes running an encode (True: the cheap one)
         self._tickets = 0
         self._waiting: dict[int, int] = {}  # ticket -> cost
         self._passes: dict[int, int] = {}
 
     @contextmanager
     def turn(self, cost: int) -> Iterator[None]:
-        """Hold the lock for an encode of `cost` (its characters)."""
+        """Hold the lock (the lane of `cost`) for an encode of `cost` (its characters)."""
+        lane = self._cheap(cost)
         with self._changed:
             ticket = self._tickets
             self._tickets += 1
             self._waiting[ticket], self._passes[ticket] = cost, 0
             try:
-                self._changed.wait_for(lambda: not self._held and self._next() == ticket)
+                self._changed.wait_for(lambda: lane not in self._held and self._next(lane) == ticket)
             except BaseException:  # a job's deadline is raised in its thread wherever it waits (workers/query.py)
                 self._leave(ticket)
                 raise
             self._leave(ticket)
             for other in self._waiting:
-                if other < ticket:
+                if other < ticket and self._cheap(self._waiting[other]) == lane:
                     self._passes[other] += 1
-            self._held = True
+            self._held.add(lane)
         try:
             yield
         finally:
             with self._changed:
-                self._held = False
+                self._held.discard(lane)
                 self._changed.notify_all()
 
-    def _next(self) -> int:
-        overdue = [t for t in self._waiting if self._passes[t] >= self.MAX_PASSES]
+    def _cheap(self, cost: int) -> bool:
+        return 0 < self.cheap_lane and cost <= self.cheap_lane
+
+    def _next(self, cheap: bool = False) -> int | None:
+        """The waiter of the lane (`cheap` or not) that goes next."""
+        lane = [t for t in self._waiting if self._cheap(self._waiting[t]) == cheap]
+        overdue = [t for t in lane if self._passes[t] >= self.MAX_PASSES]
         if overdue:
             return min(overdue)
-        return min(self._waiting, key=lambda t: (self._waiting[t], t))
+        return min(lane, key=lambda t: (self._waiting[t], t), default=None)
 
     def _leave(self, ticket: int) -> None:
         self._waiting.pop(ticket, None)
@@ -319,7 +335,9 @@ class E5Embedder:
         self._batch_size = batch_size
         # The engine's OpenMP threads take every core for one call: concurrent calls only fight.
         # A lock per batch (not per request) lets a search slip in between a long write's batches; in turn.
-        self._lock = TurnLock()
+        # Cheap encodes (a one-line search) run beside an expensive one: a call allocates its own buffers and
+        # only reads the model, and a long query of another tenant (~1 s at 512 tokens) is not theirs to wait for.
+        self._lock = TurnLock(cheap_lane=CHEAP_ENCODE_CHARS)
         # token_count includes the prefix and the two special tokens; an empty text is exactly those.
         self._overhead = int(self._model.token_count(""))
 

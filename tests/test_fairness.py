@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+import numpy as np
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -37,7 +38,7 @@ from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, k
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect_async
-from memflow.shared.embedder import Embedder, TurnLock
+from memflow.shared.embedder import CHEAP_ENCODE_CHARS, E5Embedder, Embedder, TurnLock
 from memflow.shared.keys import Keys
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
@@ -362,3 +363,64 @@ def test_a_long_encode_passed_over_too_often_goes_next() -> None:
     assert lock._next() == 0
     lock._passes[0] = TurnLock.MAX_PASSES - 1
     assert lock._next() == 5
+
+
+# -- e5: a one-line search beside a long encode ----------------------------------------------------------------
+
+ONE_LINE = "who is my manager?"
+# A query at the API's cap (~512 tokens): about a second of e5 on this machine, and another tenant's to send.
+LONG = " ".join(["my colleague Anna planned the Lisbon offsite with the finance team last spring"] * 40)
+
+
+@pytest.fixture(scope="module")
+def e5() -> E5Embedder:
+    return E5Embedder()
+
+
+def test_a_one_line_search_is_encoded_beside_a_long_encode_never_behind_it(e5: E5Embedder) -> None:
+    """Key B's search waited for key A's long encode in progress (p50 1.5 s under A's flood, bench/RESULTS.md):
+    a cheap encode has a lane of its own, so it waits for at most another cheap one."""
+    assert len(ONE_LINE) <= CHEAP_ENCODE_CHARS < len(LONG)
+    alone = e5.encode_queries([ONE_LINE])[0]
+    done: list[list[float]] = []
+    with e5._lock.turn(len(LONG)):  # a long encode holds the encoder
+        threading.Thread(target=lambda: done.extend(e5.encode_queries([ONE_LINE])), daemon=True).start()
+        wait_for(lambda: done, 30, "the one-line encode while a long one is in progress")
+    assert done == [alone]
+
+
+def test_one_cheap_and_one_expensive_encode_run_at_once_each_lane_in_turn() -> None:
+    lock, entered = TurnLock(cheap_lane=100), []
+
+    def enter(name: str, cost: int) -> None:
+        with lock.turn(cost):
+            entered.append(name)
+    with lock.turn(4000), lock.turn(50):  # both lanes busy
+        threads = [threading.Thread(target=enter, args=(n, c), daemon=True) for n, c in (("long", 5000), ("cheap", 60))]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(lock._waiting) == 2, 10, "both to wait, each for its own lane")
+        assert entered == []
+    for thread in threads:
+        thread.join(10)
+    assert sorted(entered) == ["cheap", "long"]
+    with lock.turn(4000):  # the cheap lane is free while the expensive one is held
+        enter("cheap again", 60)
+    assert entered[-1] == "cheap again"
+
+
+def test_encodes_run_at_once_give_the_vectors_they_give_alone(e5: E5Embedder) -> None:
+    """The lanes run two calls of the engine at once: each allocates its own buffers and only reads the model."""
+    alone = {ONE_LINE: e5.encode_queries([ONE_LINE])[0], LONG: e5.encode_queries([LONG])[0]}
+    got: dict[str, list[list[float]]] = {ONE_LINE: [], LONG: []}
+
+    def encode(text: str, times: int) -> None:
+        for _ in range(times):
+            got[text] += e5.encode_queries([text])
+    threads = [threading.Thread(target=encode, args=(LONG, 2)), threading.Thread(target=encode, args=(ONE_LINE, 20))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for text, vectors in got.items():
+        assert vectors and all(np.allclose(v, alone[text], atol=1e-6) for v in vectors), text

@@ -16,7 +16,9 @@ shares guard.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import redis
 import redis.asyncio
 
 from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s
+from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.keys import Keys
 from memflow.shared.settings import HttpSettings
 
@@ -33,6 +36,9 @@ from memflow.shared.settings import HttpSettings
 # key's own requests conflict: a flood of one key retries among its own, another key's record is untouched.
 ATTEMPTS = 8
 PLACE = "place:"
+# How long a key's place stays taken by a call its caller stopped waiting for, at most, while a worker may
+# still run it: a search in native code (the encoder) is not cut short at its deadline.
+LINGER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class KeyShares:
 
     def __init__(self, client: redis.asyncio.Redis, keys: Keys, limits: Limits) -> None:
         self.client, self.keys, self.limits = client, keys, limits
+        self._lingering: set[asyncio.Task[None]] = set()  # a reference until each ends: the loop keeps weak ones
 
     async def admit(self, key_id: str) -> Place | Refused:
         """A place for a request of `key_id`, or why not (and when to try again)."""
@@ -82,6 +89,24 @@ class KeyShares:
     async def release(self, place: Place) -> None:
         """Give `place` back (nothing if it lapsed meanwhile)."""
         await self.client.hdel(self.keys.key_share(place.key_id), PLACE + place.id)
+
+    def release_when_done(self, place: Place, memory: MemoryClient, sent: Sent[Any]) -> None:
+        """The caller gave up on `sent`, but a query worker may still be running it: `place` is given back when the
+        worker is done (its result stored, within LINGER_S), not now. Otherwise a key whose calls outlive their
+        timeout would start new ones while the old still hold workers, and take them all (issue 30). On the
+        event loop of `client`."""
+        lingering = Sent(sent.name, sent.job, LINGER_S, time.monotonic() + LINGER_S, sent.reply)
+
+        async def release_when_done() -> None:
+            try:
+                await memory.wait_async(lingering, self.client)
+            except redis.RedisError:
+                pass  # the place is given back all the same
+            finally:
+                await self.release(place)
+        task = asyncio.get_running_loop().create_task(release_when_done())
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
 
     async def in_flight(self, key_id: str) -> int:
         """How many places `key_id` holds, lapsed ones included until its next request drops them."""

@@ -322,6 +322,26 @@ def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_ho
         stop(process)
 
 
+def test_a_recall_past_the_search_timeout_still_holds_its_keys_place_over_mcp(deployment: Deployment) -> None:
+    """As over HTTP: a recall its tool call gave up on (MEMFLOW_SEARCH_TIMEOUT_S) keeps the key's place until
+    the worker is done with it, so a key cannot take every worker by letting its recalls time out."""
+    short = deployment.settings.replace(search_timeout_s=2.0)
+    url, process = start_serve(short)
+    try:
+        a = deployment.key("team-a/*")
+        for _ in range(2):
+            timed_out = asyncio.run(recall(url, a, "team-a/x", HELD_QUERY))
+            assert timed_out.is_error and "memory unavailable" in text_of(timed_out), text_of(timed_out)
+        assert deployment.llm.in_flight == 2  # both still in a worker's hands
+        refused = asyncio.run(recall(url, a, "team-a/x", PLAIN_QUERY))
+        assert refused.is_error and "2 requests in flight" in text_of(refused), text_of(refused)
+
+        deployment.gate.set()  # the workers finish A's recalls: its places are given back
+        wait_for(lambda: not asyncio.run(recall(url, a, "team-a/x", PLAIN_QUERY)).is_error, 60, "A's places back")
+    finally:
+        stop(process)
+
+
 def test_the_encoder_goes_to_the_cheapest_waiter_and_a_waiter_ended_by_its_deadline_only_leaves() -> None:
     lock, entered = TurnLock(), []
     waiting = threading.Semaphore(0)

@@ -24,11 +24,9 @@ threads of its own: it answers whatever the other routes wait for.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -291,33 +289,15 @@ async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
             await shares.release(place)
 
 
-# How long a key's place stays taken by a call its caller stopped waiting for, at most, while the worker may
-# still run it: a search in native code (the encoder) is not cut short at its deadline.
-LINGER_S = 60.0
-
-
 def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
-    """The caller gave up on `sent`, but a query worker may still be running it: its key's place is released
-    when the worker is done (its result is stored), not now. Otherwise a key whose searches outlive the timeout
-    would start new ones while the old still hold workers, and take them all (issue 30)."""
+    """The caller gave up on `sent`, but a query worker may still be running it: its key's place is given back
+    when the worker is done, not now (KeyShares.release_when_done)."""
     place: Place | None = getattr(request.state, "share", None)
     shares: KeyShares | None = request.app.state.shares
     if place is None or shares is None:
         return
     request.state.share = None
-    client: MemoryClient = request.app.state.client
-    lingering = Sent(sent.name, sent.job, LINGER_S, time.monotonic() + LINGER_S, sent.reply)
-
-    async def release_when_done() -> None:
-        try:
-            await client.wait_async(lingering, request.app.state.replies)
-        except redis.RedisError:
-            pass  # the place is given back all the same
-        finally:
-            await shares.release(place)
-    task = asyncio.get_running_loop().create_task(release_when_done())
-    request.app.state.lingering.add(task)  # a reference until it ends: the loop keeps only weak ones
-    task.add_done_callback(request.app.state.lingering.discard)
+    shares.release_when_done(place, request.app.state.client, sent)
 
 
 v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)])
@@ -681,7 +661,6 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.state.client = client
     app.state.keystore = keystore
     app.state.edge = Edge(settings.http)
-    app.state.lingering = set[asyncio.Task[None]]()
     app.state.redis, app.state.replies, app.state.shares = redis_async, replies, shares
     app.state.auth = auth
     _install_errors(app)

@@ -39,13 +39,14 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memflow.pipeline.fairness import Refused
-from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role
+from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role, SearchResult
 from memflow.pipeline.scopes import single_subject
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.rpc import PACK, SEARCH, Rep, Rpc
 from memflow.shared.settings import Settings
-from memflow.shared.shares import KeyShares
+from memflow.shared.shares import KeyShares, Place
 from memflow.workers.front import (
     ANY_HOST,
     ApiError,
@@ -115,6 +116,15 @@ def from_request(ctx: Context) -> Caller:
     if not isinstance(caller, Caller):
         raise ApiError(401, "unauthorized", "this request passed no key check")
     return caller
+
+
+@dataclass
+class Turn:
+    """One tool call's caller, and its key's place while the call holds it (None: none taken, or handed on to
+    a call still running)."""
+
+    caller: Caller
+    place: Place | None = None
 
 
 # -- what the tools answer -------------------------------------------------------------------------
@@ -191,47 +201,63 @@ class MemoryTools:
         self.client, self.caller_of, self.shares = client, caller_of, shares
 
     @contextmanager
-    def _serving(self, ctx: Context, *, write: bool = False) -> Iterator[Caller]:
+    def _serving(self, ctx: Context, *, write: bool = False) -> Iterator[Turn]:
         """The caller of this call, while its key's place is held; its failures as tool errors (`told`)."""
         with told():
             caller = self.caller_of(ctx)
             if write and caller.read_only:
                 raise ApiError(403, "forbidden", "this key is read-only: it may recall and get context, not "
                                "remember, forget or publish")
-            with self._share(caller):
-                yield caller
+            with self._share(caller) as turn:
+                yield turn
 
     @contextmanager
-    def _share(self, caller: Caller) -> Iterator[None]:
+    def _share(self, caller: Caller) -> Iterator[Turn]:
         """A place among the key's requests in flight, from the server's event loop (a tool runs in a thread of
         it); refused as a tool error that says when to try again, as the API's 429 does with Retry-After."""
         if self.shares is None or caller.key_id is None:
-            yield
+            yield Turn(caller)
             return
         place = anyio.from_thread.run(self.shares.admit, caller.key_id)
         if isinstance(place, Refused):
             raise ToolError(f"rate limited: {place.reason}; try again in {place.retry_after_s} s "
                             f"(Retry-After: {place.retry_after_s})")
+        turn = Turn(caller, place)
         try:
-            yield
+            yield turn
         finally:
-            anyio.from_thread.run(self.shares.release, place)
+            if turn.place is not None:  # else handed on to the call still running (`_asked`)
+                anyio.from_thread.run(self.shares.release, place)
+
+    def _asked(self, turn: Turn, call: Rpc[Any, Rep], *, timeout_s: float | None = None, **fields: Any) -> Rep:
+        """One call of the query worker for `turn`. Past its timeout (RpcError), a worker may still be running
+        it: the key's place is given back when it is done, not now, as over HTTP."""
+        sent = self.client.send(call, timeout_s=timeout_s, **fields)
+        result = self.client.wait(sent)
+        if result is None and self.shares is not None and turn.place is not None:
+            place, turn.place = turn.place, None
+            anyio.from_thread.run_sync(self.shares.release_when_done, place, self.client, sent)
+        return self.client.reply(sent, result)
 
     def remember(self, content: Annotated[str, Field(min_length=1, description="One self-contained statement.")],
                  ctx: Context) -> Remembered:
         """Remember one thing about the user for later conversations: a preference, a fact, a decision, a rule.
         Use it when the user asks you to remember something, or says something that will matter again."""
-        with self._serving(ctx, write=True) as caller:
+        with self._serving(ctx, write=True) as turn:
             event_id = f"mcp-{uuid.uuid4()}"
-            self.client.write(caller.subject, content, session_id="mcp", event_id=event_id)
+            self.client.write(turn.caller.subject, content, session_id="mcp", event_id=event_id)
         return Remembered(event_id=event_id, note="accepted: searchable at once (as pending until it is written)")
 
     def recall(self, query: Annotated[str, Field(min_length=1, description="What you want to know, in words.")],
                ctx: Context, k: Annotated[int, Field(ge=1, le=50, description="At most this many.")] = 5) -> Recalled:
         """Search what is remembered about the user. Use it before answering anything that may depend on
         their preferences, past decisions or facts about them, or when they ask what you remember."""
-        with self._serving(ctx) as caller:
-            result = self.client.search(caller.subject, query, k=k)
+        with self._serving(ctx) as turn:
+            try:
+                result = self._asked(turn, SEARCH, timeout_s=self.client.settings.client.search_timeout_s,
+                                     subject=turn.caller.subject, query=query, k=k)
+            except RpcError as exc:
+                result = SearchResult(subject=turn.caller.subject, query=query, status="failed", error=str(exc))
         if result.status == "failed":
             raise ToolError(f"memory unavailable: the search could not look ({error_line(result.error or '')}); "
                             "this does not mean nothing is remembered")
@@ -244,8 +270,8 @@ class MemoryTools:
                 ctx: Context, budget_tokens: Annotated[int, Field(ge=50, le=8000)] = 800) -> Packed:
         """The memories that matter for a task, packed into prompt text within a token budget. Use it at the
         start of a task or conversation to bring in the user's preferences, rules and relevant facts."""
-        with self._serving(ctx) as caller:
-            packed = self.client.pack(caller.subject, task, budget_tokens)
+        with self._serving(ctx) as turn:
+            packed = self._asked(turn, PACK, subject=turn.caller.subject, query=task, budget_tokens=budget_tokens)
         note = "ready to use" if packed.used_ids else "nothing remembered bears on this task"
         return Packed(text=packed.system, tokens=packed.tokens, memory_ids=packed.used_ids, note=note)
 
@@ -257,8 +283,8 @@ class MemoryTools:
         the user asks you to forget something or says a memory is wrong. Returns the proof nothing is left."""
         if not memory_ids and not contains:
             raise ToolError("name what to forget: memory_ids (from recall) or contains (a phrase)")
-        with self._serving(ctx, write=True) as caller:
-            return forget_proven(self.client, caller.subject, memory_ids, contains)
+        with self._serving(ctx, write=True) as turn:
+            return forget_proven(self.client, turn.caller.subject, memory_ids, contains)
 
     def publish_turns(self, turns: Annotated[list[TurnIn], Field(min_length=1, description=(
                           "The turns, oldest first: at most as many as the HTTP API takes in one batch (500)."))],
@@ -270,8 +296,9 @@ class MemoryTools:
         most = self.client.settings.http.max_batch
         if len(turns) > most:  # the HTTP API's bound (MEMFLOW_HTTP_MAX_BATCH): one door is no wider than another
             raise ToolError(f"at most {most} turns per call ({len(turns)} given): report them in batches")
-        with self._serving(ctx, write=True) as caller:
-            events = turn_events(caller.subject, session_id, turns, end_session=end_session, now=datetime.now(UTC))
+        with self._serving(ctx, write=True) as turn:
+            events = turn_events(turn.caller.subject, session_id, turns, end_session=end_session,
+                                 now=datetime.now(UTC))
             ids = self.client.publish_many(events)
         return Published(ids=ids, event_ids=[e["event_id"] for e in events],
                          note=f"{len(ids)} events accepted; what the user said is found at once (pending till written)")

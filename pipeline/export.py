@@ -22,7 +22,8 @@ from typing import Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
-from memflow.pipeline.models import Memory, Mutation, PutOp, Status, Subject, Wire, aware
+from memflow.pipeline.gate import gate, redact_secrets
+from memflow.pipeline.models import Memory, Mutation, PutOp, Role, Status, Subject, Wire, aware
 from memflow.pipeline.writes import mutation
 
 FORMAT: Literal["memflow.export"] = "memflow.export"
@@ -169,10 +170,25 @@ def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
     seen.add(memory.id)
     if head.subjects and memory.subject not in head.subjects:
         raise FormatError(number, "memory.subject", f"{memory.subject!r} is not among the header's subjects")
+    _check_words(memory, number)
     if record.vector is not None and (head.model is None or head.dim is None):
         raise FormatError(number, "vector", "a vector, but the header names no model and dim")
     if record.vector is not None and len(record.vector) != head.dim:
         raise FormatError(number, "vector", f"{len(record.vector)} numbers, the header says dim {head.dim}")
+
+
+def _check_words(memory: Memory, number: int) -> None:
+    """An import writes what a file says, past the gate that every other way in passes
+    (docs/write-path.md#gate): what the gate never lets become memory — an injected instruction, a secret — is
+    refused here, naming the line, so that a file cannot plant what a conversation could not."""
+    for name in ("content", "context", "evidence"):
+        text = getattr(memory, name)
+        if text and gate(text, Role.user).reason == "injection":
+            raise FormatError(number, f"memory.{name}", "an injected instruction: memflow never stores one")
+        kinds = redact_secrets(text)[1] if text else []
+        if kinds:
+            raise FormatError(number, f"memory.{name}",
+                              f"holds a secret ({', '.join(kinds)}): memflow never stores one")
 
 
 def mutations(subject: str, records: Sequence[Record], exported_at: datetime) -> list[Mutation]:

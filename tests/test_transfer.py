@@ -20,7 +20,7 @@ from memflow.pipeline.models import Status
 from memflow.shared.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
-from tests.conftest import System, run_cli, start_system
+from tests.conftest import System, run_cli, start_system, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -134,6 +134,12 @@ def test_the_same_file_twice_changes_nothing(system: System, target: System) -> 
     again = target.client.import_(lines).subjects[0]
     assert (again.written, again.already, again.kept) == (0, first.memories, 0)
     assert (target.ctx.client.xlen(target.ctx.keys.changes), inspected(target, "bo")) == before
+    used = next(m for m in target.ctx.store.get(MemoryFilter("bo")) if m.status is Status.active)
+    assert target.client.feedback("bo", [used.id], at=NOW, request_id="used-once") == 1
+    wait_for(lambda: target.ctx.store.get(MemoryFilter("bo", ids=[used.id]))[0].access_count == 1)
+    third = target.client.import_(lines).subjects[0]
+    assert (third.written, third.kept, third.already) == (0, 1, first.memories - 1)  # the target's use stands
+    assert target.ctx.store.get(MemoryFilter("bo", ids=[used.id]))[0].access_count == 1
 
 
 def test_a_memory_forgotten_in_the_target_is_not_brought_back(system: System, target: System) -> None:

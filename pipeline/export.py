@@ -170,14 +170,14 @@ def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
     seen.add(memory.id)
     if head.subjects and memory.subject not in head.subjects:
         raise FormatError(number, "memory.subject", f"{memory.subject!r} is not among the header's subjects")
-    _check_words(memory, number)
+    check_words(memory, number)
     if record.vector is not None and (head.model is None or head.dim is None):
         raise FormatError(number, "vector", "a vector, but the header names no model and dim")
     if record.vector is not None and len(record.vector) != head.dim:
         raise FormatError(number, "vector", f"{len(record.vector)} numbers, the header says dim {head.dim}")
 
 
-def _check_words(memory: Memory, number: int) -> None:
+def check_words(memory: Memory, number: int) -> None:
     """An import writes what a file says, past the gate that every other way in passes
     (docs/write-path.md#gate): what the gate never lets become memory — an injected instruction, a secret — is
     refused here, naming the line, so that a file cannot plant what a conversation could not."""

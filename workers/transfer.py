@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memflow.pipeline import export
-from memflow.pipeline.export import Record
+from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.models import Memory, Status
 from memflow.shared.errors import InvalidInput
 from memflow.shared.rpc import ImportRequest
@@ -54,10 +54,15 @@ def import_subject(ctx: Context, req: ImportRequest) -> dict[str, Any]:
 
 def _refuse_other_subjects(store: Store, subject: str, records: Sequence[Record]) -> None:
     """An id is a point of one subject: a put of another subject's id (ids are derived from public inputs,
-    pipeline/ids.py) would write a second point with that id, in another shard. Refused, naming the line's record."""
+    pipeline/ids.py) would write a second point with that id, in another shard. Refused, naming the record; and
+    a record the gate would never store (export.check_words)."""
     for i, record in enumerate(records):
         if record.memory.subject != subject:
             raise InvalidInput(f"records.{i}.memory.subject", f"{record.memory.subject!r} in an import of {subject!r}")
+        try:  # checked where the file was read too; again here, whoever enqueued the call
+            export.check_words(record.memory, i)
+        except FormatError as exc:
+            raise InvalidInput(f"records.{i}.{exc.field}", exc.reason) from None
     ids = [r.memory.id for r in records]
     elsewhere = _lookup(store).holds(ids) - set(_held(store, subject, records))
     if elsewhere:

@@ -25,7 +25,7 @@ import orjson
 from memflow.bench.locomo import Progress, own_namespace, wait_until_idle
 from memflow.bench.madial import LANGS, Split, load, subject_of, write_all
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.store import MemoryFilter, Optimizable
 from memflow.workers.embedded import Embedded, embedded
 
 OWN = {"last_op", "last_count"}
@@ -55,10 +55,18 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, int]:
                            for i in set(ours["history"]) | set(theirs["history"])),
             "search_order": sum([h[0] for h in x] != [h[0] for h in y]
                                 for x, y in zip(ours["search"], theirs["search"], strict=True)),
-            "search_scores": sum(abs(a - b) > SCORE_TOLERANCE for a, b in scores)}
+            "search_scores": sum(abs(a - b) > SCORE_TOLERANCE for a, b in scores),
+            "max_score_delta_e6": round(max((abs(a - b) for a, b in scores), default=0.0) * 1e6)}
 
 
-def run(data: Path, settings: Settings, with_vectors: bool) -> dict[str, Any]:
+def settled(system: Embedded, optimize: bool) -> None:
+    """`optimize`: build the engine's indexes and merge its segments first (what the `index` job does), so that
+    both stores are compared in the same shape and not as one was written bit by bit, the other at once."""
+    if optimize and isinstance(system.ctx.store, Optimizable):
+        system.ctx.store.optimize()
+
+
+def run(data: Path, settings: Settings, with_vectors: bool, optimize: bool = False) -> dict[str, Any]:
     splits = [load(data, lang) for lang in LANGS]
     progress = Progress(tag="transfer")
     with tempfile.TemporaryDirectory(prefix="memflow-transfer-") as tmp:
@@ -66,6 +74,7 @@ def run(data: Path, settings: Settings, with_vectors: bool) -> dict[str, Any]:
             for split in splits:
                 write_all(source, split)
             wait_until_idle(source, progress)
+            settled(source, optimize)
             subjects = sorted({subject_of(s.lang, m.user) for s in splits for m in s.memories})
             before = {s: state(source, s, splits) for s in subjects}
             started = time.perf_counter()
@@ -76,22 +85,26 @@ def run(data: Path, settings: Settings, with_vectors: bool) -> dict[str, Any]:
             started = time.perf_counter()
             report = target.client.import_(lines)
             import_s = time.perf_counter() - started
+            settled(target, optimize)
             after = {s: state(target, s, splits) for s in subjects}
     diff = {s: differences(before[s], after[s]) for s in subjects}
     return {"subjects": len(subjects), "memories": len(lines) - 1, "bytes": sum(map(len, lines)),
-            "with_vectors": with_vectors, "export_s": round(export_s, 2), "import_s": round(import_s, 2),
+            "with_vectors": with_vectors, "optimized": optimize,
+            "export_s": round(export_s, 2), "import_s": round(import_s, 2),
             "written": sum(s.written for s in report.subjects),
             "reembedded": sum(s.reembedded for s in report.subjects),
             "dialogues": sum(len(s.dialogues) for s in splits),
-            "differ": {k: sum(d[k] for d in diff.values()) for k in next(iter(diff.values()))}}
+            "differ": {k: (max if k.startswith("max") else sum)(d[k] for d in diff.values())
+                       for k in next(iter(diff.values()))}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--data", type=Path, default=Path("../shared/datasets/madial"))
     parser.add_argument("--with-vectors", action="store_true")
+    parser.add_argument("--optimize", action="store_true", help="Optimize both stores before comparing them.")
     args = parser.parse_args(argv)
-    sys.stdout.write(orjson.dumps(run(args.data, Settings(), args.with_vectors)).decode() + "\n")
+    sys.stdout.write(orjson.dumps(run(args.data, Settings(), args.with_vectors, args.optimize)).decode() + "\n")
 
 
 if __name__ == "__main__":

@@ -234,6 +234,28 @@ def test_api_requests_in_flight_leave_the_key_no_place_over_mcp(deployment: Depl
     assert not answered.is_error, text_of(answered)
 
 
+def test_the_inspectors_pages_count_against_the_keys_budget(deployment: Deployment) -> None:
+    """The inspector's search box is a search too: no third door past a key's limits."""
+    a, b = deployment.key("team-a/*"), deployment.key("team-b/*")
+
+    def page(key: str, subject: str) -> httpx.Response:
+        return httpx.get(f"{deployment.url}/subjects/{subject}/search", params={"q": PLAIN_QUERY},
+                         headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    flood = [threading.Thread(target=search, args=(deployment.url, a, "team-a/x", HELD_QUERY), daemon=True)
+             for _ in range(2)]
+    for thread in flood:
+        thread.start()
+    wait_for(lambda: deployment.llm.in_flight == 2, 60, "key A's two searches to be held in the planner")
+    refused = page(a, "team-a/x")
+    assert refused.status_code == 429 and "2 requests in flight" in refused.text, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert page(b, "team-b/y").status_code == 200
+    deployment.gate.set()
+    for thread in flood:
+        thread.join(60)
+    assert page(a, "team-a/x").status_code == 200
+
+
 # -- the record in Redis ---------------------------------------------------------------------------------------
 
 

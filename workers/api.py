@@ -271,11 +271,18 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
     """The key's place among its own requests (MEMFLOW_HTTP_KEY_CONCURRENCY in flight, MEMFLOW_HTTP_KEY_RATE_PER_S),
-    counted with its requests to every server process and to /mcp (shared/shares.py), or 429 with Retry-After at
-    once: one tenant's flood holds at most its share of the query workers, so another tenant's search is served
-    meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
+    counted with its requests to every server process, to /mcp and to the inspector's pages (shared/shares.py),
+    or 429 with Retry-After at once: one tenant's flood holds at most its share of the query workers, so another
+    tenant's search is served meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
+    async with key_place(request, key):
+        yield
+
+
+@asynccontextmanager
+async def key_place(request: Request, key: ApiKey | None) -> AsyncIterator[None]:
+    """`fair_share` for any route: none taken without a key (a page that shows the login form instead)."""
     shares: KeyShares | None = request.app.state.shares
-    if shares is None:
+    if shares is None or key is None:
         yield
         return
     place = await shares.admit(key.id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from datetime import UTC, datetime
 from functools import partial
 from html import escape
@@ -41,7 +41,7 @@ from memflow.shared import rpc
 from memflow.shared.apikeys import ApiKey, KeyStore
 from memflow.shared.errors import InvalidInput
 from memflow.shared.status import StageStatus, read_status, recent_traces
-from memflow.workers.api import Client, ask, blocking, principal
+from memflow.workers.api import Client, ask, blocking, key_place, principal
 from memflow.workers.api import history as history_of
 from memflow.workers.api import inspect as inspect_of
 from memflow.workers.api import subjects as subjects_of
@@ -207,7 +207,8 @@ def login_page(problem: str | None = None) -> Html:
 
 
 ERROR_TITLES = {403: "Not for this key", 404: "Not found", 413: "Too large", 422: "Invalid input",
-                503: "The store did not answer", 504: "No query worker answered in time"}
+                429: "Too many requests from this key", 503: "The store did not answer",
+                504: "No query worker answered in time"}
 
 
 def error_page(request: Request, exc: ApiError) -> HTMLResponse:
@@ -216,7 +217,10 @@ def error_page(request: Request, exc: ApiError) -> HTMLResponse:
         return respond(login_page(exc.message if asked else "Log in with a key to see this page."), 401)
     body = el("div", el("p", el("strong", exc.message)), el("p", el("a", "Back to the subjects", href="/")),
               class_="card error")
-    return respond(layout(ERROR_TITLES.get(exc.status, "Failed"), body, auth=request.app.state.auth), exc.status)
+    page = respond(layout(ERROR_TITLES.get(exc.status, "Failed"), body, auth=request.app.state.auth), exc.status)
+    if exc.retry_after_s is not None:
+        page.headers["Retry-After"] = str(exc.retry_after_s)
+    return page
 
 
 class PageRoute(APIRoute):
@@ -258,6 +262,16 @@ async def visitor(request: Request,
 
 
 Visitor = Annotated[ApiKey | None, Depends(visitor)]
+
+
+async def page_share(request: Request, key: Visitor) -> AsyncIterator[None]:
+    """A page that calls the query worker takes a place among its key's requests, as the API's routes and /mcp
+    do: the inspector is no third door past a key's limits (issue 30). A 429 is a page saying so."""
+    async with key_place(request, key):
+        yield
+
+
+SHARED = [Depends(page_share)]
 
 
 def need(key: ApiKey | None) -> ApiKey:
@@ -317,7 +331,7 @@ def logout(request: Request) -> Response:
 # -- the subjects and the dead letters ----------------------------------------------------------------
 
 
-@pages.get("/")
+@pages.get("/", dependencies=SHARED)
 async def home(request: Request, key: Visitor, client: Client, subject: str = "") -> Response:
     if key is None:
         return respond(login_page())
@@ -385,7 +399,7 @@ def memory_table(subject: str, memories: list[rpc.MemoryState]) -> Html:
 
 
 # Registered before the subject page: a `{subject:path}` would swallow the `/search` too.
-@pages.get("/subjects/{subject:path}/search")
+@pages.get("/subjects/{subject:path}/search", dependencies=SHARED)
 async def search_page(request: Request, key: Visitor, client: Client, subject: Subject, q: str = "") -> HTMLResponse:
     key = need(key)
     allowed(key, subject)
@@ -479,7 +493,7 @@ def factors(candidate: dict[str, Any]) -> str:
                      for k, v in candidate.items() if k not in ("id", "score"))
 
 
-@pages.get("/subjects/{subject:path}")
+@pages.get("/subjects/{subject:path}", dependencies=SHARED)
 async def subject_page(request: Request, key: Visitor, subject: Subject) -> HTMLResponse:
     key = need(key)
     report = await inspect_of(request, key, subject)
@@ -519,7 +533,7 @@ def version_section(found: rpc.History, v: rpc.Version) -> Html:
               class_="card version asked" if v.id == found.asked else "card version")
 
 
-@pages.get("/memories/{memory_id}/history")
+@pages.get("/memories/{memory_id}/history", dependencies=SHARED)
 async def history_page(request: Request, key: Visitor, memory_id: str,
                        subject: Subject | None = None) -> HTMLResponse:
     key = need(key)

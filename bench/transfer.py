@@ -88,7 +88,7 @@ def run(data: Path, settings: Settings, with_vectors: bool, optimize: bool = Fal
             settled(target, optimize)
             after = {s: state(target, s, splits) for s in subjects}
     diff = {s: differences(before[s], after[s]) for s in subjects}
-    return {"subjects": len(subjects), "memories": len(lines) - 1, "bytes": sum(map(len, lines)),
+    return {"subjects": len(subjects), "memories": len(lines) - 2, "bytes": sum(map(len, lines)),
             "with_vectors": with_vectors, "optimized": optimize,
             "export_s": round(export_s, 2), "import_s": round(import_s, 2),
             "written": sum(s.written for s in report.subjects),

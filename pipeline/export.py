@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -89,6 +89,14 @@ class Record(Wire):
         return vector
 
 
+class End(Wire):
+    """The last line: how many records came before it, so that a file cut short (a stream that broke, a disk
+    that filled) is refused rather than imported in part."""
+
+    kind: Literal["end"] = "end"
+    memories: int = Field(ge=0)
+
+
 @dataclass
 class Parsed:
     """A whole file, read and checked: its header and its records by subject, in file order."""
@@ -111,15 +119,41 @@ def ordered(records: Iterable[Record]) -> list[Record]:
     return sorted(records, key=lambda r: (r.memory.created_at, r.memory.id))
 
 
-def line(item: Header | Record) -> bytes:
+def cursor(record: Record) -> str:
+    """Where a page of an export ends: the next page starts after it, in `ordered`'s order."""
+    return f"{record.memory.created_at.isoformat()}|{record.memory.id}"
+
+
+def page(records: Iterable[Record], after: str | None, limit: int) -> tuple[list[Record], str | None]:
+    """The `limit` records after `after` (a `cursor`; None: from the first), in `ordered`'s order, and the cursor
+    of the last one when more follow (a cursor that names no record starts after where it would be)."""
+    key = _cursor_key(after) if after is not None else None
+    rest = [r for r in ordered(records) if key is None or (r.memory.created_at, r.memory.id) > key]
+    shown = rest[:limit]
+    return shown, cursor(shown[-1]) if len(rest) > limit else None
+
+
+def _cursor_key(after: str) -> tuple[datetime, str]:
+    at, _, memory_id = after.partition("|")
+    try:
+        return datetime.fromisoformat(at), memory_id
+    except ValueError:
+        raise ValueError(f"after: {after!r:.60} is no cursor of an export page") from None
+
+
+def line(item: Header | Record | End) -> bytes:
     """One line of the file, newline included (None fields written: a reader sees every field named)."""
     return item.model_dump_json().encode() + b"\n"
 
 
 def lines(head: Header, records: Iterable[Record]) -> Iterator[bytes]:
+    """The whole file: the header, the records as they come, and the end line counting them."""
     yield line(head)
+    count = 0
     for record in records:
+        count += 1
         yield line(record)
+    yield line(End(memories=count))
 
 
 def read(text_lines: Iterable[bytes | str], max_records: int | None = None) -> Parsed:
@@ -127,34 +161,57 @@ def read(text_lines: Iterable[bytes | str], max_records: int | None = None) -> P
     nothing of a file is taken until all of it is read. Blank lines are skipped; `max_records` bounds it."""
     parsed: Parsed | None = None
     seen: set[str] = set()
+    end: End | None = None
+    number = 0
     for number, raw in enumerate(text_lines, start=1):
         if not raw.strip():
             continue
+        value = _value(raw, number)
         if parsed is None:
-            parsed = Parsed(_model(Header, raw, number))
-            continue
-        record = _model(Record, raw, number)
-        _check(record, parsed.header, number, seen)
-        parsed.subjects.setdefault(record.memory.subject, []).append(record)
-        if max_records is not None and len(seen) > max_records:
-            raise FormatError(number, "memory", f"more than {max_records} memories in one import")
+            parsed = Parsed(_model(Header, value, number))
+        elif end is not None:
+            raise FormatError(number, "kind", "a line after the end line")
+        elif value.get("kind") == "end":
+            end = _counted(_model(End, value, number), len(seen), number)
+        else:
+            _take(parsed, _model(Record, value, number), number, seen, max_records)
     if parsed is None:
         raise FormatError(1, "kind", "an empty file: no header line")
+    if end is None:
+        raise FormatError(number + 1, "kind", "no end line: the file was cut short")
     return parsed
 
 
-L = TypeVar("L", Header, Record)
+def _take(parsed: Parsed, record: Record, number: int, seen: set[str], max_records: int | None) -> None:
+    _check(record, parsed.header, number, seen)
+    parsed.subjects.setdefault(record.memory.subject, []).append(record)
+    if max_records is not None and len(seen) > max_records:
+        raise FormatError(number, "memory", f"more than {max_records} memories in one import")
 
 
-def _model(model: type[L], raw: bytes | str, number: int) -> L:
+def _counted(end: End, count: int, number: int) -> End:
+    if end.memories != count:
+        raise FormatError(number, "memories", f"the end line counts {end.memories} memories, the file holds {count}")
+    return end
+
+
+L = TypeVar("L", Header, Record, End)
+
+
+def _value(raw: bytes | str, number: int) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FormatError(number, "line", f"not JSON: {exc}") from None
-    expected = "header" if model is Header else "memory"
-    if not isinstance(value, dict) or value.get("kind") != expected:
-        found = value.get("kind") if isinstance(value, dict) else type(value).__name__
-        raise FormatError(number, "kind", f"expected a {expected} line, found {found!r:.40}")
+    if not isinstance(value, dict):
+        raise FormatError(number, "line", f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _model(model: type[L], value: dict[str, Any], number: int) -> L:
+    expected = {Header: "header", Record: "memory", End: "end"}[model]
+    if value.get("kind") != expected:
+        raise FormatError(number, "kind", f"expected a {expected} line, found {value.get('kind')!r:.40}")
     try:
         return model.model_validate(value)
     except ValidationError as exc:

@@ -170,9 +170,18 @@ class ReviewDecideRequest(Wire):
 MAX_IMPORT_RECORDS = 500
 
 
+# The most points one export call answers: its reply waits in Redis until the caller reads it (~1.2 KB a point,
+# ~17 KB with a 768-dim vector), so a subject is exported page by page; a page with vectors is a tenth as long.
+MAX_EXPORT_PAGE = 2000
+
+
 class ExportRequest(Wire):
+    """A page of a subject's points, oldest first: those after `after` (the `next` of the page before)."""
+
     subject: Subject
     with_vectors: bool = False
+    after: str | None = Field(default=None, max_length=128)
+    limit: int = Field(default=MAX_EXPORT_PAGE, ge=1, le=MAX_EXPORT_PAGE)
 
 
 class ImportRequest(Wire):
@@ -436,12 +445,14 @@ class SubjectList(Wire):
 
 
 class ExportedSubject(Wire):
-    """Every stored point of a subject, oldest first; `model` and `dim` name the vectors' model when asked for."""
+    """A page of a subject's stored points, oldest first; `model` and `dim` name the vectors' model when asked
+    for; `next`: ask again with `after=next` for the rest (None: that was the last page)."""
 
     subject: str
     model: str | None = None
     dim: int | None = None
     records: list[Record]
+    next: str | None = None
 
 
 class Imported(Wire):

@@ -6,11 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from memflow.pipeline import export
 from memflow.pipeline.export import Parsed, Record
-from memflow.shared.rpc import EXPORT, IMPORT, MAX_IMPORT_RECORDS, ExportedSubject, Imported, ImportReport
+from memflow.shared.rpc import (
+    EXPORT,
+    IMPORT,
+    MAX_EXPORT_PAGE,
+    MAX_IMPORT_RECORDS,
+    ExportedSubject,
+    Imported,
+    ImportReport,
+)
 
 if TYPE_CHECKING:
     from memflow.shared.client import MemoryClient
@@ -19,21 +28,37 @@ if TYPE_CHECKING:
 TRANSFER_TIMEOUT_S = 600.0
 
 
+# Points a page of an export carries: with vectors (~17 KB a point at 768 dims) a tenth as many.
+PAGE = MAX_EXPORT_PAGE
+PAGE_WITH_VECTORS = MAX_EXPORT_PAGE // 10
+
+
 def export_lines(client: MemoryClient, subjects: Sequence[str], with_vectors: bool, now: datetime) -> Iterator[bytes]:
     """The export of `subjects`, line by line: the header (with the model of the vectors, known from the first
-    subject's reply), then each subject's points oldest first. One subject's points are in memory at a time."""
-    replies = (_exported(client, s, with_vectors) for s in subjects)
-    first = next(replies, None)
+    page), each subject's points oldest first, a page at a time, then the end line."""
+    pages = (reply for s in subjects for reply in pages_of(lambda **f: client.call(EXPORT, **f), s, with_vectors))
+    first = next(pages, None)
     model, dim = (first.model, first.dim) if first is not None else (None, None)
-    yield export.line(export.header(now, subjects, model, dim))
-    if first is not None:
-        yield from map(export.line, first.records)
-    for reply in replies:
-        yield from map(export.line, reply.records)
+    records = (r for reply in ([first] if first is not None else []) for r in reply.records)
+    yield from export.lines(export.header(now, subjects, model, dim),
+                            chain(records, (r for reply in pages for r in reply.records)))
 
 
-def _exported(client: MemoryClient, subject: str, with_vectors: bool) -> ExportedSubject:
-    return client.call(EXPORT, subject=subject, with_vectors=with_vectors, timeout_s=TRANSFER_TIMEOUT_S)
+def pages_of(call: Callable[..., ExportedSubject], subject: str, with_vectors: bool,
+             limit: int | None = None) -> Iterator[ExportedSubject]:
+    """One subject's export pages, each asked after the one before (`call`: the EXPORT call, sync)."""
+    after: str | None = None
+    while True:
+        reply = call(subject=subject, with_vectors=with_vectors, after=after, limit=limit or page_size(with_vectors),
+                     timeout_s=TRANSFER_TIMEOUT_S)
+        yield reply
+        if reply.next is None:
+            return
+        after = reply.next
+
+
+def page_size(with_vectors: bool) -> int:
+    return PAGE_WITH_VECTORS if with_vectors else PAGE
 
 
 def read(lines: Iterable[bytes | str]) -> Parsed:

@@ -17,9 +17,10 @@ from memflow.bench.madial import event_id_of, load, subject_of
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError
 from memflow.pipeline.models import Status
+from memflow.shared import transfer
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import RpcError
-from memflow.shared.rpc import IMPORT
+from memflow.shared.rpc import EXPORT, IMPORT
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
 from tests.conftest import System, run_cli, start_system, wait_for
@@ -154,6 +155,16 @@ def test_a_memory_forgotten_in_the_target_is_not_brought_back(system: System, ta
     assert again.forgotten == len(volvo) and again.written == 0
     assert not [m for m in target.ctx.store.get(MemoryFilter("cy")) if "Volvo" in m.content]
     assert target.client.verify_forgotten("cy", volvo).verified
+
+
+def test_an_export_is_read_a_page_at_a_time_and_a_cut_file_is_refused(system: System, target: System) -> None:
+    said(system, "ga", ["I like tea.", "I live in Oslo.", "My wife's name is Anna."])
+    whole = list(system.client.export(["ga"]))
+    paged = list(transfer.pages_of(lambda **f: system.client.call(EXPORT, **f), "ga", False, limit=1))
+    assert len(paged) == len(whole) - 2 and [p.records[0] for p in paged] == export.read(whole).subjects["ga"]
+    with pytest.raises(FormatError, match="cut short"):
+        target.client.import_(whole[:-2])  # a stream that broke off: the end line never came
+    assert target.ctx.store.get(MemoryFilter("ga")) == []
 
 
 def test_vectors_of_the_stores_model_are_used_and_others_reencoded(system: System, target: System) -> None:

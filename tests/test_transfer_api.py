@@ -51,7 +51,8 @@ def posted(served: Served, key: str, lines: list[bytes]) -> Any:
 
 def payloads(lines: list[bytes]) -> list[dict[str, Any]]:
     """The records of an export without the bookkeeping of the store they were written in."""
-    found = [json.loads(line) for line in lines[1:]]
+    assert json.loads(lines[-1]) == {"kind": "end", "memories": len(lines) - 2}
+    found = [json.loads(line) for line in lines[1:-1]]
     for record in found:
         record["memory"].pop("last_op")
     return found
@@ -68,7 +69,7 @@ def test_an_export_from_another_deployment_is_imported_and_exported_again_the_sa
     reply = posted(served, key, lines)
     assert reply.status_code == 200, reply.text
     done = reply.json()["subjects"][0]
-    assert done["written"] == done["memories"] == len(lines) - 1 and done["reembedded"] == 0
+    assert done["written"] == done["memories"] == len(lines) - 2 and done["reembedded"] == 0
     assert payloads(exported(served, key, subj)) == [{**r, "vector": None} for r in payloads(lines)]
     again = posted(served, key, lines).json()["subjects"][0]
     assert (again["written"], again["already"]) == (0, done["memories"])
@@ -96,7 +97,8 @@ def test_another_subjects_memory_id_cannot_be_imported_under_ones_own(served: Se
     record = json.loads(lines[1])
     record["memory"] |= {"subject": mine, "uri": record["memory"]["uri"].replace(theirs, mine),
                          "content": "attacker's words"}
-    reply = posted(served, served.key(mine), [json.dumps(head).encode() + b"\n", json.dumps(record).encode()])
+    planted = [json.dumps(head).encode() + b"\n", json.dumps(record).encode() + b"\n", b'{"kind":"end","memories":1}']
+    reply = posted(served, served.key(mine), planted)
     assert reply.status_code == 422 and "another subject" in error_of(reply)["message"], reply.text
     assert served.system.ctx.store.get(MemoryFilter(mine)) == []
     assert served.system.ctx.store.get(MemoryFilter(theirs)) == before
@@ -123,6 +125,7 @@ def test_an_import_over_the_cap_is_refused_413(served: Served) -> None:
 def test_the_routes_and_their_lines_are_in_the_openapi_document(served: Served) -> None:
     with served.http(None) as http:
         document = http.get("/openapi.json").json()
-    assert {"ExportHeader", "ExportRecord", "ImportReport", "Imported"} <= set(document["components"]["schemas"])
+    assert {"ExportHeader", "ExportRecord", "ExportEnd", "ImportReport", "Imported"} <= set(
+        document["components"]["schemas"])
     assert "post" in document["paths"]["/v1/import"]
     assert "get" in document["paths"]["/v1/subjects/{subject}/export"]

@@ -636,7 +636,8 @@ def subjects(ctx: Context, req: SubjectsRequest) -> SubjectList:
 
 def export(ctx: Context, req: ExportRequest) -> ExportedSubject:
     """Every stored point of a subject, for `memflow export` (workers/transfer.py, docs/export-format.md)."""
-    return ExportedSubject.model_validate(transfer.export_subject(ctx, req.subject, req.with_vectors))
+    return ExportedSubject.model_validate(transfer.export_subject(ctx, req.subject, req.with_vectors, req.after,
+                                                                  req.limit))
 
 
 def import_subject(ctx: Context, req: ImportRequest) -> Imported:

@@ -15,7 +15,7 @@ from memflow.pipeline import export
 from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.models import Memory, Status
 from memflow.shared.errors import InvalidInput
-from memflow.shared.rpc import ImportRequest
+from memflow.shared.rpc import MAX_EXPORT_PAGE, ImportRequest
 from memflow.shared.store import MemoryFilter, PointLookup, Store
 from memflow.workers.runtime import Context
 
@@ -23,13 +23,21 @@ from memflow.workers.runtime import Context
 _OWN_BOOKKEEPING = frozenset({"last_op", "last_count"})
 
 
-def export_subject(ctx: Context, subject: str, with_vectors: bool) -> dict[str, Any]:
-    """Every stored point of `subject` (a deleted one is a forget under way: left out), oldest first."""
+def export_subject(ctx: Context, subject: str, with_vectors: bool, after: str | None = None,
+                   limit: int = MAX_EXPORT_PAGE) -> dict[str, Any]:
+    """A page of the stored points of `subject` (a deleted one is a forget under way: left out), oldest first,
+    after the cursor `after`; vectors are read for that page only. Each page reads the subject's payloads
+    again (as `inspect` does): a page is bounded, the reads are not."""
     memories = [m for m in ctx.store.get(MemoryFilter(subject)) if m.status is not Status.deleted]
-    vectors = _lookup(ctx.store).vectors([m.id for m in memories]) if with_vectors and memories else {}
-    records = export.ordered(Record(memory=m, vector=vectors.get(m.id)) for m in memories)
+    try:
+        shown, following = export.page((Record(memory=m) for m in memories), after, limit)
+    except ValueError as exc:
+        raise InvalidInput("after", str(exc)) from None
+    if with_vectors and shown:
+        vectors = _lookup(ctx.store).vectors([r.memory.id for r in shown])
+        shown = [r.model_copy(update={"vector": vectors.get(r.memory.id)}) for r in shown]
     model, dim = (ctx.embedder.model_id, ctx.embedder.dim) if with_vectors else (None, None)
-    return {"subject": subject, "model": model, "dim": dim, "records": records}
+    return {"subject": subject, "model": model, "dim": dim, "records": shown, "next": following}
 
 
 def import_subject(ctx: Context, req: ImportRequest) -> dict[str, Any]:

@@ -5,6 +5,7 @@ subject by subject through the query worker, as `memflow import` does."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -13,10 +14,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from memflow.pipeline import export
-from memflow.pipeline.export import FormatError, Header, Parsed, Record
+from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
 from memflow.pipeline.models import Subject
 from memflow.shared import rpc
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S, import_calls, total
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S, import_calls, page_size, total
 from memflow.workers.api import ERRORS, Caller, admitted, ask, blocking, fair_share
 from memflow.workers.front import ApiError, allowed
 
@@ -29,23 +30,41 @@ MAX_IMPORT_MEMORIES = 20_000
 transfer_routes = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)],
                             tags=["transfer"])
 
-_LINES = {"description": "JSON Lines: an `ExportHeader` line, then one `ExportRecord` line per stored point "
-                         "(docs/export-format.md).",
+_LINES = {"description": "JSON Lines: an `ExportHeader` line, one `ExportRecord` line per stored point, and an "
+                         "`ExportEnd` line counting them (docs/export-format.md).",
           "content": {NDJSON: {"schema": {"oneOf": [{"$ref": "#/components/schemas/ExportHeader"},
-                                                    {"$ref": "#/components/schemas/ExportRecord"}]}}}}
+                                                    {"$ref": "#/components/schemas/ExportRecord"},
+                                                    {"$ref": "#/components/schemas/ExportEnd"}]}}}}
 
 
 @transfer_routes.get("/subjects/{subject:path}/export", response_class=StreamingResponse, responses={200: _LINES})
 async def export_subject(request: Request, key: Caller, subject: Subject, with_vectors: bool = False
                          ) -> StreamingResponse:
     """Every stored point of a subject with its versions, history, provenance and lifecycle state, as JSON
-    Lines; `with_vectors`: each point's dense vector too, and the model that made it in the header."""
-    reply = await ask(request, rpc.EXPORT, subject=allowed(key, subject), with_vectors=with_vectors,
-                      timeout_s=TRANSFER_TIMEOUT_S)
-    head = export.header(datetime.now(UTC), [subject], reply.model, reply.dim)
+    Lines, streamed a page at a time; `with_vectors`: each point's dense vector too, and the model that made it
+    in the header. The last line counts the records: a stream that broke off has none, and is refused by import."""
+    first = await _page(request, allowed(key, subject), with_vectors, None)
+    head = export.header(datetime.now(UTC), [subject], first.model, first.dim)
+
+    async def streamed() -> AsyncIterator[bytes]:
+        yield export.line(head)
+        reply, count = first, 0
+        while True:
+            for record in reply.records:
+                yield export.line(record)
+            count += len(reply.records)
+            if reply.next is None:
+                break
+            reply = await _page(request, subject, with_vectors, reply.next)
+        yield export.line(End(memories=count))
     name = subject.replace("/", "_")
-    return StreamingResponse(export.lines(head, reply.records), media_type=NDJSON,
+    return StreamingResponse(streamed(), media_type=NDJSON,
                              headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'})
+
+
+async def _page(request: Request, subject: str, with_vectors: bool, after: str | None) -> rpc.ExportedSubject:
+    return await ask(request, rpc.EXPORT, subject=subject, with_vectors=with_vectors, after=after,
+                     limit=page_size(with_vectors), timeout_s=TRANSFER_TIMEOUT_S)
 
 
 @transfer_routes.post(IMPORT_PATH.removeprefix("/v1"), response_model=rpc.ImportReport,
@@ -81,7 +100,7 @@ def document_transfer(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         document = generate()
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        for name, model in (("ExportHeader", Header), ("ExportRecord", Record)):
+        for name, model in (("ExportHeader", Header), ("ExportRecord", Record), ("ExportEnd", End)):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas.setdefault(name, schema)

@@ -289,6 +289,25 @@ def test_a_place_never_given_back_lapses_and_the_record_of_an_idle_key_goes(redi
     assert 0 < lapses - now <= 3.0  # the server's clock, a lease of 3 s
 
 
+def test_a_keys_requests_at_once_are_counted_not_refused_for_racing_each_other(redis_server: RedisServer) -> None:
+    """32 requests of one key at once in one server process: each read-decide-write of the key's record would
+    conflict with the others' (a third of 8 were refused for it); they take their turns, and all are counted."""
+    keys = Keys(prefix=f"t{uuid.uuid4().hex[:10]}:")
+
+    async def scenario() -> tuple[list[Place | Refused], int, int]:
+        client = connect_async(redis_server.url, socket_timeout_s=5, max_connections=40)
+        shares = KeyShares(client, keys, Limits(concurrency=100, rate_per_s=1e6, burst=10**6, lease_s=60.0))
+        try:
+            taken = await asyncio.gather(*(shares.admit("a") for _ in range(32)))
+            held = await shares.in_flight("a")
+            await asyncio.gather(*(shares.release(p) for p in taken if isinstance(p, Place)))
+            return taken, held, await shares.in_flight("a")
+        finally:
+            await client.aclose()
+    taken, held, after = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [p for p in taken if isinstance(p, Refused)] == [] and held == 32 and after == 0
+
+
 def test_a_keys_share_counts_places_refills_with_the_time_given_and_lets_a_lapsed_place_go() -> None:
     limits = Limits(concurrency=2, rate_per_s=1.0, burst=3, lease_s=10.0)
 

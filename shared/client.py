@@ -32,8 +32,11 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from memflow.pipeline import feed
+from memflow.pipeline.feed import ChangesPage
 from memflow.pipeline.gate import redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
+from memflow.shared import feed as feed_pages
 from memflow.shared import pending, transfer
 from memflow.shared.codec import encode
 from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated
@@ -235,6 +238,19 @@ class MemoryClient:
     def history(self, memory_id: str, *, subject: str | None = None) -> History:
         """Every version of a memory (of its key) and each change of each, oldest first."""
         return self.call(HISTORY, memory_id=memory_id, subject=subject)
+
+    def changes(self, subject: str | None = None, *, after: str = feed.START, limit: int = feed.DEFAULT_PAGE
+                ) -> ChangesPage:
+        """What changed after the entry `after` (`next` of the page before; "0": the oldest kept), ids and kinds
+        only: of `subject`, or of every subject. Ask again with `next` while `more` (docs/changes.md)."""
+        if not 1 <= limit <= feed.MAX_PAGE:
+            raise InvalidInput("limit", f"between 1 and {feed.MAX_PAGE}, not {limit}")
+        try:
+            start = feed.cursor(after)
+        except ValueError as exc:
+            raise InvalidInput("after", str(exc)) from None
+        return feed_pages.page(self.redis, self.keys, start,
+                               (lambda s: s == subject) if subject is not None else (lambda s: True), limit)
 
     def rollback(self, memory_id: str, to_version: int, *, subject: str | None = None,
                  at: datetime | None = None) -> RollbackReport:

@@ -101,7 +101,9 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 30: the host names `serve` answers to
     "http_allowed_hosts",
     # issue 31: export and import
-    "http_max_import_bytes")}
+    "http_max_import_bytes",
+    # issue 31: the change feed's streams
+    "http_max_streams", "http_max_streams_per_key", "http_stream_keepalive_s")}
 
 
 def every_name_set() -> Settings:

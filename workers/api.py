@@ -642,6 +642,8 @@ async def _nothing() -> Message:
 
 def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | None = None) -> FastAPI:
     """The API over the running system `settings` names (its Redis; its query workers answer reads)."""
+    from memflow.workers.changes_api import close as close_feed  # built on this module
+    from memflow.workers.changes_api import install as install_feed
     client = client or MemoryClient(settings)
     keystore = KeyStore(client.redis, client.keys)
     hosts = host_names(settings.http.host, settings.http.allowed_hosts.split(","))
@@ -663,6 +665,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
             yield
         await app.state.redis.aclose()
         await app.state.replies.aclose()
+        await close_feed(app)
     app = FastAPI(title="memflow", version="1", summary="Long-term memory for LLM agents: the HTTP API.",
                   openapi_url="/openapi.json", docs_url="/docs", redoc_url=None, lifespan=lifespan)
     app.state.client = client
@@ -674,6 +677,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.include_router(v1)
     from memflow.workers.transfer_api import IMPORT_PATH, document_transfer, transfer_routes  # built on this module
     app.include_router(transfer_routes)
+    install_feed(app, settings, client.keys)
     app.include_router(ops)
     app.add_route("/mcp", mcp.app, include_in_schema=False)  # type: ignore[arg-type]  # an ASGI app: every method
     from memflow.workers.inspector import pages  # here: the inspector's pages are built on this module

@@ -1,0 +1,218 @@
+"""The change feed over HTTP (`GET /v1/changes`, docs/changes.md): the `changes` stream's entries, ids and kinds
+only, filtered to the key's subjects, as a paged JSON list or, with `Accept: text/event-stream`, as Server-Sent
+Events that follow the stream as it grows. Both resume after the last id seen (`after`, or `Last-Event-ID`).
+
+A page is one request like any other (a place among the requests and the key's share). A stream is not: it
+lives as long as its reader, so it holds no place among the requests and no thread — it waits on the event loop
+in a blocking read of its own Redis connection, MEMFLOW_HTTP_STREAM_KEEPALIVE_S at a time, writing a keep-alive
+comment when nothing came — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process, _PER_KEY per key.
+Between reads it checks its key is still valid: a revoked key's stream ends within a keep-alive."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from memflow.pipeline import feed
+from memflow.pipeline.feed import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE, ChangesPage
+from memflow.pipeline.models import Subject
+from memflow.shared.apikeys import ApiKey
+from memflow.shared.connections import connect_async, require_url
+from memflow.shared.feed import SCAN_BATCH, decoded, ends_async, page_async
+from memflow.shared.keys import Keys
+from memflow.shared.settings import Settings
+from memflow.workers.api import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
+from memflow.workers.front import ApiError, allowed, authenticate_async, bearer
+
+SSE = "text/event-stream"
+
+changes_routes = APIRouter(prefix="/v1", responses=ERRORS, tags=["read"])
+
+_EVENTS = {"description": "With `Accept: text/event-stream`: Server-Sent Events. Each change is an event `change` "
+                          "whose `id:` is the entry's id and whose data is a `FeedEntry`; `id:` alone moves the "
+                          "cursor past entries this key may not see; an event `gap` says the stream was trimmed "
+                          "past the cursor; a comment line is a keep-alive.",
+           "content": {SSE: {"schema": {"type": "string"}}}}
+
+
+class Streams:
+    """The streams one server process holds open: at most `total`, `per_key` for one key."""
+
+    def __init__(self, total: int, per_key: int) -> None:
+        self.total, self.per_key = total, per_key
+        self.open: Counter[str] = Counter()
+
+    def take(self, key_id: str) -> Callable[[], None]:
+        """A place for a stream of `key_id`, or the refusal; the function that gives it back (once)."""
+        if sum(self.open.values()) >= self.total:
+            raise ApiError(503, "busy", f"the server holds {self.total} streams: try again shortly",
+                           retry_after_s=RETRY_AFTER_S)
+        if self.open[key_id] >= self.per_key:
+            raise ApiError(429, "rate_limited", f"this key holds {self.per_key} streams open already: close one",
+                           retry_after_s=RETRY_AFTER_S)
+        self.open[key_id] += 1
+        given = False
+
+        def give_back() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self.open[key_id] -= 1
+                if self.open[key_id] <= 0:
+                    del self.open[key_id]
+        return give_back
+
+
+class Feed:
+    """What the streams share: their connections (one each while it reads), their places, the keep-alive."""
+
+    def __init__(self, settings: Settings, keys: Keys) -> None:
+        http = settings.http
+        self.keys, self.keepalive_s = keys, http.stream_keepalive_s
+        self.streams = Streams(http.max_streams, http.max_streams_per_key)
+        # Its own pool: a stream holds a connection for its whole read, never one of the requests'.
+        self.redis = connect_async(require_url(settings), cluster=settings.redis.cluster,
+                                   socket_timeout_s=http.stream_keepalive_s + settings.client.socket_timeout_s,
+                                   connect_timeout_s=settings.client.connect_timeout_s,
+                                   max_connections=http.max_streams + 1)
+
+
+def install(app: FastAPI, settings: Settings, keys: Keys) -> Feed:
+    app.state.feed = Feed(settings, keys)
+    app.include_router(changes_routes)
+    return app.state.feed  # type: ignore[no-any-return]
+
+
+@changes_routes.get("/changes", response_model=ChangesPage, responses={200: _EVENTS})
+async def changes(request: Request, key: Caller,
+                  subject: Annotated[Subject | None, Query(description="One subject (else every subject the key "
+                                                                       "may see).")] = None,
+                  after: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
+                      "The last entry's id seen (`next` of the page before); `0` or none: from the oldest "
+                      "entry kept (a page) or from now (a stream)."))] = None,
+                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Entries at most (a page).")
+                                   ] = DEFAULT_PAGE,
+                  last_event_id: Annotated[str | None, Header(pattern=CURSOR_PATTERN, description=(
+                      "Sent by a reconnecting EventSource: resume after it (over `after`)."))] = None,
+                  ) -> Response:
+    """What changed, in the order it changed: which memory of which subject, what kind of change, its revision
+    after it and when, never the memory's words. A page (JSON) by default, Server-Sent Events with
+    `Accept: text/event-stream`. Only the subjects the key may see; resumable after any entry's id."""
+    if subject is not None:
+        allowed(key, subject)
+    visible: Callable[[str], bool] = (lambda s: s == subject) if subject is not None else key.may_see
+    state: Feed = request.app.state.feed
+    async with _admission(request, key):  # a stream's opening counts as a request; its life does not
+        if wants_events(request.headers.get("accept")):
+            return await _stream(request, key, state, visible, last_event_id or after)
+        found = await page_async(request.app.state.redis, state.keys, feed.cursor(after or feed.START), visible,
+                                 limit)
+    return JSONResponse(found.model_dump(mode="json"))
+
+
+@asynccontextmanager
+async def _admission(request: Request, key: ApiKey) -> AsyncIterator[None]:
+    async with asynccontextmanager(admitted)(request), asynccontextmanager(fair_share)(request, key):
+        yield
+
+
+def wants_events(accept: str | None) -> bool:
+    """Whether the caller asked for SSE before JSON (`Accept` in the order given; q-values are not weighed)."""
+    for part in (accept or "").split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in (SSE, "application/json"):
+            return media == SSE
+    return False
+
+
+async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[[str], bool],
+                  after: str | None) -> Response:
+    ends = await ends_async(state.redis, state.keys)
+    start = feed.cursor(after) if after else ends.last
+    gap = after is not None and ends.gap(start)
+    give_back = state.streams.take(key.id)
+    secret = bearer(request.headers.get("authorization")) or request.cookies.get("memflow_key")
+
+    async def still_valid() -> bool:
+        if not request.app.state.auth:
+            return True
+        try:
+            await authenticate_async(request.app.state.keystore, request.app.state.redis, secret)
+        except ApiError:
+            return False
+        return True
+    events = _events(state, start, visible, gap, still_valid)
+    return EventStream(events, give_back, media_type=SSE,
+                       headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _events(state: Feed, start: str, visible: Callable[[str], bool], gap: bool,
+                  still_valid: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+    """The stream's entries after `start` as they come, keep-alives between; ends when the key is revoked."""
+    yield feed.KEEP_ALIVE  # the reader knows the stream is open before anything changes
+    if gap:
+        yield feed.sse_gap(start)
+    cursor, checked = start, time.monotonic()
+    while True:
+        if time.monotonic() - checked >= state.keepalive_s:
+            if not await still_valid():
+                return
+            checked = time.monotonic()
+        read = await state.redis.xread({state.keys.changes: cursor}, count=SCAN_BATCH,
+                                       block=max(1, int(state.keepalive_s * 1000)))
+        if not read:
+            yield feed.KEEP_ALIVE
+            continue
+        raw = _entries(read)
+        found, last, _ = feed.take(decoded(raw), visible, len(raw))
+        for entry in found:
+            yield feed.sse_event(entry)
+        if last is not None and (not found or found[-1].id != last):
+            yield feed.sse_cursor(last)
+        cursor = last or cursor
+
+
+def _entries(read: Any) -> Any:
+    """The entries of an XREAD of one stream (RESP2: [[name, entries]]; RESP3: {name: [entries]})."""
+    if isinstance(read, dict):
+        return next(iter(read.values()))[0] if read else []
+    return read[0][1]
+
+
+class EventStream(StreamingResponse):
+    """A stream that gives its place back however it ends, and stops as soon as its reader hangs up (not at
+    the next write that fails: that could be a keep-alive away)."""
+
+    def __init__(self, content: AsyncIterator[bytes], give_back: Callable[[], None], **options: Any) -> None:
+        super().__init__(content, **options)
+        self.give_back = give_back
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def hung_up() -> None:
+                    await self.listen_for_disconnect(receive)
+                    group.cancel_scope.cancel()
+                group.start_soon(hung_up)
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass
+                group.cancel_scope.cancel()
+        finally:
+            self.give_back()
+
+
+async def close(app: FastAPI) -> None:
+    state: Feed | None = getattr(app.state, "feed", None)
+    if state is not None:
+        await state.redis.aclose()
+

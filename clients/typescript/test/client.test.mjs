@@ -1,0 +1,172 @@
+// The client against a live `memflow serve` (tests/test_typescript_client.py starts one and sets):
+//   MEMFLOW_URL        the server
+//   MEMFLOW_KEY        a key for MEMFLOW_SUBJECTS (a pattern such as `ts-1a2b/*`), made with `memflow keys create`
+//   MEMFLOW_SUBJECTS   that pattern's prefix: this test writes under `${prefix}alice`
+//   MEMFLOW_OTHER_KEY  a key for MEMFLOW_OTHER_SUBJECT alone (another user's)
+//   MEMFLOW_OTHER_SUBJECT
+// Run by hand: npm run build && MEMFLOW_URL=… MEMFLOW_KEY=… … node --test test/client.test.mjs
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { test } from "node:test";
+
+import { Forbidden, InvalidInput, Memflow, MemflowError, NotFound, Unauthorized, Unavailable } from "../dist/index.js";
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set: tests/test_typescript_client.py starts a server and sets it`);
+  return value;
+};
+const url = env("MEMFLOW_URL");
+const mine = new Memflow({ baseUrl: url, key: env("MEMFLOW_KEY") });
+const other = new Memflow({ baseUrl: url, key: env("MEMFLOW_OTHER_KEY") });
+const subject = `${env("MEMFLOW_SUBJECTS")}alice`;
+const otherSubject = env("MEMFLOW_OTHER_SUBJECT");
+const WAIT_MS = 60_000;
+
+/** `probe()` until it returns something truthy, or fail after `ms` naming `what`. */
+async function until(what, probe, ms = WAIT_MS) {
+  const deadline = Date.now() + ms;
+  let last;
+  for (;;) {
+    last = await probe();
+    if (last) return last;
+    if (Date.now() > deadline) assert.fail(`${what}: not within ${ms} ms (last: ${JSON.stringify(last)})`);
+    await new Promise((resolve) => setTimeout(resolve, 100));  // a poll's pace, not a wait for an outcome
+  }
+}
+
+function turn(subj, text, n) {
+  return { event_id: `${subj}-${n}-${randomUUID()}`, subject: subj, session_id: "s1", kind: "message",
+           role: "user", text, ts: new Date().toISOString() };
+}
+
+/** Searches of `subj` for `query` until a stored memory (not a turn still pending) holds `word`; that hit. */
+function found(client, subj, query, word) {
+  return until(`a search of ${subj} finding "${word}"`, async () => {
+    const result = await client.search({ subject: subj, query, k: 5 });
+    return result.hits?.find((hit) => !hit.pending && hit.content.includes(word));
+  });
+}
+
+test("publish, search finds it, pack, history, export and import, forget with proof", async (t) => {
+  const published = await mine.publish([
+    turn(subject, "My sister Anna lives in Lyon.", 0),
+    { ...turn(subject, "", 1), kind: "session_end", role: undefined },
+  ]);
+  assert.equal(published.ids.length, 2);
+  const written = await mine.write({ subject, content: "I prefer green tea in the morning." });
+  assert.match(written.event_id, /^write-/);
+
+  const lyon = await found(mine, subject, "where does my sister live?", "Lyon");
+  const tea = await found(mine, subject, "what do I drink in the morning?", "tea");
+  assert.match(lyon.about, /^sister/);  // whom it is about: the sister (by name, once named)
+  assert.deepEqual((await mine.subjects()).subjects, [subject]);
+
+  await t.test("pack and inspect", async () => {
+    const packed = await mine.pack({ subject, query: "what do I drink?", budget_tokens: 500 });
+    assert.ok(packed.used_ids.includes(tea.id), JSON.stringify(packed));
+    const ids = (await mine.inspect(subject)).memories.map((m) => m.id);
+    assert.ok(ids.includes(lyon.id) && ids.includes(tea.id), JSON.stringify(ids));
+    assert.ok((await mine.people(subject)).people.some((p) => p.about === lyon.about));
+  });
+
+  await t.test("history", async () => {
+    const history = await mine.history(tea.id);
+    assert.equal(history.subject, subject);
+    assert.equal(history.asked, tea.id);
+    assert.equal(history.versions.at(-1).content, tea.content);
+  });
+
+  await t.test("export, then the same file imported changes nothing", async () => {
+    const lines = await mine.export(subject);
+    assert.equal(lines[0].kind, "header");
+    const ids = lines.slice(1).map((line) => line.memory.id);
+    assert.ok(ids.includes(lyon.id) && ids.includes(tea.id), JSON.stringify(ids));
+    const text = await mine.exportText(subject);
+    for (const file of [lines, text]) {
+      const report = await mine.importFile(file);
+      assert.deepEqual(report.subjects.map((s) => [s.subject, s.memories, s.written, s.already]),
+                       [[subject, ids.length, 0, ids.length]]);
+    }
+  });
+
+  await t.test("forget with the proof that nothing is left", async () => {
+    const forgotten = await mine.forget(subject, { memoryIds: [tea.id] });
+    assert.deepEqual(forgotten.ids, [tea.id]);
+    assert.equal(forgotten.proof.verified, true, JSON.stringify(forgotten.proof));
+    assert.deepEqual(forgotten.proof.in_store, []);
+    const after = await mine.search({ subject, query: "what do I drink in the morning?", k: 5 });
+    assert.ok(!after.hits.some((hit) => hit.id === tea.id), JSON.stringify(after));
+    const byWord = await mine.forget(subject, { contains: "Lyon" });
+    assert.ok(byWord.ids.includes(lyon.id), JSON.stringify(byWord));
+    assert.equal(byWord.proof.verified, true);
+    assert.equal((await mine.search({ subject, query: "where does my sister live?" })).status, "empty");
+  });
+});
+
+test("another subject is refused: 403 to name it, 404 for its memory's id", async () => {
+  await other.write({ subject: otherSubject, content: "I prefer window seats on trains." });
+  const theirs = await found(other, otherSubject, "which seat do I like?", "window");
+
+  for (const call of [
+    () => mine.search({ subject: otherSubject, query: "seats" }),
+    () => mine.forget(otherSubject, { contains: "window" }),
+    () => mine.exportText(otherSubject),
+    () => mine.publish(turn(otherSubject, "I live in Oslo.", 0)),
+  ]) {
+    await assert.rejects(call, (error) => {
+      assert.ok(error instanceof Forbidden, String(error));
+      assert.ok(error instanceof MemflowError);
+      assert.equal(error.status, 403);
+      assert.equal(error.code, "forbidden");
+      return true;
+    });
+  }
+  await assert.rejects(() => mine.history(theirs.id), (error) => {
+    assert.ok(error instanceof NotFound, String(error));
+    assert.equal(error.status, 404);
+    assert.equal(error.code, "not_found");
+    return true;
+  });
+  // Their memory is still there: nothing of the refused calls reached it.
+  assert.ok((await other.search({ subject: otherSubject, query: "which seat do I like?" })).hits
+    .some((hit) => hit.id === theirs.id));
+});
+
+test("bad input is a typed error naming its code and field", async () => {
+  const refusals = [
+    [() => mine.search({ subject, query: "tea", k: 0 }), 422, "k"],
+    [() => mine.search({ subject, query: "" }), 422, "query"],
+    [() => mine.publish({ ...turn(subject, "hi", 0), ts: "yesterday" }), 422, "ts"],
+    [() => mine.publish([turn(subject, "hi", 0), { ...turn(subject, "hi", 1), kind: "shout" }]), 422, "1.kind"],
+    [() => mine.forget(subject, {}), 422, "memory_ids"],
+    [() => mine.history("not-a-uuid"), 422, "memory_id"],
+    [() => mine.importFile("this is not an export\n"), 422, null],
+  ];
+  for (const [call, status, field] of refusals) {
+    await assert.rejects(call, (error) => {
+      assert.ok(error instanceof InvalidInput, String(error));
+      assert.equal(error.code, "invalid_input");
+      assert.equal(error.status, status, String(error));
+      if (field !== null) assert.equal(error.field, field, String(error));
+      assert.ok(error.message.length > 0);
+      return true;
+    });
+  }
+  // Refused in the client, before any request: a subject the path cannot carry, a base URL that is not one.
+  assert.throws(() => mine.inspect(""), InvalidInput);
+  assert.throws(() => new Memflow({ baseUrl: "localhost:8765" }), (error) => error.field === "baseUrl");
+});
+
+test("a key the server does not know is Unauthorized; a server not there is Unavailable", async () => {
+  const stranger = new Memflow({ baseUrl: url, key: "mf_0000_unknown" });
+  await assert.rejects(() => stranger.search({ subject, query: "tea" }), (error) => {
+    assert.ok(error instanceof Unauthorized, String(error));
+    assert.equal(error.status, 401);
+    return true;
+  });
+  const nobody = new Memflow({ baseUrl: "http://127.0.0.1:9", key: "mf_x", timeoutMs: 5_000 });
+  await assert.rejects(() => nobody.subjects(), (error) => error instanceof Unavailable && error.code === "network");
+  const health = await mine.health();
+  assert.equal(health.status, "ok");
+});

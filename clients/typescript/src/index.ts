@@ -5,6 +5,7 @@ import type {
   Adopted,
   ChatEvent,
   ErrorBody,
+  ExportEnd,
   ExportHeader,
   ExportRecord,
   FeedbackRequest,
@@ -30,8 +31,9 @@ export type * from "./schema.js";
 /** The API's stable error codes (README "HTTP API"), plus `network` and `bad_reply` from this client. */
 export type ErrorCode = ErrorBody["code"] | "network" | "bad_reply";
 
-/** One line of an export: the header first, then one record per stored point (docs/export-format.md). */
-export type ExportLine = ExportHeader | ExportRecord;
+/** One line of an export: the header first, one record per stored point, then the end line counting them
+ *  (docs/export-format.md). */
+export type ExportLine = ExportHeader | ExportRecord | ExportEnd;
 
 /** A request the API refused or could not answer: `status` (HTTP), `code`, `message` and the `field` it names. */
 export class MemflowError extends Error {
@@ -222,7 +224,7 @@ export class Memflow {
     return reply.text();
   }
 
-  /** The subject's export, parsed: the header, then one record per stored point. */
+  /** The subject's export, parsed: the header, one record per stored point, the end line. */
   async export(subject: string, options: { withVectors?: boolean } = {}): Promise<ExportLine[]> {
     const text = await this.exportText(subject, options);
     return text.split("\n").filter((line) => line.trim() !== "").map((line, i) => {

@@ -35,6 +35,13 @@ export type ErrorReply = {
   error: ErrorBody;
 };
 
+/** The last line: how many records came before it, so that a file cut short (a stream that broke, a disk
+ * that filled) is refused rather than imported in part. */
+export type ExportEnd = {
+  kind?: "end";
+  memories: number;
+};
+
 /** The first line of an export. */
 export type ExportHeader = {
   kind?: "header";

@@ -80,7 +80,8 @@ test("publish, search finds it, pack, history, export and import, forget with pr
   await t.test("export, then the same file imported changes nothing", async () => {
     const lines = await mine.export(subject);
     assert.equal(lines[0].kind, "header");
-    const ids = lines.slice(1).map((line) => line.memory.id);
+    assert.deepEqual(lines.at(-1), { kind: "end", memories: lines.length - 2 });
+    const ids = lines.slice(1, -1).map((line) => line.memory.id);
     assert.ok(ids.includes(lyon.id) && ids.includes(tea.id), JSON.stringify(ids));
     const text = await mine.exportText(subject);
     for (const file of [lines, text]) {

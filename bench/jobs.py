@@ -9,13 +9,16 @@ shared/edge_build.py) and then while `consolidate` runs (`--jobs`: others, e.g. 
 enqueued as the scheduler enqueues it, its report left unread as the scheduler leaves it. A search's latency is
 counted from the moment it was due, not when it was sent: a stall delays every search due meanwhile, and each one
 counts (no coordinated omission). `partitions_lost`: partitions a live stream consumer of this process lost during
-the job, counted from the lease owner's own warnings (shared/leases.py logs each loss).
+the job, counted from the lease owner's own warnings (shared/leases.py logs each loss). `stalls`: each search during
+a job slower than 2x idle p99, with what ran meanwhile (`Timeline`: the index build's steps, which EdgeStore logs at
+DEBUG as each ends, and the collector's pauses): why p99 is what it is.
 
 Target (issue 29): during each job p99 <= 2x idle p99, no failed search, no partition lost.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import threading
@@ -31,12 +34,16 @@ from rq.serializers import JSONSerializer
 
 from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, on_fresh_system, pct_ms, say
 from memflow.scheduler.firings import Entry, enqueue_firing
+from memflow.shared.edge_store import STEP_LOG
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import Embedded
 
 SUBJECT_SIZE = 1000
 JOBS = ("index", "consolidate")
 JOB_TIMEOUT_S = 3600.0
+# A collection shorter than this is not worth naming as what a slow search met.
+GC_NOTED_S = 0.005
+STORE_LOGGER = "memflow.shared.edge_store"
 
 
 class LeaseLosses(logging.Handler):
@@ -58,6 +65,55 @@ class LeaseLosses(logging.Handler):
             self.count += lost
 
 
+class Timeline(logging.Handler):
+    """What ran in this process, as (start, end, what) in wall-clock seconds: each step of an index build (from
+    EdgeStore's DEBUG log of it, STEP_LOG, sent as the step ends with its duration) and each garbage collection
+    longer than GC_NOTED_S (gc.callbacks). `start`/`stop` attach and detach it."""
+
+    def __init__(self, gc_noted_s: float = GC_NOTED_S) -> None:
+        super().__init__(logging.DEBUG)
+        self.gc_noted_s = gc_noted_s
+        self.spans: list[tuple[float, float, str]] = []
+        self._gc_started = 0.0
+        self._spans_lock = threading.Lock()
+        self._level = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg != STEP_LOG or not isinstance(record.args, tuple):
+            return
+        shard, step, took = record.args
+        self._add(record.created - float(took), record.created, f"{step} of {shard}")  # type: ignore[arg-type]
+
+    def during(self, start: float, end: float) -> list[str]:
+        """What overlapped [start, end], longest first."""
+        with self._spans_lock:
+            met = [(e - s, what) for s, e, what in self.spans if s < end and e > start]
+        return [what for _, what in sorted(met, reverse=True)]
+
+    def start(self) -> None:
+        store = logging.getLogger(STORE_LOGGER)
+        self._level = store.level
+        store.setLevel(logging.DEBUG)
+        store.addHandler(self)
+        gc.callbacks.append(self._collected)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._collected)
+        store = logging.getLogger(STORE_LOGGER)
+        store.removeHandler(self)
+        store.setLevel(self._level)
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.time()
+        elif time.time() - self._gc_started >= self.gc_noted_s:
+            self._add(self._gc_started, time.time(), f"gc generation {info['generation']}")
+
+    def _add(self, start: float, end: float, what: str) -> None:
+        with self._spans_lock:
+            self.spans.append((start, end, what))
+
+
 class Searches:
     """Searches of random subjects, one due every 1/rate s, sent by one thread until stopped."""
 
@@ -65,6 +121,7 @@ class Searches:
         self.system, self.subjects, self.every_s = system, subjects, 1.0 / rate
         self.rng = random.Random(seed)
         self.latencies: list[float] = []
+        self.answered: list[float] = []  # wall clock: each search's end, to match with the Timeline
         self.failed = 0
 
     def run_while(self, busy: Callable[[], bool]) -> None:
@@ -77,6 +134,7 @@ class Searches:
             found = self.system.client.search(
                 subject, f"what did {self.rng.choice(NAMES)} do with the {self.rng.choice(NOUNS)}")
             self.latencies.append(time.perf_counter() - due)
+            self.answered.append(time.time())
             self.failed += found.status == "failed"
             due += self.every_s
 
@@ -90,9 +148,20 @@ def searched_idle(system: Embedded, subjects: list[str], rate: float, seconds: f
             "failed": searches.failed}
 
 
+def stalls(searches: Searches, slow_s: float, timeline: Timeline, job: str) -> list[dict[str, Any]]:
+    """Each search slower than `slow_s`, with what ran from when it was due to its answer."""
+    found = []
+    for latency, answered in zip(searches.latencies, searches.answered, strict=True):
+        if latency > slow_s:
+            met = timeline.during(answered - latency, answered)
+            found.append({"ms": round(latency * 1000, 1), "during": ", ".join(met) or f"{job}: no step recorded"})
+    return found
+
+
 def searched_during(system: Embedded, subjects: list[str], rate: float, job: str,
-                    losses: LeaseLosses) -> dict[str, Any]:
-    """Searches while `job` runs on the jobs worker (enqueued as the scheduler does), and what the job took."""
+                    losses: LeaseLosses, slow_s: float, timeline: Timeline) -> dict[str, Any]:
+    """Searches while `job` runs on the jobs worker (enqueued as the scheduler does), what the job took, and the
+    searches slower than `slow_s` with what ran meanwhile."""
     searches = Searches(system, subjects, rate, seed=hash(job) % 1000)
     lost_before, started = losses.count, time.perf_counter()
     fired = enqueue_as_scheduled(system, job)
@@ -104,7 +173,7 @@ def searched_during(system: Embedded, subjects: list[str], rate: float, job: str
               "searches": len(searches.latencies)}
     say(f"{job}: {orjson.dumps(detail).decode()}")
     return {"seconds": round(seconds, 1), "p99_ms": pct_ms(searches.latencies, 0.99), "failed": searches.failed,
-            "partitions_lost": losses.count - lost_before}
+            "partitions_lost": losses.count - lost_before, "stalls": stalls(searches, slow_s, timeline, job)}
 
 
 def enqueue_as_scheduled(system: Embedded, job: str) -> Job:
@@ -131,9 +200,10 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
     each = min(SUBJECT_SIZE, size)
     say(f"filling the store with {size} memories ({size // each} subjects) ...")
     subjects = bulk_load_subjects(system, max(1, size // each), each)
-    losses = LeaseLosses()
+    losses, timeline = LeaseLosses(), Timeline()
     leases = logging.getLogger("memflow.shared.leases")
     leases.addHandler(losses)
+    timeline.start()
     try:
         for subject in subjects:  # steady state: a subject's first search is not what a job could slow down
             system.client.search(subject, "warming up")
@@ -143,9 +213,10 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
         during = {}
         for job in jobs:
             say(f"searches at {rate:g}/s while {job} runs ...")
-            during[job] = searched_during(system, subjects, rate, job, losses)
+            during[job] = searched_during(system, subjects, rate, job, losses, 2 * idle["p99_ms"] / 1000, timeline)
             say(f"{job}: {orjson.dumps(during[job]).decode()}")
     finally:
+        timeline.stop()
         leases.removeHandler(losses)
     return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"]}, "jobs": during}
 
@@ -159,6 +230,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  {job:<12} {figures['seconds']:>7.1f} s  search p99 {figures['p99_ms']:.1f} ms "
               f"({figures['p99_ms'] / idle:.2f}x idle), failed {figures['failed']}, "
               f"partitions lost {figures['partitions_lost']}  [{verdict}]")
+        for stall in figures["stalls"]:
+            print(f"    {stall['ms']:>9.1f} ms during {stall['during']}")
 
 
 def run_cli(*, size: int, rate: float, idle_s: float, as_json: bool, settings: Settings,

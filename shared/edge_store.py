@@ -70,6 +70,8 @@ from memflow.shared.store import (
 log = logging.getLogger(__name__)
 
 _PAGE = 512
+# Each step of an index build, logged at DEBUG as it ends (`memflow bench jobs` matches slow searches to them).
+STEP_LOG = "index build of %s: %s took %.3f s"
 # Validated payloads kept for searches (`_Recent`): a few hundred subjects' worth of hits, some MB.
 RECENT_PAYLOADS = 8192
 # The engine raises bare `Exception` carrying Qdrant's error text, so the text is all
@@ -266,7 +268,7 @@ class EdgeStore:
     def _hand_over(self, built: Path, between: Callable[[], object], steps: _Steps) -> None:
         """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""
         between()
-        steps.restart()
+        steps.done("step aside")
         with self._writing:
             edge_build.swap_in(self._path, built)
             fresh = self._caught_up(self._journal or [])
@@ -275,8 +277,9 @@ class EdgeStore:
                 old, self._shard, self._recent = self._shard, fresh, _Recent()  # point versions start anew
         steps.done("load and replay (lock held)")
         edge_build.write_back(retired)
+        steps.done("write back the retired shard")
         between()
-        steps.restart()
+        steps.done("step aside")
         with _engine_errors("close the retired shard"):
             old.close()
         steps.done("close (lock held)")
@@ -311,6 +314,7 @@ class _Steps:
     stalls a handover puts on searches (bench/RESULTS.md, "Jobs beside searches")."""
 
     def __init__(self, name: str) -> None:
+        self._name = name
         self._took: list[str] = []
         self.restart()
 
@@ -318,7 +322,9 @@ class _Steps:
         self._since = time.perf_counter()
 
     def done(self, step: str) -> None:
-        self._took.append(f"{step} {time.perf_counter() - self._since:.3f} s")
+        took = time.perf_counter() - self._since
+        self._took.append(f"{step} {took:.3f} s")
+        log.debug(STEP_LOG, self._name, step, took)
         self.restart()
 
     def __str__(self) -> str:

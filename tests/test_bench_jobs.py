@@ -3,16 +3,19 @@ consumer loses is counted from the lease owner's own warning."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import time
 
 import pytest
 
-from memflow.bench.jobs import LeaseLosses, measure, print_report
+from memflow.bench.jobs import STORE_LOGGER, LeaseLosses, Searches, Timeline, measure, print_report, stalls
+from memflow.shared.edge_store import STEP_LOG
 from memflow.shared.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 
-FIGURES = {"seconds", "p99_ms", "failed", "partitions_lost"}
+FIGURES = {"seconds", "p99_ms", "failed", "partitions_lost", "stalls"}
 
 
 def test_the_bench_reports_search_p99_idle_and_during_each_job(settings: Settings, embedder: Embedder,
@@ -43,3 +46,26 @@ def test_lost_partitions_are_counted_from_the_lease_owners_warnings() -> None:
     finally:
         leases.removeHandler(losses)
     assert losses.count == 3
+
+
+def test_a_slow_search_is_matched_to_the_index_build_step_or_collection_that_ran_meanwhile() -> None:
+    """The steps come from EdgeStore's own DEBUG log (sent as each ends, with its duration), the collections from
+    the collector's callbacks; a search slower than the bound names what overlapped it, and only that."""
+    timeline = Timeline(gc_noted_s=0.0)
+    timeline.start()
+    try:
+        now = time.time()
+        logging.getLogger(STORE_LOGGER).debug(STEP_LOG, "part-03", "load and replay (lock held)", 0.4)
+        gc.collect()
+    finally:
+        timeline.stop()
+    searches = Searches.__new__(Searches)
+    searches.latencies, searches.answered = [0.5, 0.01, 0.3], [now - 0.01, now - 5.0, now - 2.0]
+
+    found = stalls(searches, 0.2, timeline, "index")
+
+    assert found[0]["ms"] == 500.0 and found[0]["during"].startswith("load and replay (lock held) of part-03")
+    assert "gc generation 2" not in found[0]["during"]  # collected after that search's end
+    assert found[1] == {"ms": 300.0, "during": "index: no step recorded"}
+    assert len(found) == 2 and logging.getLogger(STORE_LOGGER).level == logging.NOTSET
+    assert any(what.startswith("gc generation 2") for _, _, what in timeline.spans)

@@ -3,6 +3,7 @@ answered while it builds, writes made meanwhile are in its result, and a crash m
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ import pytest
 
 from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared import edge_build
-from memflow.shared.edge_store import EdgeStore
+from memflow.shared.edge_store import STEP_LOG, EdgeStore
 from memflow.shared.foreground import Foreground
 from memflow.shared.store import MemoryFilter
 
@@ -100,9 +101,11 @@ def test_a_handover_a_crash_interrupted_gives_back_the_shard_from_before(shard: 
     reopened.close()
 
 
-def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore) -> None:
+def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore, caplog: pytest.LogCaptureFixture) -> None:
     """Loading the built shard and closing the old one hold the interpreter lock: each waits for the searches
-    the process is answering (a job's `between`, shared/foreground.py) before it starts."""
+    the process is answering (a job's `between`, shared/foreground.py) before it starts. Each step is logged at
+    DEBUG as it ends (`memflow bench jobs` matches slow searches to them)."""
+    caplog.set_level(logging.DEBUG, logger="memflow.shared.edge_store")
     foreground = Foreground(patience_s=0.05)
     in_flight, done = threading.Event(), threading.Event()
 
@@ -120,4 +123,7 @@ def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore) -
         done.set()
         searcher.join()
     assert foreground.stepped_aside == 2  # before the load, before the close
+    steps = [r.args[1] for r in caplog.records if r.msg == STEP_LOG and isinstance(r.args, tuple)]
+    assert steps == ["copy (writes held)", "build (child process)", "step aside", "load and replay (lock held)",
+                     "write back the retired shard", "step aside", "close (lock held)"]
     shard.close()

@@ -3,11 +3,13 @@
 // (Node 18+, Deno, Bun, browsers).
 import type {
   Adopted,
+  ChangesPage,
   ChatEvent,
   ErrorBody,
   ExportEnd,
   ExportHeader,
   ExportRecord,
+  FeedEntry,
   FeedbackRequest,
   Forgotten,
   Health,
@@ -34,6 +36,14 @@ export type ErrorCode = ErrorBody["code"] | "network" | "bad_reply";
 /** One line of an export: the header first, one record per stored point, then the end line counting them
  *  (docs/export-format.md). */
 export type ExportLine = ExportHeader | ExportRecord | ExportEnd;
+
+/** What a followed change feed yields (docs/changes.md): a change; the cursor moved past entries this key may
+ *  not see; or a gap (the stream was trimmed past the cursor asked with: read the subject again). `id` is the
+ *  cursor to resume after (`follow({after: id})`), so a reader that stops misses nothing and sees nothing twice. */
+export type FeedItem =
+  | { type: "change"; id: string; entry: FeedEntry }
+  | { type: "cursor"; id: string }
+  | { type: "gap"; id: string | null; after: string };
 
 /** A request the API refused or could not answer: `status` (HTTP), `code`, `message` and the `field` it names. */
 export class MemflowError extends Error {
@@ -214,6 +224,54 @@ export class Memflow {
     return this.parsed<Health>(reply);
   }
 
+  // -- the change feed ---------------------------------------------------------------------
+
+  /** A page of the change feed (ids and kinds, never words) after `after` (`0` or none: the oldest kept);
+   *  ask again with the page's `next` while `more`. Only the subjects the key may see. */
+  changes(options: { subject?: string; after?: string; limit?: number } = {}): Promise<ChangesPage> {
+    return this.json("GET", "/v1/changes",
+                     { query: { subject: options.subject, after: options.after, limit: options.limit } });
+  }
+
+  /** Follow the change feed as it grows (Server-Sent Events), from now or after `after`; ends when `signal`
+   *  aborts, the loop breaks, or the server ends the stream (a revoked key). */
+  async *follow(options: { subject?: string; after?: string; signal?: AbortSignal } = {}
+  ): AsyncGenerator<FeedItem, void, undefined> {
+    const reply = await this.send("GET", "/v1/changes", {
+      query: { subject: options.subject, after: options.after }, accept: "text/event-stream",
+      signal: options.signal ?? null,
+    });
+    if (!reply.ok) throw await this.failure(reply);
+    if (!reply.body) throw new MemflowError(reply.status, "bad_reply", "the change feed came without a body");
+    const reader = reply.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "", lastId: string | null = options.after ?? null;
+    try {
+      for (;;) {
+        let chunk;
+        try {
+          chunk = await reader.read();
+        } catch (error) {
+          if (options.signal?.aborted) return;
+          throw new Unavailable(0, "network", `the change feed broke off: ${String(error)}`);
+        }
+        if (chunk.done) return;
+        buffer += decoder.decode(chunk.value, { stream: true }).replace(/\r\n?/g, "\n");
+        let end: number;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const item = parseEvent(block, lastId);
+          if (item === null) continue;
+          if (item.id !== null) lastId = item.id;
+          yield item;
+        }
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
+  }
+
   // -- export and import ---------------------------------------------------------------------
 
   /** The subject's export as JSON Lines text, as `memflow import` and `importFile` read it. */
@@ -255,9 +313,10 @@ export class Memflow {
   }
 
   private async send(method: string, path: string,
-                     options: { body?: unknown; raw?: string | Uint8Array; contentType?: string; query?: Query },
+                     options: { body?: unknown; raw?: string | Uint8Array; contentType?: string; query?: Query;
+                                accept?: string; signal?: AbortSignal | null },
   ): Promise<Response> {
-    const headers: Record<string, string> = { accept: "application/json" };
+    const headers: Record<string, string> = { accept: options.accept ?? "application/json" };
     if (this.key) headers.authorization = `Bearer ${this.key}`;
     let body: string | Uint8Array | undefined;
     if (options.raw !== undefined) {
@@ -269,7 +328,9 @@ export class Memflow {
     }
     const url = this.baseUrl + path + queryString(options.query);
     try {
-      return await this.fetcher(url, { method, headers, body: body as BodyInit | undefined, signal: AbortSignal.timeout(this.timeoutMs) });
+      // A stream lives as long as its reader: no timeout unless the caller's signal says so.
+      const signal = options.signal === undefined ? AbortSignal.timeout(this.timeoutMs) : options.signal;
+      return await this.fetcher(url, { method, headers, body: body as BodyInit | undefined, signal });
     } catch (error) {
       const timedOut = error instanceof Error && error.name === "TimeoutError";
       throw new Unavailable(0, timedOut ? "timeout" : "network",
@@ -313,4 +374,32 @@ export class Memflow {
     }
     return errorOf(reply.status, "bad_reply", `HTTP ${reply.status}: ${text.slice(0, 200)}`, null, retryAfterS, body);
   }
+}
+
+/** One Server-Sent Event's lines as a FeedItem; null for a keep-alive comment. */
+function parseEvent(block: string, lastId: string | null): FeedItem | null {
+  let id: string | null = null, event = "message";
+  const data: string[] = [];
+  for (const line of block.split("\n")) {
+    if (line === "" || line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "id") id = value;
+    else if (field === "event") event = value;
+    else if (field === "data") data.push(value);
+  }
+  if (data.length === 0) return id === null ? null : { type: "cursor", id };
+  let payload: unknown;
+  try {
+    payload = JSON.parse(data.join("\n"));
+  } catch {
+    throw new MemflowError(200, "bad_reply", `a change feed event is not JSON: ${data.join("\n").slice(0, 200)}`);
+  }
+  if (event === "gap") return { type: "gap", id: id ?? lastId, after: (payload as { after: string }).after };
+  if (event === "change") {
+    const entry = payload as FeedEntry;
+    return { type: "change", id: id ?? entry.id, entry };
+  }
+  return id === null ? null : { type: "cursor", id };
 }

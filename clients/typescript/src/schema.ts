@@ -7,6 +7,17 @@ export type Adopted = {
   count: number;
 };
 
+/** A page of the feed: `entries` in the order they were made; `next` is the cursor to ask with for the
+ * following page (past entries this key may not see as well); `more`: the stream holds entries after `next`;
+ * `gap`: the stream was trimmed past the cursor asked with, so entries between it and the first one here were
+ * dropped before this reader saw them (read the subject again, `inspect`, and follow from here). */
+export type ChangesPage = {
+  entries?: FeedEntry[];
+  next: string;
+  more?: boolean;
+  gap?: boolean;
+};
+
 /** One thing an agent saw or said. Validated in the client and again in the trigger worker.
  * 
  * The text limit comes from validation context (`max_text_bytes`) so that it stays a
@@ -58,6 +69,18 @@ export type ExportRecord = {
   kind?: "memory";
   memory: Memory;
   vector?: number[] | null;
+};
+
+/** One change to one memory: which (`memory_id` of `subject`), what kind (`add`, `supersede`, `contest`,
+ * `forget`, a lifecycle step…), the memory's revision after it (none: the memory was deleted) and when.
+ * `id` is the cursor: the stream id of the entry. */
+export type FeedEntry = {
+  id: string;
+  memory_id: string;
+  subject: string;
+  kind: string;
+  revision?: number | null;
+  at: string;
 };
 
 export type FeedbackRequest = {

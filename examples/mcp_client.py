@@ -1,0 +1,54 @@
+"""memflow's MCP tools from the official MCP Python SDK's client, over streamable HTTP (`/mcp` of `memflow
+serve`): what Claude Code, Cursor and other MCP clients do, in a dozen lines. No model: the tools are called
+directly, as an agent's runtime would call them.
+
+    MEMFLOW_URL=http://127.0.0.1:8765 MEMFLOW_KEY=mf_... python examples/mcp_client.py
+
+The subject is the key's (a key for one subject), or `MEMFLOW_SUBJECT` (sent as `X-Memflow-Subject`), never a
+tool argument. Driven by tests/test_examples.py against a live server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+
+def headers(key: str, subject: str | None = None) -> dict[str, str]:
+    """The key, and the subject when the key covers more than one."""
+    return {"Authorization": f"Bearer {key}", **({"X-Memflow-Subject": subject} if subject else {})}
+
+
+@asynccontextmanager
+async def memory(url: str, key: str, subject: str | None = None) -> AsyncIterator[Client]:
+    """A session with memflow's `/mcp`: `remember`, `recall`, `context`, `forget`, `publish_turns`."""
+    async with (httpx2.AsyncClient(headers=headers(key, subject), timeout=60) as http,
+                Client(streamable_http_client(f"{url.rstrip('/')}/mcp", http_client=http)) as client):
+        yield client
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured reply; a tool error raised with its text."""
+    result = await client.call_tool(tool, arguments)
+    if result.is_error or result.structured_content is None:
+        raise RuntimeError(" ".join(getattr(block, "text", "") for block in result.content))
+    return dict(result.structured_content)
+
+
+async def main() -> None:
+    async with memory(os.environ["MEMFLOW_URL"], os.environ["MEMFLOW_KEY"], os.environ.get("MEMFLOW_SUBJECT")) as c:
+        print("tools:", sorted(tool.name for tool in (await c.list_tools()).tools))
+        print(await call(c, "remember", content="I prefer tea over coffee in the morning."))
+        print(await call(c, "recall", query="what do I drink in the morning?", k=5))
+        print(await call(c, "context", task="offer the user a drink"))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

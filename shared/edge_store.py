@@ -254,16 +254,17 @@ class EdgeStore:
             self._journal = []
         steps.done("copy (writes held)")
         try:
-            if not edge_build.build(built):
-                return False
-            steps.done("build (child process)")
-            self._hand_over(built, between, steps)
-            log.info("index build of %s: %s", self._path.name, steps)
-            return True
+            changed = edge_build.build(built)
+            steps.done("build (child process)" if changed else "build (child process, nothing to build)")
+            if changed:
+                self._hand_over(built, between, steps)
+                log.info("index build of %s: %s", self._path.name, steps)
+            return changed
         finally:
             with self._writing:
                 self._journal = None
-            edge_build.recover(self._path)  # a build that failed: its copy
+            edge_build.recover(self._path)  # a build that failed or found nothing to build: its copy
+            steps.done("drop the copy")
 
     def _hand_over(self, built: Path, between: Callable[[], object], steps: _Steps) -> None:
         """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""

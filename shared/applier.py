@@ -55,13 +55,17 @@ LEDGER_TTL_S = 24 * 3600
 # writer that died holding it delays the subject's next write by at most this.
 LOCK_TIMEOUT_S = 60.0
 LOCK_WAIT_S = 30.0
+# The same step records the subject's last entry (its profile's revision) and drops its materialized profile
+# (shared/profiles.py): no profile outlives the change that made it stale, a forget's words included.
 # The holder's fence: a holder whose lock expired (another may hold it now) announces nothing, checked in
 # the same step as the append, so no stall between a check and the append can reorder the feed.
 _ANNOUNCE = """
 if redis.call('GET', KEYS[3]) ~= ARGV[6] then return -1 end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 1) == 0 then return 0 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[4], ARGV[5])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[4], ARGV[5])
+redis.call('HSET', KEYS[4], ARGV[7], id)
+redis.call('DEL', KEYS[5])
 return 1
 """
 
@@ -125,9 +129,10 @@ class Applier:
     def announce_once(self, mutation: Mutation, write: writes.Write, token: bytes) -> None:
         """Append `write`'s change to the feed unless it was announced before, while `token` holds the lock."""
         assert write.change is not None
-        keys = [self.keys.announced(mutation.id), self.keys.changes, self.keys.write_lock(mutation.subject)]
+        keys = [self.keys.announced(mutation.id), self.keys.changes, self.keys.write_lock(mutation.subject),
+                self.keys.revisions, self.keys.profile(mutation.subject)]
         done = self._announce(keys=keys, args=[write.op_key, LEDGER_TTL_S, self.changes_maxlen, FIELD,
-                                               encode(write.change), token])
+                                               encode(write.change), token, mutation.subject])
         if done == -1:
             raise StaleVersion(f"the write lock of {mutation.subject} expired before {write.op_key} was announced")
 

@@ -36,6 +36,7 @@ from memflow.pipeline import feed
 from memflow.pipeline.feed import ChangesPage
 from memflow.pipeline.gate import redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
+from memflow.pipeline.profile import ProfileReply
 from memflow.shared import feed as feed_pages
 from memflow.shared import pending, transfer
 from memflow.shared.codec import encode
@@ -48,6 +49,7 @@ from memflow.shared.rpc import (
     HISTORY,
     INSPECT,
     PACK,
+    PROFILE,
     REVIEW_DECIDE,
     REVIEW_LIST,
     ROLLBACK,
@@ -251,6 +253,12 @@ class MemoryClient:
             raise InvalidInput("after", str(exc)) from None
         return feed_pages.page(self.redis, self.keys, start,
                                (lambda s: s == subject) if subject is not None else (lambda s: True), limit)
+
+    def profile(self, subject: str, *, since: str | None = None, max_tokens: int | None = None,
+                now: datetime | None = None) -> ProfileReply:
+        """What holds now for `subject` (docs/profile.md): identity, preferences, rules, people, open contests;
+        its prompt text within `max_tokens` if given; what changed after revision `since` if given."""
+        return self.call(PROFILE, subject=subject, since=since, max_tokens=max_tokens, now=now)
 
     def rollback(self, memory_id: str, to_version: int, *, subject: str | None = None,
                  at: datetime | None = None) -> RollbackReport:

@@ -190,6 +190,15 @@ class Keys:
         return f"{self.prefix}{{changes}}"
 
     @property
+    def revisions(self) -> str:
+        # Each subject's last entry on `changes` (its profile's revision), set in the announcement's step.
+        return f"{self.prefix}{{changes}}:revisions"
+
+    def profile(self, subject: str) -> str:
+        # A subject's materialized profile (shared/profiles.py), dropped in the step that announces its next change.
+        return f"{self.prefix}{{changes}}:profile:{subject}"
+
+    @property
     def api_keys(self) -> str:
         """Hash: key id → the key's record (its name, patterns, read-only flag and secret's hash)."""
         return f"{self.prefix}{{apikeys}}"

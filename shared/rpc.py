@@ -21,6 +21,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field, PlainSerializer, field_validator
 
 from memflow.pipeline.export import Record
+from memflow.pipeline.feed import CURSOR_PATTERN
 from memflow.pipeline.models import (
     Memory,
     MemoryId,
@@ -38,6 +39,7 @@ from memflow.pipeline.models import (
     aware,
     event_time,
 )
+from memflow.pipeline.profile import ProfileReply
 from memflow.shared.errors import InvalidInput
 
 # The module RQ jobs of the query worker are named in: `workers.query.search`, `workers.query.run_job`...
@@ -153,6 +155,19 @@ class HealthRequest(Wire):
 
 class SubjectsRequest(Wire):
     pass
+
+
+# The most a profile's prompt text may be asked to hold (tokens).
+MAX_PROFILE_TOKENS = 8000
+
+
+class ProfileRequest(Wire):
+    subject: Subject
+    since: str | None = Field(default=None, pattern=CURSOR_PATTERN)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_PROFILE_TOKENS)
+    now: datetime | None = None
+
+    _aware = field_validator("now")(aware)
 
 
 class ReviewDecideRequest(Wire):
@@ -488,13 +503,14 @@ REVIEW_LIST = Rpc("review_list", ReviewListRequest, ReviewList)
 REVIEW_DECIDE = Rpc("review_decide", ReviewDecideRequest, ReviewDecision)
 HEALTH = Rpc("health", HealthRequest, Health)
 SUBJECTS = Rpc("subjects", SubjectsRequest, SubjectList)
+PROFILE = Rpc("profile", ProfileRequest, ProfileReply)
 # Maintenance-sized (a whole subject, an embedding per memory lacking a vector): the jobs' queue, never a search's.
 EXPORT = Rpc("export", ExportRequest, ExportedSubject, queue="jobs")
 IMPORT = Rpc("import_subject", ImportRequest, Imported, queue="jobs")
 
 RPCS: dict[str, Rpc[Any, Any]] = {rpc.name: rpc for rpc in (
     SEARCH, PACK, FORGET, VERIFY_FORGOTTEN, FEEDBACK, INSPECT, RUN_JOB, HISTORY, ROLLBACK, REVIEW_LIST,
-    REVIEW_DECIDE, HEALTH, SUBJECTS, EXPORT, IMPORT)}
+    REVIEW_DECIDE, HEALTH, SUBJECTS, EXPORT, IMPORT, PROFILE)}
 
 
 def request_of(rpc: Rpc[Req, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Req:

@@ -47,6 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memflow.pipeline.fairness import Refused
+from memflow.pipeline.feed import CURSOR_PATTERN
 from memflow.pipeline.models import (
     MAX_META_TEXT,
     ChatEvent,
@@ -58,8 +59,9 @@ from memflow.pipeline.models import (
     Trace,
     Wire,
 )
+from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.scopes import single_subject
-from memflow.shared import rpc
+from memflow.shared import profiles, rpc
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
@@ -404,6 +406,23 @@ async def people(request: Request, key: Caller, subject: Subject) -> rpc.People:
     now: a search restricted to one of them is `about=` that holder."""
     report = await ask(request, rpc.INSPECT, subject=allowed(key, subject))
     return rpc.People(subject=report.subject, people=report.people)
+
+
+@v1.get("/subjects/{subject:path}/profile", response_model=ProfileReply, tags=["read"])
+async def profile(request: Request, key: Caller, client: Client, subject: Subject,
+                  since: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
+                      "A profile's `revision`: say what changed after it (`changes`)."))] = None,
+                  max_tokens: Annotated[int | None, Query(ge=1, le=rpc.MAX_PROFILE_TOKENS, description=(
+                      "Also the profile as prompt text (`prompt`) within this many tokens."))] = None,
+                  ) -> ProfileReply:
+    """What holds now for the subject, without a query (docs/profile.md): identity facts, standing preferences
+    and rules, the people in the user's life, open contests flagged; at `revision`, the subject's last change.
+    Kept current from the change feed: a read is one Redis GET unless the subject changed since the last."""
+    allowed(key, subject)
+    found = await profiles.cached_async(request.app.state.redis, client.keys, subject, datetime.now(UTC))
+    if found is None:  # changed since the last read: a query worker builds it from the store and keeps it
+        return await ask(request, rpc.PROFILE, subject=subject, since=since, max_tokens=max_tokens)
+    return await profiles.reply_async(request.app.state.redis, client.keys, found, since, max_tokens)
 
 
 @v1.get("/subjects/{subject:path}/traces", response_model=list[Trace], tags=["read"])

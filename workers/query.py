@@ -47,6 +47,7 @@ from memflow.pipeline.pack import pack as build_prompt
 from memflow.pipeline.pending import Said, estimated_idf, served
 from memflow.pipeline.plan import is_ambiguous, is_transcript, recent_turns
 from memflow.pipeline.plan import plan as make_plan
+from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.score import (
     Floor,
     Found,
@@ -66,7 +67,7 @@ from memflow.pipeline.score import (
     unscoped,
 )
 from memflow.pipeline.timeref import asked_period
-from memflow.shared import metrics, pending, sparse
+from memflow.shared import metrics, pending, profiles, sparse
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import summed
 from memflow.shared.errors import InvalidInput, MemflowError, NotFound, Retryable, StoreUnavailable
@@ -85,6 +86,7 @@ from memflow.shared.rpc import (
     IMPORT,
     INSPECT,
     PACK,
+    PROFILE,
     REVIEW_DECIDE,
     REVIEW_LIST,
     ROLLBACK,
@@ -110,6 +112,7 @@ from memflow.shared.rpc import (
     InspectRequest,
     JobReport,
     PackRequest,
+    ProfileRequest,
     Rep,
     Req,
     ReviewDecideRequest,
@@ -634,6 +637,12 @@ def subjects(ctx: Context, req: SubjectsRequest) -> SubjectList:
     return SubjectList(subjects=sorted(ctx.store.subjects()))
 
 
+def profile(ctx: Context, req: ProfileRequest) -> ProfileReply:
+    """The subject's profile (shared/profiles.py): the materialized one, or built from the store and kept."""
+    found = profiles.current(ctx.store, ctx.client, ctx.keys, req.subject, req.now or datetime.now(UTC))
+    return profiles.reply(ctx.client, ctx.keys, found, req.since, req.max_tokens)
+
+
 def export(ctx: Context, req: ExportRequest) -> ExportedSubject:
     """Every stored point of a subject, for `memflow export` (workers/transfer.py, docs/export-format.md)."""
     return ExportedSubject.model_validate(transfer.export_subject(ctx, req.subject, req.with_vectors, req.after,
@@ -662,7 +671,8 @@ HANDLERS: dict[str, Handler[Any, Any]] = {h.rpc.name: h for h in (
     Handler(VERIFY_FORGOTTEN, verify_forgotten), Handler(FEEDBACK, feedback), Handler(INSPECT, inspect),
     Handler(RUN_JOB, run_job), Handler(HISTORY, history), Handler(ROLLBACK, rollback),
     Handler(REVIEW_LIST, review_list), Handler(REVIEW_DECIDE, review_decide), Handler(HEALTH, health),
-    Handler(SUBJECTS, subjects), Handler(EXPORT, export), Handler(IMPORT, import_subject))}
+    Handler(SUBJECTS, subjects), Handler(EXPORT, export), Handler(IMPORT, import_subject),
+    Handler(PROFILE, profile))}
 
 
 def serve(ctx: Context, job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,160 @@
+"""A subject's profile (`client.profile`, `GET /v1/subjects/{s}/profile`, docs/profile.md) on real services:
+what holds now by section, a correction replacing the old value, a forget leaving it, a contest flagged, what
+changed since a revision, the prompt text within its budget, the materialized profile kept current from the
+change feed, and another tenant refused."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memflow.pipeline.profile import ProfileReply
+from memflow.pipeline.tokens import approximate_tokens
+from memflow.shared.apikeys import KeyStore
+from memflow.shared.embedder import Embedder
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.redis_server import RedisServer
+from memflow.shared.settings import Settings
+from memflow.shared.store import MemoryFilter
+from tests.conftest import start_system
+from tests.test_api import Served, error_of, start_serve, stop
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+NOW = T0 + timedelta(days=3)
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
+                        data_dir=tmp_path_factory.mktemp("profile"), reclaim_idle_ms=300, block_ms=50,
+                        retry_base_s=0.01, retry_max_s=0.2)
+    system = start_system(settings, embedder)
+    url, process = start_serve(settings)
+    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
+                                                                    now=datetime.now(UTC))[1]
+    yield Served(system, settings, url, process, admin)
+    stop(process)
+    system.shutdown()
+
+
+def subject() -> str:
+    return f"prof-{uuid.uuid4().hex[:8]}"
+
+
+def said(served: Served, subj: str, *texts: str, start: int = 0) -> None:
+    for i, text in enumerate(texts, start):
+        served.system.client.write(subj, text, ts=T0 + timedelta(hours=i), event_id=f"{subj}-w{i}",
+                                   session_id=f"s{i}")
+    assert served.system.client.wait_idle(60)
+
+
+def contents(profile: ProfileReply) -> dict[str, list[str]]:
+    return {"identity": [i.content for i in profile.identity], "preferences": [i.content for i in profile.preferences],
+            "rules": [i.content for i in profile.rules], "contested": [i.content for i in profile.contested],
+            "people": [f"{p.about}: {k.content}" for p in profile.people for k in p.known]}
+
+
+def test_the_profile_holds_what_holds_now_and_a_correction_replaces_the_old_value(served: Served) -> None:
+    subj = subject()
+    said(served, subj, "My name is Alice Martin.", "I live in Berlin.", "I prefer short answers.",
+         "My sister Anna lives in Lyon.", "We went to the cinema yesterday.",
+         "Correction: I live in Munich, not Berlin.")
+    found = contents(served.system.client.profile(subj, now=NOW))
+    assert "My name is Alice Martin" in found["identity"]
+    assert any("Munich" in c for c in found["identity"]) and not any(c == "I live in Berlin" for c in found["identity"])
+    assert found["preferences"] == ["I prefer short answers"]
+    assert found["people"] == ["sister:anna: My sister Anna lives in Lyon"]
+    assert not any("cinema" in c for section in found.values() for c in section)  # what happened is not what holds
+    assert found["contested"] == []
+
+
+def test_the_prompt_text_keeps_within_its_budget_whole_lines_only(served: Served) -> None:
+    subj = subject()
+    said(served, subj, "My name is Bob Stone.", "I prefer tea over coffee.", "My wife Clara is a pilot.")
+    whole = served.system.client.profile(subj, now=NOW, max_tokens=1000).prompt
+    assert whole is not None and "Bob Stone" in whole and "Clara" in whole and "tea" in whole
+    for budget in (1, 8, 15):
+        text = served.system.client.profile(subj, now=NOW, max_tokens=budget).prompt
+        assert text is not None and approximate_tokens(text) <= budget
+        assert all(line in whole.splitlines() for line in text.splitlines())
+    assert served.system.client.profile(subj, now=NOW).prompt is None
+
+
+def test_a_contest_is_flagged_on_both_sides(served: Served) -> None:
+    subj = subject()
+    said(served, subj, "The project database is Postgres.")
+    rival = next(m.id for m in served.system.ctx.store.get(MemoryFilter(subj)) if "Postgres" in m.content)
+    for i in range(6):  # stubborn by use: a later offhand statement contests it instead of replacing it
+        served.system.client.feedback(subj, [rival], at=T0 + timedelta(hours=10 + i), request_id=f"{subj}-use-{i}")
+    said(served, subj, "The project database is MySQL.", start=20)
+    profile = served.system.client.profile(subj, now=NOW)
+    flagged = {i.content: i for i in profile.contested}
+    assert set(flagged) == {"The project database is Postgres", "The project database is MySQL"}, flagged
+    assert all(i.contested and i.contested_with for i in flagged.values())
+    sides = {i.id for i in flagged.values()}
+    assert all(set(i.contested_with) <= sides for i in flagged.values())
+    assert "Unsure" in (served.system.client.profile(subj, now=NOW, max_tokens=200).prompt or "")
+
+
+def test_a_forget_leaves_the_profile_and_since_a_revision_says_what_changed(served: Served) -> None:
+    subj = subject()
+    client = served.system.client
+    said(served, subj, "I live in Oslo.", "I prefer window seats.")
+    before = client.profile(subj, now=NOW)
+    assert before.revision != "0-0" and before.changes is None
+    unchanged = client.profile(subj, since=before.revision, now=NOW).changes
+    assert unchanged is not None and unchanged.model_dump() == {
+        "since": before.revision, "changed": [], "removed": [], "complete": True}
+    oslo = next(i.id for i in before.identity if "Oslo" in i.content)
+    assert client.forget(subj, [oslo]) >= 1
+    said(served, subj, "I prefer aisle seats now.", start=5)
+    after = client.profile(subj, since=before.revision, now=NOW)
+    assert after.revision != before.revision
+    assert not any("Oslo" in i.content for i in after.identity)
+    assert after.changes is not None and after.changes.complete
+    assert oslo in after.changes.removed
+    assert any("aisle" in i.content for i in after.changes.changed)
+    cached = client.redis.get(client.keys.profile(subj))
+    assert cached is not None and b"Oslo" not in cached  # the materialized profile holds no forgotten words
+
+
+def test_the_profile_is_materialized_and_dropped_by_the_next_change(served: Served) -> None:
+    subj = subject()
+    client = served.system.client
+    said(served, subj, "I work as a carpenter.")
+    key = client.keys.profile(subj)
+    assert client.redis.get(key) is None
+    first = client.profile(subj, now=NOW)
+    assert client.redis.hget(client.keys.revisions, subj).decode() == first.revision
+    assert client.redis.get(key) is not None
+    with served.http(served.admin) as http:  # served from the materialized profile, as the worker built it
+        reply = http.get(f"/v1/subjects/{subj}/profile")
+        assert reply.status_code == 200 and reply.json()["revision"] == first.revision
+    said(served, subj, "I prefer working mornings.", start=3)
+    assert client.redis.get(key) is None  # dropped in the step that announced the change
+    with served.http(served.admin) as http:
+        again = http.get(f"/v1/subjects/{subj}/profile", params={"since": first.revision, "max_tokens": 50}).json()
+    assert again["revision"] != first.revision and any("mornings" in i["content"] for i in again["preferences"])
+    assert [i["content"] for i in again["changes"]["changed"]] == ["I prefer working mornings"]
+    assert "mornings" in again["prompt"]
+
+
+def test_over_http_another_tenant_is_refused_and_bad_input_named(served: Served) -> None:
+    mine, theirs = subject(), subject()
+    said(served, theirs, "My PIN hint is the cat's name.")
+    key = served.key(mine)
+    with served.http(key) as http:
+        refused = http.get(f"/v1/subjects/{theirs}/profile")
+        assert refused.status_code == 403 and error_of(refused)["code"] == "forbidden"
+        assert "PIN" not in refused.text
+        empty = http.get(f"/v1/subjects/{mine}/profile")
+        assert empty.status_code == 200, empty.text
+        assert empty.json()["identity"] == [] and empty.json()["revision"] == "0-0"
+        for bad in ({"max_tokens": 0}, {"max_tokens": 100_000}, {"since": "last week"}):
+            reply = http.get(f"/v1/subjects/{mine}/profile", params=bad)
+            assert reply.status_code == 422 and error_of(reply)["field"] == next(iter(bad)), reply.text
+    with pytest.raises((InvalidInput, RpcError)):
+        served.system.client.profile(mine, since="last week")

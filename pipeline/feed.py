@@ -19,8 +19,9 @@ from pydantic import Field, ValidationError, field_validator
 
 from memflow.pipeline.models import Subject, Wire, aware
 
-# A stream id, `<ms>-<seq>` (or `<ms>`, read as `<ms>-0`); "0": from the oldest entry the stream holds.
-CURSOR_PATTERN = r"^[0-9]{1,20}(-[0-9]{1,20})?$"
+# A stream id, `<ms>-<seq>` (or `<ms>`, read as `<ms>-0`); "0": from the oldest entry the stream holds. At most
+# 19 digits each: every such number is a valid part of a stream id (under 2^64), so no cursor reaches Redis bad.
+CURSOR_PATTERN = r"^[0-9]{1,19}(-[0-9]{1,19})?$"
 _CURSOR = re.compile(CURSOR_PATTERN)
 START = "0-0"
 # The most entries one page holds, and the default.

@@ -65,6 +65,7 @@ class Pager:
 
     def __init__(self, after: str, visible: Callable[[str], bool], limit: int, ends: Ends) -> None:
         self.visible, self.limit = visible, limit
+        after = feed.cursor(after)
         self.page = ChangesPage(next=after, gap=ends.gap(after))
         self.scanned, self.done = 0, False
 

@@ -35,7 +35,7 @@ from tests.test_api import Served, subject
 
 served = test_api.served  # the fixture: this module's system and `memflow serve`
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = {"remember", "recall", "context", "forget", "publish_turns"}
+TOOLS = {"remember", "recall", "context", "profile", "forget", "publish_turns"}
 
 
 # -- who is asking (no services) -------------------------------------------------------------------
@@ -141,6 +141,8 @@ async def round_trip(client: Client, served: Served, subj: str) -> None:
     assert found["memories"][0]["pending"] is False  # written: wait_idle above
     packed = structured(await client.call_tool("context", {"task": "offer the user a drink"}))
     assert "tea" in packed["text"] and packed["memory_ids"]
+    known = structured(await client.call_tool("profile", {"max_tokens": 100}))
+    assert "Preferences:" in known["text"] and "tea" in known["text"] and known["contested"] == 0
 
     every = [m["id"] for m in found["memories"]]
     gone = structured(await client.call_tool("forget", {"memory_ids": every}))
@@ -261,6 +263,7 @@ def test_every_tool_refuses_an_argument_it_does_not_name(served: Served) -> None
              "remember": {"content": "planted", "subject": "team-b/x"},
              "recall": {"query": "badge", "about": "mother"},
              "context": {"task": "badge", "k": 3},
+             "profile": {"subject": "team-b/x"},
              "publish_turns": {"turns": [{"role": "user", "text": "planted"}], "session_id": "s", "subject": "x"}}
 
     async def body(c: Client) -> tuple[list[Any], dict[str, CallToolResult]]:

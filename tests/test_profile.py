@@ -119,6 +119,10 @@ def test_a_forget_leaves_the_profile_and_since_a_revision_says_what_changed(serv
     assert any("aisle" in i.content for i in after.changes.changed)
     cached = client.redis.get(client.keys.profile(subj))
     assert cached is not None and b"Oslo" not in cached  # the materialized profile holds no forgotten words
+    assert client.verify_forgotten(subj, [oslo]).verified
+    client.redis.set(client.keys.profile(subj), before.model_dump_json())  # as if one had outlived the forget
+    proof = client.verify_forgotten(subj, [oslo])
+    assert not proof.verified and proof.residue == {"profile": 1}
 
 
 def test_the_profile_is_materialized_and_dropped_by_the_next_change(served: Served) -> None:
@@ -139,6 +143,9 @@ def test_the_profile_is_materialized_and_dropped_by_the_next_change(served: Serv
         again = http.get(f"/v1/subjects/{subj}/profile", params={"since": first.revision, "max_tokens": 50}).json()
     assert again["revision"] != first.revision and any("mornings" in i["content"] for i in again["preferences"])
     assert [i["content"] for i in again["changes"]["changed"]] == ["I prefer working mornings"]
+    with served.http(served.admin) as http:  # since the beginning, short form: everything is new
+        whole = http.get(f"/v1/subjects/{subj}/profile", params={"since": "0"}).json()["changes"]
+    assert len(whole["changed"]) == 2 and whole["complete"]
     assert "mornings" in again["prompt"]
 
 

@@ -202,6 +202,9 @@ def verify(ctx: Context, subject: str, memory_ids: list[str], contains: str | No
     held = _still_pending(ctx, subject, events)
     if held:
         residue["pending"] = held
+    profile = ctx.client.get(ctx.keys.profile(subject))  # dropped by the forget's announcement (shared/profiles.py)
+    if profile and any(mark in profile for mark in marks):
+        residue["profile"] = 1
     quoting = _quoting(ctx, subject, {r["sha256"] for r in receipts})
     if quoting:
         residue["record_context"] = quoting

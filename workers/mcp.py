@@ -44,7 +44,7 @@ from memflow.pipeline.scopes import single_subject
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.rpc import PACK, SEARCH, Rep, Rpc
+from memflow.shared.rpc import PACK, PROFILE, SEARCH, Rep, Rpc
 from memflow.shared.settings import Settings
 from memflow.shared.shares import KeyShares, Place
 from memflow.workers.front import (
@@ -163,6 +163,13 @@ class Packed(Reply):
     note: str
 
 
+class ProfileText(Reply):
+    text: str = Field(description="What holds now for the user, as prompt text within the budget.")
+    revision: str = Field(description="The profile's revision: the user's last change on the change feed.")
+    contested: int = Field(description="Statements of the user's that contradict each other, not settled.")
+    note: str
+
+
 class TurnIn(Reply):
     role: Role
     text: str = Field(min_length=1)
@@ -275,6 +282,15 @@ class MemoryTools:
         note = "ready to use" if packed.used_ids else "nothing remembered bears on this task"
         return Packed(text=packed.system, tokens=packed.tokens, memory_ids=packed.used_ids, note=note)
 
+    def profile(self, ctx: Context, max_tokens: Annotated[int, Field(ge=50, le=8000)] = 600) -> ProfileText:
+        """What is known of the user that holds now, without a query: who they are, their standing preferences
+        and rules, the people in their life, and what is contested. Use it at the start of a conversation."""
+        with self._serving(ctx) as turn:
+            found = self._asked(turn, PROFILE, subject=turn.caller.subject, max_tokens=max_tokens)
+        text = found.prompt or ""
+        return ProfileText(text=text, revision=found.revision, contested=len(found.contested),
+                           note="ready to use" if text else "nothing is known of the user yet")
+
     def forget(self, ctx: Context,
                memory_ids: Annotated[list[MemoryId] | None, Field(description="Ids from recall.")] = None,
                contains: Annotated[str | None, Field(description="Forget every memory holding this.")] = None,
@@ -335,7 +351,8 @@ INSTRUCTIONS = ("Long-term memory of the user you are talking with (memflow). Ca
 def build_server(tools: MemoryTools) -> MCPServer:
     return MCPServer("memflow", version="1", instructions=INSTRUCTIONS, log_level="WARNING", tools=[
         strict(fn, hints) for fn, hints in ((tools.remember, WRITES), (tools.recall, READS), (tools.context, READS),
-                                            (tools.forget, ERASES), (tools.publish_turns, WRITES))])
+                                            (tools.profile, READS), (tools.forget, ERASES),
+                                            (tools.publish_turns, WRITES))])
 
 
 def strict(fn: Callable[..., Any], hints: ToolAnnotations) -> Tool:

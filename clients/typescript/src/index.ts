@@ -19,6 +19,7 @@ import type {
   PackRequest,
   PackedPrompt,
   People,
+  ProfileReply,
   Published,
   SearchRequest,
   SearchResult,
@@ -204,6 +205,14 @@ export class Memflow {
   /** The people the subject has talked about, each with what is known of them now. */
   people(subject: string): Promise<People> {
     return this.json("GET", `/v1/subjects/${subjectPath(subject)}/people`);
+  }
+
+  /** What holds now for the subject, without a query (docs/profile.md): identity, preferences, rules, people,
+   *  open contests; `revision` to pass back as `since` (then `changes` says what changed after it);
+   *  `maxTokens` adds `prompt`, the profile as text within that budget. */
+  profile(subject: string, options: { since?: string; maxTokens?: number } = {}): Promise<ProfileReply> {
+    return this.json("GET", `/v1/subjects/${subjectPath(subject)}/profile`,
+                     { query: { since: options.since, max_tokens: options.maxTokens } });
   }
 
   /** How the subject's last `count` searches were answered. */

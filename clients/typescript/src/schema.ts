@@ -182,6 +182,19 @@ export type InspectReport = {
   people?: PersonEntry[];
 };
 
+/** One memory as the profile shows it. */
+export type Item = {
+  id: string;
+  content: string;
+  mtype: MType;
+  key: string;
+  confidence: number;
+  updated_at: string;
+  contested?: boolean;
+  contested_with?: string[];
+  until?: string | null;
+};
+
 export type Kind = "message" | "session_end" | "task_complete" | "feedback";
 
 /** One thing known of a person in the user's life. */
@@ -366,6 +379,27 @@ export type PersonEntry = {
   memories: Known[];
 };
 
+export type PersonProfile = {
+  /** The holder: a relation chain ("wife.sister"), a name (":tom") or both */
+  about: string;
+  relation?: string | null;
+  name?: string | null;
+  known: Item[];
+};
+
+/** The profile; `prompt` when a `max_tokens` was given; `changes` when a `since` was. */
+export type ProfileReply = {
+  subject: string;
+  revision: string;
+  identity?: Item[];
+  preferences?: Item[];
+  rules?: Item[];
+  people?: PersonProfile[];
+  contested?: Item[];
+  prompt?: string | null;
+  changes?: SinceRevision | null;
+};
+
 /** The stream ids of the events appended, in the order given. Processing happens after the reply. */
 export type Published = {
   ids: string[];
@@ -431,6 +465,17 @@ export type SearchResult = {
   fallback?: boolean;
   error?: string | null;
   latency_ms?: number;
+};
+
+/** What changed in the profile after revision `since`: the items changed or added (as they are now), and
+ * the ids of memories changed since that are not in the profile now (forgotten, superseded, expired).
+ * `complete` false: the feed no longer reaches back to `since`, or more changed than one look reads —
+ * read the whole profile. */
+export type SinceRevision = {
+  since: string;
+  changed?: Item[];
+  removed?: string[];
+  complete?: boolean;
 };
 
 export type Source = "explicit" | "explicit_correction" | "inferred" | "repeated" | "derived" | "tool";

@@ -70,6 +70,16 @@ test("publish, search finds it, pack, history, export and import, forget with pr
     assert.ok((await mine.people(subject)).people.some((p) => p.about === lyon.about));
   });
 
+  await t.test("profile: what holds now, as structure and as prompt text", async () => {
+    const profile = await mine.profile(subject, { maxTokens: 200 });
+    assert.equal(profile.subject, subject);
+    assert.ok(profile.preferences.some((item) => item.id === tea.id), JSON.stringify(profile));
+    assert.ok(profile.people.some((person) => person.about === lyon.about), JSON.stringify(profile.people));
+    assert.match(profile.prompt, /tea/);
+    const again = await mine.profile(subject, { since: profile.revision });
+    assert.equal(again.revision, profile.revision);
+  });
+
   await t.test("history", async () => {
     const history = await mine.history(tea.id);
     assert.equal(history.subject, subject);
@@ -148,6 +158,7 @@ test("another subject is refused: 403 to name it, 404 for its memory's id", asyn
     () => mine.forget(otherSubject, { contains: "window" }),
     () => mine.exportText(otherSubject),
     () => mine.changes({ subject: otherSubject }),
+    () => mine.profile(otherSubject),
     () => mine.publish(turn(otherSubject, "I live in Oslo.", 0)),
   ]) {
     await assert.rejects(call, (error) => {

@@ -278,6 +278,7 @@ def test_a_small_eval_through_the_real_pipeline(settings, embedder, monkeypatch)
 PROBES = Path(__file__).parent.parent / "bench" / "probe-scenarios.jsonl"
 
 
+@pytest.mark.timeout(300)  # a system per scenario: 40-70 s alone, 120 s+ beside the suite's other process
 def test_the_probe_scenarios_hold(settings, paired) -> None:
     """28 scenarios written to probe generalisation (new wording, domains, distractors; zh and en):
     a regression guard on the whole write and read path. 53 of 56 expectations pass on a quiet run;
@@ -295,6 +296,7 @@ def test_the_probe_scenarios_hold(settings, paired) -> None:
 LIFECYCLE = Path(__file__).parent.parent / "bench" / "lifecycle-scenarios.jsonl"
 
 
+@pytest.mark.timeout(300)  # a system per scenario: 40-70 s alone, 120 s+ beside the suite's other process
 def test_the_lifecycle_scenarios_hold(settings, paired) -> None:
     """16 scenarios on how memories evolve over time (zh and en): expired events, fading session context,
     temporary wishes, corrections months later, a grumpy remark against a well-used preference, a preference

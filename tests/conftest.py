@@ -3,6 +3,7 @@ data dir per test, the real embedding model loaded once, the real Qdrant engine.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -40,9 +41,11 @@ def pytest_report_header() -> str:
 # A stop that takes past SLOW_STOP_S (a worker stops within about a second: its dequeue wait): every thread's stack
 # then goes to SLOW_STOPS, and the run's summary says how many there were (a long suite showed 15 s teardowns that
 # no short run of the same modules did; the stacks say where the next one waits).
+# Under pytest-xdist the run's processes inherit the path the first one chose: they write to one file, and the
+# summary (printed by the controlling process alone) counts every process's stops from it.
 SLOW_STOP_S = 2.5
-SLOW_STOPS = Path(tempfile.gettempdir()) / f"memflow-slow-stops-{uuid.uuid4().hex[:8]}.txt"
-_slow_stops: list[str] = []
+SLOW_STOPS = Path(os.environ.setdefault(
+    "PYTEST_MEMFLOW_SLOW_STOPS", str(Path(tempfile.gettempdir()) / f"memflow-slow-stops-{uuid.uuid4().hex[:8]}.txt")))
 
 
 def join_reporting_slow_stops(threads: list[threading.Thread], timeout_s: float) -> None:
@@ -59,16 +62,17 @@ def _report_slow_stop(thread: threading.Thread, after_s: float) -> None:
     frames = sys._current_frames()
     stacks = [f"--- {t.name}\n{''.join(traceback.format_stack(frames[t.ident]))}"
               for t in threading.enumerate() if t.ident in frames]
-    _slow_stops.append(thread.name)
     with SLOW_STOPS.open("a") as out:
         out.write(f"=== {thread.name} still running {after_s:.1f} s after its stop ({time.ctime()})\n")
         out.write("".join(stacks))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _slow_stops:
-        terminalreporter.write_line(f"{len(_slow_stops)} stops took over {SLOW_STOP_S:g} s "
-                                    f"({', '.join(_slow_stops[:5])}); every thread's stack: {SLOW_STOPS}")
+    lines = SLOW_STOPS.read_text().splitlines() if SLOW_STOPS.exists() else []
+    slow_stops = [line.removeprefix("=== ").split(" still running ")[0] for line in lines if line.startswith("=== ")]
+    if slow_stops:
+        terminalreporter.write_line(f"{len(slow_stops)} stops took over {SLOW_STOP_S:g} s "
+                                    f"({', '.join(slow_stops[:5])}); every thread's stack: {SLOW_STOPS}")
 
 
 @pytest.fixture(autouse=True)

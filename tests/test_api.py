@@ -84,11 +84,11 @@ def stop(process: subprocess.Popen[str]) -> str:
     return str(process.log_path.read_text())  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="module")
-def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
-                        data_dir=tmp_path_factory.mktemp("api"), reclaim_idle_ms=300, block_ms=50,
-                        retry_base_s=0.01, retry_max_s=0.2)
+def serving(redis_server: RedisServer, embedder: Embedder, data_dir: Path, **overrides: Any) -> Iterator[Served]:
+    """One system and one `memflow serve` process with an admin key, stopped when the generator is closed:
+    the modules that test a front door against a live server build their fixture on it (`overrides`: settings)."""
+    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:", data_dir=data_dir,
+                        reclaim_idle_ms=300, block_ms=50, retry_base_s=0.01, retry_max_s=0.2, **overrides)
     system = start_system(settings, embedder)
     url, process = start_serve(settings)
     admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
@@ -96,6 +96,11 @@ def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pyte
     yield Served(system, settings, url, process, admin)
     stop(process)
     system.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from serving(redis_server, embedder, tmp_path_factory.mktemp("api"))
 
 
 def subject() -> str:

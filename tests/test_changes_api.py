@@ -26,8 +26,8 @@ from memflow.shared.errors import InvalidInput
 from memflow.shared.keys import FIELD
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
-from tests.conftest import start_system, wait_for
-from tests.test_api import Served, error_of, start_serve, stop
+from tests.conftest import wait_for
+from tests.test_api import Served, error_of, serving
 
 KEEPALIVE_S = 0.5
 
@@ -35,17 +35,8 @@ KEEPALIVE_S = 0.5
 @pytest.fixture(scope="module")
 def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One system and one `memflow serve` for the module: keep-alives twice a second, two streams per key."""
-    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
-                        data_dir=tmp_path_factory.mktemp("changes-api"), reclaim_idle_ms=300, block_ms=50,
-                        retry_base_s=0.01, retry_max_s=0.2, http_stream_keepalive_s=KEEPALIVE_S,
-                        http_max_streams_per_key=2)
-    system = start_system(settings, embedder)
-    url, process = start_serve(settings)
-    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
-                                                                    now=datetime.now(UTC))[1]
-    yield Served(system, settings, url, process, admin)
-    stop(process)
-    system.shutdown()
+    yield from serving(redis_server, embedder, tmp_path_factory.mktemp("changes-api"), http_stream_keepalive_s=KEEPALIVE_S,
+                            http_max_streams_per_key=2)
 
 
 def tenant() -> str:

@@ -13,14 +13,11 @@ import pytest
 
 from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.tokens import approximate_tokens
-from memflow.shared.apikeys import KeyStore
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.redis_server import RedisServer
-from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
-from tests.conftest import start_system
-from tests.test_api import Served, error_of, start_serve, stop
+from tests.test_api import Served, error_of, serving
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -28,16 +25,7 @@ NOW = T0 + timedelta(days=3)
 
 @pytest.fixture(scope="module")
 def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
-                        data_dir=tmp_path_factory.mktemp("profile"), reclaim_idle_ms=300, block_ms=50,
-                        retry_base_s=0.01, retry_max_s=0.2)
-    system = start_system(settings, embedder)
-    url, process = start_serve(settings)
-    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
-                                                                    now=datetime.now(UTC))[1]
-    yield Served(system, settings, url, process, admin)
-    stop(process)
-    system.shutdown()
+    yield from serving(redis_server, embedder, tmp_path_factory.mktemp("profile"))
 
 
 def subject() -> str:

@@ -5,35 +5,22 @@ the cap, a broken line. The `served` server of tests/test_api.py (a real uvicorn
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from memflow.shared.apikeys import KeyStore
 from memflow.shared.embedder import Embedder
 from memflow.shared.redis_server import RedisServer
-from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
-from tests.conftest import System, start_system
-from tests.test_api import Served, error_of, remembered, start_serve, stop, subject
+from tests.conftest import System
+from tests.test_api import Served, error_of, remembered, serving, subject
 
 
 @pytest.fixture(scope="module")
 def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One system and one `memflow serve` process for the module, with an admin key (as tests/test_api.py)."""
-    settings = Settings(redis_url=redis_server.url, stream_prefix=f"t{uuid.uuid4().hex[:10]}:",
-                        data_dir=tmp_path_factory.mktemp("transfer-api"), reclaim_idle_ms=300, block_ms=50,
-                        retry_base_s=0.01, retry_max_s=0.2)
-    system = start_system(settings, embedder)
-    url, process = start_serve(settings)
-    admin = KeyStore(system.client.redis, system.client.keys).create("admin", ["*"], read_only=False,
-                                                                    now=datetime.now(UTC))[1]
-    yield Served(system, settings, url, process, admin)
-    stop(process)
-    system.shutdown()
+    yield from serving(redis_server, embedder, tmp_path_factory.mktemp("transfer-api"))
 
 
 def exported(served: Served, key: str, subj: str, **params: Any) -> list[bytes]:

@@ -13,7 +13,6 @@ forgotten there is not written back (the applier reads forget's tombstones for e
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 
 from memflow.pipeline.gate import gate, redact_secrets
-from memflow.pipeline.models import Memory, Mutation, PutOp, Role, Status, Subject, Wire, aware
+from memflow.pipeline.models import Memory, Mutation, PutOp, Role, Status, Subject, Wire, aware, finite_vector
 from memflow.pipeline.writes import mutation
 
 FORMAT: Literal["memflow.export"] = "memflow.export"
@@ -84,9 +83,7 @@ class Record(Wire):
     @field_validator("vector")
     @classmethod
     def _finite(cls, vector: list[float] | None) -> list[float] | None:
-        if vector is not None and not all(map(math.isfinite, vector)):
-            raise ValueError("vector must hold finite numbers only")
-        return vector
+        return finite_vector(vector)
 
 
 class End(Wire):

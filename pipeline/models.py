@@ -475,10 +475,7 @@ class WriteBatch(Wire):
     @field_validator("vector")
     @classmethod
     def _finite(cls, vector: list[float] | None) -> list[float] | None:
-        # "NaN" and "Infinity" read as floats; the store would index them and every cosine with them is NaN.
-        if vector is not None and not all(map(math.isfinite, vector)):
-            raise ValueError("vector must hold finite numbers only")
-        return vector
+        return finite_vector(vector)
 
 
 class Mutation(Wire):
@@ -659,3 +656,11 @@ class LLMTrace(Wire):
     completion_tokens: int = 0
     latency_ms: float = 0.0
     at: datetime
+
+
+def finite_vector(vector: list[float] | None) -> list[float] | None:
+    """A vector as given, or ValueError: "NaN" and "Infinity" read as floats; the store would index them and every
+    cosine with them is NaN (a batch's vector, an imported one)."""
+    if vector is not None and not all(map(math.isfinite, vector)):
+        raise ValueError("vector must hold finite numbers only")
+    return vector

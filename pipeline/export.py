@@ -13,7 +13,7 @@ forgotten there is not written back (the applier reads forget's tombstones for e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
@@ -22,8 +22,20 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 
 from memflow.pipeline.gate import gate, redact_secrets
-from memflow.pipeline.models import Memory, Mutation, PutOp, Role, Status, Subject, Wire, aware, finite_vector
-from memflow.pipeline.writes import mutation
+from memflow.pipeline.models import (
+    DeleteOp,
+    Memory,
+    Mutation,
+    PatchOp,
+    PutOp,
+    Role,
+    Status,
+    Subject,
+    Wire,
+    aware,
+    finite_vector,
+)
+from memflow.pipeline.writes import mutation, op_key
 
 FORMAT: Literal["memflow.export"] = "memflow.export"
 # A reader refuses a version it does not know rather than half-read it; a change that an older reader
@@ -33,6 +45,8 @@ FORMAT_VERSION = 1
 PUTS_PER_MUTATION = 256
 # The action the `changes` feed and the history name an imported point's arrival by.
 IMPORT_ACTION = "import"
+# ... and its removal when the import of its subject was refused after it was written (`undo`).
+UNDO_ACTION = "import-undone"
 
 
 class FormatError(ValueError):
@@ -248,15 +262,46 @@ def check_words(memory: Memory, number: int) -> None:
 def mutations(subject: str, records: Sequence[Record], exported_at: datetime) -> list[Mutation]:
     """The puts that import `records` of `subject`, through the applier: one mutation per instant the
     memories were made, so that forget's tombstones judge each by when it was said (`Tombstones.bury`: words
-    forgotten after they were said stay forgotten; said again after the forget they are new)."""
+    forgotten after they were said stay forgotten; said again after the forget they are new).
+
+    A function of the records alone, never of what the store holds: a second run of the same file makes the
+    same mutations, so each put it meets already written is recognised as its own (`op_keys`) and announced if
+    the run before was cut short between its write and its announcement. A put meeting a point held before
+    the import says nothing (`announce_found`)."""
     found: list[Mutation] = []
     why = f"imported from an export made at {exported_at.isoformat()}"
     for at, group in groupby(ordered(records), key=lambda r: r.memory.created_at):
         memories = [_as_put(r.memory, subject) for r in group]
         for start in range(0, len(memories), PUTS_PER_MUTATION):
             puts = [PutOp(memory=m) for m in memories[start:start + PUTS_PER_MUTATION]]
-            found.append(mutation(subject, IMPORT_ACTION, why, at, puts))
+            found.append(mutation(subject, IMPORT_ACTION, why, at, puts).model_copy(update={"announce_found": False}))
     return found
+
+
+def op_keys(found: Sequence[Mutation]) -> dict[str, str]:
+    """The op key each put of an import's `mutations` stamps on its point, by memory id: a point that still
+    bears it was written by this import (this run or one of the same file before) and changed by nothing since."""
+    return {op.memory.id: op_key(m, i) for m in found for i, op in enumerate(m.ops) if isinstance(op, PutOp)}
+
+
+def written_by(held: Iterable[Memory], keys: Mapping[str, str]) -> list[Memory]:
+    """The points among `held` that an import whose puts have `keys` wrote and nothing changed since."""
+    return [m for m in held if m.last_op is not None and keys.get(m.id) == m.last_op]
+
+
+def undo(subject: str, ours: Sequence[Memory], at: datetime) -> Mutation | None:
+    """Take back an import's points (`written_by`) when its subject's import was refused after they were
+    written: each is marked deleted on the revision it has (announced on `changes`, so a feed and the profile
+    follow), then purged (`purge`). No tombstone is left: the same file imported again writes them again."""
+    ops = [PatchOp(id=m.id, expected_rev=m.rev, set={"status": Status.deleted.value},
+                   why="the import of this subject was refused: what it had written is taken back") for m in ours]
+    return mutation(subject, UNDO_ACTION, "import refused", at, ops) if ops else None
+
+
+def purge(subject: str, memory_ids: Sequence[str], at: datetime) -> Mutation | None:
+    """Remove from the index the points `undo` marked deleted (their deletion announced)."""
+    ops = [DeleteOp(id=i) for i in memory_ids]
+    return mutation(subject, UNDO_ACTION, "import refused", at, ops) if ops else None
 
 
 def _as_put(memory: Memory, subject: str) -> Memory:

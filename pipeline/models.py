@@ -496,6 +496,9 @@ class Mutation(Wire):
     ops: list[MutationOp]
     on_stale: Literal["send_back", "skip", "rebase"] = "skip"
     source_event_ids: list[str] = Field(default_factory=list)
+    # A put that finds its point written by another op (the same words from the same events) is a redelivery of
+    # it and announced; for an import it is a point the store held before, and says nothing (False).
+    announce_found: bool = True
 
     _aware = field_validator("at")(aware)
 

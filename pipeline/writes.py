@@ -124,12 +124,17 @@ def plan(m: Mutation, current: Mapping[str, Memory], *, rebase: bool = False,
         if isinstance(op, PutOp) and there is None and tombstones.bury(op.memory, m.at):
             forgotten.append(op.memory.id)
             continue
-        write = _plan_op(m, f"{m.id}:{i}", op, there, rebase)
+        write = _plan_op(m, op_key(m, i), op, there, rebase)
         if write is None:
             stale.append(target(op))
         elif write.done or write.fields or write.memory is not None or write.kind == "delete":
             writes.append(write)  # the rest change nothing: a redelivered union, a count of a forgotten point
     return Plan(writes, stale, forgotten)
+
+
+def op_key(m: Mutation, i: int) -> str:
+    """The key of the `i`th op of `m`, stamped on what it writes (`last_op`): how a retry recognises its own."""
+    return f"{m.id}:{i}"
 
 
 def puts(m: Mutation) -> list[Memory]:
@@ -159,6 +164,8 @@ def _put(m: Mutation, key: str, op: PutOp, there: Memory | None) -> Write | None
     # from other events is another session saying it too: decided again, it becomes a repeat.
     own = there.last_op == key
     if own or (there.content == op.memory.content and set(op.memory.source_event_ids) <= set(there.source_event_ids)):
+        if not own and not m.announce_found:
+            return Write(key, "put", op.memory.id)  # held before: nothing to write or say
         return Write(key, "put", op.memory.id, change=change, done=True, own=own)
     return None
 

@@ -58,12 +58,15 @@ LOCK_WAIT_S = 30.0
 # The same step records the subject's last entry (its profile's revision) and drops its materialized profile
 # (shared/profiles.py): no profile outlives the change that made it stale, a forget's words included.
 # The holder's fence: a holder whose lock expired (another may hold it now) announces nothing, checked in
-# the same step as the append, so no stall between a check and the append can reorder the feed.
+# the same step as the append, so no stall between a check and the append can reorder the feed. The ledger is
+# marked after the append: a script is not rolled back when a command fails, and an append refused (the
+# feed's key unwritable, out of memory) must leave the op unannounced for the retry, not marked as announced.
 _ANNOUNCE = """
 if redis.call('GET', KEYS[3]) ~= ARGV[6] then return -1 end
-if redis.call('HSETNX', KEYS[1], ARGV[1], 1) == 0 then return 0 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[4], ARGV[5])
+redis.call('HSET', KEYS[1], ARGV[1], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[7], id)
 redis.call('DEL', KEYS[5])
 return 1

@@ -200,15 +200,20 @@ class ExportRequest(Wire):
 
 
 class ImportRequest(Wire):
-    """Some of one subject's lines of an export, already read and checked against the header they came under."""
+    """Some of one subject's lines of an export, already read and checked against the header they came under.
+    `step`: `check` refuses what the store can tell before anything is written and writes nothing; `write`
+    imports them; `undo` takes back what an import of these very records wrote (its subject's import was refused
+    at a later slice), its deletion announced `at` (docs/export-format.md#a-subject-whole-or-not-at-all)."""
 
     subject: Subject
     exported_at: datetime
     model: str | None = None
     dim: int | None = Field(default=None, ge=1)
     records: list[Record] = Field(max_length=MAX_IMPORT_RECORDS)
+    step: Literal["check", "write", "undo"] = "write"
+    at: datetime | None = None
 
-    _aware = field_validator("exported_at")(aware)
+    _aware = field_validator("exported_at", "at")(aware)
 
 
 # -- replies -----------------------------------------------------------------------------

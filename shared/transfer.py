@@ -1,11 +1,12 @@
 """Export and import as a client does them (`MemoryClient.export` / `import_`, `memflow export|import`, the
-HTTP routes): one call of the query worker per subject to export, and per slice of a subject to import, the
-whole file read and checked first (docs/export-format.md). The format itself is pipeline/export.py."""
+HTTP routes): one call of the query worker per page of a subject to export; to import, the whole file read and
+checked first, then per subject every slice checked, every slice written, and the written ones taken back if a
+later one is refused (docs/export-format.md#a-subject-whole-or-not-at-all). The format is pipeline/export.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -66,23 +67,69 @@ def read(lines: Iterable[bytes | str]) -> Parsed:
     return export.read(lines)
 
 
-def import_parsed(client: MemoryClient, parsed: Parsed,
-                  allowed: Callable[[str], object] = lambda subject: None) -> ImportReport:
+def import_parsed(client: MemoryClient, parsed: Parsed, allowed: Callable[[str], object] = lambda subject: None,
+                  at: datetime | None = None) -> ImportReport:
     """Import every subject of `parsed` (`allowed` is asked about each before anything is written: the
-    HTTP door's scope check), a slice of at most MAX_IMPORT_RECORDS memories per call."""
+    HTTP door's scope check), each whole or not at all (`import_steps`); `at`: when an undo says it happened."""
     for subject in parsed.subjects:
         allowed(subject)
-    return ImportReport(subjects=[_import_subject(client, parsed, s, records)
+
+    def call(**fields: Any) -> Imported:
+        return client.call(IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+    when = at or datetime.now(UTC)
+    return ImportReport(subjects=[run(import_steps(parsed, s, records, when), call)
                                   for s, records in parsed.subjects.items()])
 
 
-def _import_subject(client: MemoryClient, parsed: Parsed, subject: str, records: list[Record]) -> Imported:
-    return total(subject, [client.call(IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
-                           for fields in import_calls(parsed, subject, records)])
+# The calls an import of one subject makes, one at a time: each yielded call's reply is sent back, its error thrown
+# in. The same steps for the SDK (`run`) and the HTTP door (an async driver of its own).
+Steps = Generator[dict[str, Any], Imported, Imported]
+
+
+def import_steps(parsed: Parsed, subject: str, records: list[Record], at: datetime) -> Steps:
+    """Import one subject whole or not at all, a slice of at most MAX_IMPORT_RECORDS memories per IMPORT call:
+    every slice is checked before any is written, and when a slice is refused as it is written (a point of
+    another subject appeared meanwhile, a compare-and-write lost, no worker answered) the slices written up to
+    it are taken back (step `undo`, its deletions announced `at`) and the refusal raised. If taking back fails
+    too, what was written stays, and the same file imported again completes it (each call is idempotent)."""
+    slices = import_calls(parsed, subject, records)
+    for fields in slices:
+        yield {"step": "check", **fields}
+    done: list[Imported] = []
+    try:
+        for fields in slices:
+            done.append((yield fields))
+    except Exception as refused:
+        try:
+            for fields in slices[:len(done) + 1]:  # the refused one too: it may have written a part
+                yield {"step": "undo", "at": at, **fields}
+        except Exception as failed:
+            refused.add_note(f"{subject}: partly imported, and taking it back failed ({failed}): import the same "
+                             "file again to complete it")
+            raise refused from failed
+        refused.add_note(f"{subject}: nothing imported (what its slices had written was taken back)")
+        raise
+    return total(subject, done)
+
+
+def run(steps: Steps, call: Callable[..., Imported]) -> Imported:
+    """Make `steps`' calls with `call` (sync), each reply sent back and each error thrown in."""
+    try:
+        fields = next(steps)
+        while True:
+            try:
+                reply = call(**fields)
+            except Exception as exc:
+                fields = steps.throw(exc)
+                continue
+            fields = steps.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def import_calls(parsed: Parsed, subject: str, records: list[Record]) -> list[dict[str, Any]]:
-    """The requests that import `records` of `subject`: at most MAX_IMPORT_RECORDS memories each."""
+    """The requests that import `records` of `subject`: at most MAX_IMPORT_RECORDS memories each, the same
+    slices on every run of the same file (what makes a second run meet the first's puts as its own)."""
     head = parsed.header
     return [{"subject": subject, "exported_at": head.exported_at, "model": head.model, "dim": head.dim,
              "records": records[start:start + MAX_IMPORT_RECORDS]}

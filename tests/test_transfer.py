@@ -12,18 +12,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from memflow.bench.madial import event_id_of, load, subject_of
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError
-from memflow.pipeline.models import Status
+from memflow.pipeline.models import Change, Dir, Memory, MType, Source, Status
 from memflow.shared import transfer
+from memflow.shared.applier import copy_points
+from memflow.shared.codec import decode
 from memflow.shared.embedder import Embedder
-from memflow.shared.errors import RpcError
-from memflow.shared.rpc import EXPORT, IMPORT
+from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.keys import FIELD
+from memflow.shared.rpc import EXPORT, IMPORT, Imported, ImportRequest
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
+from memflow.workers import transfer as worker_transfer
+from memflow.workers.runtime import Context
 from tests.conftest import System, run_cli, start_system, wait_for
+from tests.test_export_format import unit
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -228,3 +235,120 @@ def test_the_command_line_refuses_a_broken_file_in_one_line(system: System, tmp_
     assert result.exit_code == 1
     assert "line 1: version: " in result.output and "nothing was imported" in result.output
     assert CliRunner().invoke(app, ["export"]).exit_code == 2  # neither subjects nor --all
+
+
+# -- a subject whole or not at all; an import cut short is completed by running it again -------------------------
+
+
+@pytest.fixture
+def bare(settings: Settings, embedder: Embedder) -> Iterator[Context]:
+    """A deployment driven by hand (no stage running): its feed is read only by the test."""
+    ctx = Context.from_settings(settings, embedder=embedder)
+    yield ctx
+    ctx.close()
+
+
+def made(ctx: Context, subject: str, n: int, at: datetime = T0) -> export.Parsed:
+    """An export of `n` memories of `subject` with vectors of the store's own model (nothing to encode)."""
+    memories = [Memory(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subject}/{i}")), subject=subject,
+                       uri=f"mem://{subject}/entities/k{i}", dir=Dir.entities, mtype=MType.fact, key=f"k{i}",
+                       content=f"fact number {i} about {subject}", confidence=0.9, source=Source.explicit,
+                       created_at=at + timedelta(minutes=i), updated_at=at + timedelta(minutes=i),
+                       source_event_ids=[f"{subject}-e{i}"])
+                for i in range(n)]
+    records = [export.Record(memory=m, vector=unit(i, ctx.embedder.dim)) for i, m in enumerate(memories)]
+    head = export.header(NOW, [subject], ctx.embedder.model_id, ctx.embedder.dim)
+    return export.read(export.lines(head, records))
+
+
+def worker_call(ctx: Context, before_write: Any = None) -> Any:
+    """The IMPORT call as the query worker runs it; `before_write(fields)` runs before each write step."""
+    def call(**fields: Any) -> Imported:
+        if fields.get("step", "write") == "write" and before_write is not None:
+            before_write(fields)
+        return Imported.model_validate(worker_transfer.import_subject(ctx, ImportRequest(**fields)))
+    return call
+
+
+def fed(ctx: Context, subject: str) -> list[tuple[str, str]]:
+    """The feed's entries about `subject`: (action, memory id), in order."""
+    changes = [decode(fields[FIELD.encode()], Change) for _, fields in ctx.client.xrange(ctx.keys.changes)]
+    return [(c.action, c.memory_id) for c in changes if c.subject == subject]
+
+
+def test_a_subject_refused_at_a_later_slice_is_checked_whole_first_and_nothing_is_written(
+        system: System, target: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slice of a subject is checked before any is written: a refusal the target's store can tell (an id of
+    another subject's point, in the last slice) refuses the subject before its first slice is written."""
+    monkeypatch.setattr(transfer, "MAX_IMPORT_RECORDS", 2)
+    said(system, "ha", ["I like tea.", "I live in Oslo.", "My wife's name is Anna.", "I prefer short answers.",
+                        "My car is a red Volvo."])
+    lines = list(system.client.export(["ha"]))
+    last = export.read(lines).subjects["ha"][-1]
+    planted = last.memory.model_copy(update={"subject": "hb", "uri": last.memory.uri.replace("ha", "hb")})
+    copy_points(target.ctx.store, [planted], [unit(0, target.ctx.embedder.dim)])
+    with pytest.raises(RpcError, match="another subject"):
+        target.client.import_(lines)
+    assert target.ctx.store.get(MemoryFilter("ha")) == []
+
+
+def test_a_slice_refused_as_it_is_written_takes_back_the_slices_written_before_it(
+        bare: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal only the write can see (another subject's point with an id of the third slice appears after the
+    checks): the two slices written are taken back — marked deleted on the feed, then purged — and the same file,
+    once the conflict is gone, imports whole."""
+    monkeypatch.setattr(transfer, "MAX_IMPORT_RECORDS", 2)
+    parsed = made(bare, "ja", 5)
+    records = parsed.subjects["ja"]
+    planted = records[4].memory.model_copy(update={"subject": "jb"})
+
+    def conflict(fields: dict[str, Any]) -> None:
+        if records[4] in fields["records"]:
+            copy_points(bare.store, [planted], [unit(9, bare.embedder.dim)])
+    with pytest.raises(InvalidInput, match="another subject") as refused:
+        transfer.run(transfer.import_steps(parsed, "ja", records, NOW), worker_call(bare, conflict))
+    assert "ja: nothing imported" in " ".join(getattr(refused.value, "__notes__", []))
+    assert bare.store.get(MemoryFilter("ja")) == []
+    taken = [r.memory.id for r in records[:4]]
+    entries = fed(bare, "ja")
+    assert entries[:4] == [("import", i) for i in taken]
+    assert sorted(entries[4:]) == sorted(("import-undone", i) for i in taken)
+    bare.store.delete([planted.id])
+    again = transfer.run(transfer.import_steps(parsed, "ja", records, NOW), worker_call(bare))
+    assert (again.written, again.already) == (5, 0)
+    assert len(bare.store.get(MemoryFilter("ja"))) == 5
+
+
+def test_an_import_cut_between_its_write_and_its_announcement_is_announced_when_run_again(bare: Context) -> None:
+    """The store written, the feed not (the feed's key unwritable here; a process that died between the two leaves
+    the same): the same file again meets those points as its own and announces each once, dropping the subject's
+    materialized profile; a third run announces nothing."""
+    parsed = made(bare, "ka", 3)
+    request = ImportRequest(subject="ka", exported_at=NOW, model=parsed.header.model, dim=parsed.header.dim,
+                            records=parsed.subjects["ka"])
+    bare.client.set(bare.keys.changes, "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        worker_transfer.import_subject(bare, request)
+    written = {m.id for m in bare.store.get(MemoryFilter("ka"))}
+    assert written, "the first mutation was written before its announcement failed"
+    bare.client.delete(bare.keys.changes)
+    bare.client.set(bare.keys.profile("ka"), "a profile made before the import")
+    again = worker_transfer.import_subject(bare, request)
+    assert (again["written"], again["already"]) == (3 - len(written), len(written))
+    assert sorted(i for _, i in fed(bare, "ka")) == sorted(r.memory.id for r in parsed.subjects["ka"])
+    assert {a for a, _ in fed(bare, "ka")} == {"import"}
+    assert not bare.client.exists(bare.keys.profile("ka"))
+    worker_transfer.import_subject(bare, request)
+    assert len(fed(bare, "ka")) == 3
+
+
+def test_a_memory_held_before_the_import_is_not_announced_by_it(bare: Context) -> None:
+    """An import's put meeting a point it did not write (another file's import, or the store it came from) says
+    nothing: the feed hears of what an import changed, not of what it found."""
+    parsed = made(bare, "la", 2)
+    worker_transfer.import_subject(bare, ImportRequest(subject="la", exported_at=NOW, records=parsed.subjects["la"],
+                                                       model=parsed.header.model, dim=parsed.header.dim))
+    other = ImportRequest(subject="la", exported_at=NOW + timedelta(days=1), records=parsed.subjects["la"],
+                          model=parsed.header.model, dim=parsed.header.dim)  # another export: other mutations
+    assert worker_transfer.import_subject(bare, other)["already"] == 2
+    assert len(fed(bare, "la")) == 2

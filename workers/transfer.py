@@ -3,7 +3,10 @@
 The format and the puts an import makes are pure (pipeline/export.py, docs/export-format.md). An import
 writes only what the subject lacks, through the applier under the subject's write lock: a point already
 held stays as this store has it, and a put of something forgotten here is not written (the applier reads
-forget's tombstones). A second import of the same file finds every point held and writes nothing.
+forget's tombstones). A second import of the same file makes the same puts, finds every point held and
+writes nothing; what an earlier run wrote but never announced (it died between) it announces. The caller
+checks every slice of a subject before writing any, and takes back the slices written when a later one is
+refused (`undo`, shared/transfer.py).
 """
 
 from __future__ import annotations
@@ -41,23 +44,55 @@ def export_subject(ctx: Context, subject: str, with_vectors: bool, after: str | 
 
 
 def import_subject(ctx: Context, req: ImportRequest) -> dict[str, Any]:
-    """Write the memories of `req` that the subject lacks; say what became of each."""
+    """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject."""
+    if req.step == "undo":  # touches only points of the subject that bear this import's op keys
+        return _undo(ctx, req)
+    _refuse_other_subjects(ctx.store, req.subject, req.records)
+    if req.step == "check":
+        return _report(req, {}, written=0, forgotten=[], reembedded=set())
+    return _write(ctx, req)
+
+
+def _write(ctx: Context, req: ImportRequest) -> dict[str, Any]:
+    """Put the memories of `req` the subject lacks; a point this import wrote before (a run of the same file
+    cut short) is met as its own and announced if it was not; say what became of each."""
     records = req.records
-    _refuse_other_subjects(ctx.store, req.subject, records)
+    found = export.mutations(req.subject, records, req.exported_at)  # the same on every run of the file
     vectors = _vectors(ctx, req, _absent(ctx.store, req.subject, records))
     with ctx.applier.holding(req.subject) as held:
         held_now = _held(ctx.store, req.subject, records)  # under the lock: what the puts will meet
-        todo = [r for r in records if r.memory.id not in held_now]
-        vectors |= _vectors(ctx, req, [r for r in todo if r.memory.id not in vectors])
+        absent = [r for r in records if r.memory.id not in held_now]
+        vectors |= _vectors(ctx, req, [r for r in absent if r.memory.id not in vectors])
         forgotten: list[str] = []
-        for mutation in export.mutations(req.subject, todo, req.exported_at):
+        for mutation in found:
             forgotten += held.apply(mutation, vectors).forgotten
-    already = sum(1 for r in records if r.memory.id in held_now and _same(r.memory, held_now[r.memory.id]))
     reembedded = set(vectors) - set(export.usable_vectors(req.model, req.dim, records, ctx.embedder.model_id,
                                                           ctx.embedder.dim))
-    return {"subject": req.subject, "memories": len(records), "written": len(todo) - len(forgotten),
-            "already": already, "kept": len(held_now) - already, "forgotten": len(forgotten),
-            "reembedded": len(reembedded - set(forgotten) - set(held_now))}
+    return _report(req, held_now, written=len(absent) - len(forgotten), forgotten=forgotten,
+                   reembedded=reembedded - set(forgotten) - set(held_now))
+
+
+def _undo(ctx: Context, req: ImportRequest) -> dict[str, Any]:
+    """Take back what an import of these records wrote (`export.undo`): marked deleted and announced, then purged.
+    A point changed since by anything else is no longer the import's alone and stays."""
+    if req.at is None:
+        raise InvalidInput("at", "an undo says when it happened")
+    keys = export.op_keys(export.mutations(req.subject, req.records, req.exported_at))
+    with ctx.applier.holding(req.subject) as held:
+        ours = export.written_by(_held(ctx.store, req.subject, req.records).values(), keys)
+        marked = export.undo(req.subject, ours, req.at)
+        stale = set(held.apply(marked).stale) if marked is not None else set()
+        purged = export.purge(req.subject, [m.id for m in ours if m.id not in stale], req.at)
+        if purged is not None:
+            held.apply(purged)
+    return _report(req, {}, written=0, forgotten=[], reembedded=set())
+
+
+def _report(req: ImportRequest, held: dict[str, Memory], written: int, forgotten: Sequence[str],
+            reembedded: set[str]) -> dict[str, Any]:
+    already = sum(1 for r in req.records if r.memory.id in held and _same(r.memory, held[r.memory.id]))
+    return {"subject": req.subject, "memories": len(req.records), "written": written, "already": already,
+            "kept": len(held) - already, "forgotten": len(forgotten), "reembedded": len(reembedded)}
 
 
 def _refuse_other_subjects(store: Store, subject: str, records: Sequence[Record]) -> None:

@@ -17,7 +17,7 @@ from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
 from memflow.pipeline.models import Subject
 from memflow.shared import rpc
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S, import_calls, page_size, total
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Steps, import_steps, page_size
 from memflow.workers.api import ERRORS, Caller, admitted, ask, blocking, fair_share
 from memflow.workers.front import ApiError, allowed
 
@@ -70,20 +70,32 @@ async def _page(request: Request, subject: str, with_vectors: bool, after: str |
 @transfer_routes.post(IMPORT_PATH.removeprefix("/v1"), response_model=rpc.ImportReport,
                       openapi_extra={"requestBody": {"required": True, **_LINES}})
 async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
-    """Import an export: each subject gets the memories it lacks, through the one write path. Refused whole
-    (422 naming the line and field, 403 naming a subject) before anything is written; the same file twice
-    changes nothing; a memory forgotten here is not brought back."""
+    """Import an export: each subject gets the memories it lacks, through the one write path, whole or not at
+    all. Refused whole (422 naming the line and field, 403 naming a subject) before anything is written; the
+    same file twice changes nothing; a memory forgotten here is not brought back."""
     if key.read_only:
         allowed(key, "", write=True)
     parsed = await blocking(request, partial(_read, await request.body()))
     for subject in parsed.subjects:
         allowed(key, subject, write=True, field="memory.subject")
-    done = []
-    for subject, records in parsed.subjects.items():
-        parts = [await ask(request, rpc.IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
-                 for fields in import_calls(parsed, subject, records)]
-        done.append(total(subject, parts))
-    return rpc.ImportReport(subjects=done)
+    at = datetime.now(UTC)
+    return rpc.ImportReport(subjects=[await _run(request, import_steps(parsed, subject, records, at))
+                                      for subject, records in parsed.subjects.items()])
+
+
+async def _run(request: Request, steps: Steps) -> rpc.Imported:
+    """`shared.transfer.run` on the event loop: each call through the query worker, as the key's request."""
+    try:
+        fields = next(steps)
+        while True:
+            try:
+                reply = await ask(request, rpc.IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+            except Exception as exc:
+                fields = steps.throw(exc)
+                continue
+            fields = steps.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def _read(body: bytes) -> Parsed:

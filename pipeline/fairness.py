@@ -79,3 +79,22 @@ def keep_s(share: Share, limits: Limits) -> float:
     last = max(share.places.values(), default=share.at_s)
     full = share.at_s + (limits.burst - share.tokens) / limits.rate_per_s
     return max(last, full) - share.at_s
+
+
+def take_stream(places: Mapping[str, float], per_key: int, place: str, now_s: float,
+                lease_s: float) -> dict[str, float] | Refused:
+    """Take `place` among a key's open streams (`places`: id → when it lapses), at most `per_key` live ones,
+    or say why not. A stream's place is renewed while it lives (`renewed`); one past its lease (its process died
+    or stalled) is dropped here, so the count heals within a lease."""
+    live = {p: until for p, until in places.items() if until > now_s}
+    if len(live) >= per_key:
+        return Refused(f"this key holds {per_key} streams open already: close one", 1)
+    return {**live, place: now_s + lease_s}
+
+
+def renewed(places: Mapping[str, float], place: str, now_s: float, lease_s: float) -> dict[str, float] | None:
+    """The places with `place`'s lease renewed from `now_s`; None when it is gone: another take dropped it as
+    lapsed, and counted without it since, so the stream it held must end (its key may hold `per_key` others)."""
+    if place not in places:
+        return None
+    return {**places, place: max(places[place], now_s + lease_s)}

@@ -212,6 +212,11 @@ class Keys:
         kept until the last place lapses and the bucket is full again."""
         return f"{self.prefix}share:{key_id}"
 
+    def key_streams(self, key_id: str) -> str:
+        """Hash: an API key's open change-feed streams, every server process's (shared/shares.py): place id →
+        when it lapses unless renewed, kept until the last one lapses."""
+        return f"{self.prefix}streams:{key_id}"
+
     @property
     def traces(self) -> str:
         return self.stream("traces")

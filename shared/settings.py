@@ -376,9 +376,11 @@ class HttpSettings(Group):
     key_burst: int = Field(default=200, ge=1)
     key_lease_s: float = Field(default=120.0, gt=0)
     # The change feed as Server-Sent Events (`GET /v1/changes`, workers/changes_api.py): streams one server
-    # process holds open at once, and per key (past either: 503 busy / 429 rate_limited at once; a stream holds
-    # no thread and no place among the requests, one Redis connection in a blocking read); a keep-alive comment
-    # this often while nothing changes, which is also how often a stream checks that its key was not revoked.
+    # process holds open at once, and per key across every server process (a place in Redis, shared/shares.py,
+    # lapsing four keep-alives after its stream last renewed it) (past either: 503 busy / 429 rate_limited at
+    # once; a stream holds no thread and no place among the requests, one Redis connection in a blocking read); a
+    # keep-alive comment this often while nothing changes, which is also how often a stream checks that its key
+    # was not revoked and renews its place.
     max_streams: int = Field(default=200, ge=1)
     max_streams_per_key: int = Field(default=4, ge=1)
     stream_keepalive_s: float = Field(default=15.0, gt=0, le=300)

@@ -10,6 +10,12 @@ with one HDEL. A process that dies holding places leaks them only until they lap
 the hash expires once it says nothing a missing one does not (`fairness.keep_s`): its size is bounded by
 the key's concurrency, its life by the lease.
 
+A key's open change-feed streams (`GET /v1/changes` as Server-Sent Events) take places the same way, in a hash of
+their own (`Keys.key_streams`: place id → when it lapses): at most MEMFLOW_HTTP_MAX_STREAMS_PER_KEY across every
+process. A stream lives as long as its reader, so its place is renewed by the stream's own loop (`renew_stream`,
+STYLE 18: a stream that stopped progressing stops renewing), given back when it ends, and lapses `lease_s` after its
+last renewal if its process died; a stream whose place was counted away as lapsed ends at its next renewal.
+
 Kept on the RPC queues' server: one server, never a cluster (RQ runs on none), the one whose queue these
 shares guard.
 """
@@ -20,7 +26,7 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -28,7 +34,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio
 
-from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s
+from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s, renewed, take_stream
 from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.keys import Keys
 from memflow.shared.settings import HttpSettings
@@ -131,6 +137,50 @@ class KeyShares:
         task = asyncio.get_running_loop().create_task(release_when_done())
         self._lingering.add(task)
         task.add_done_callback(self._lingering.discard)
+
+    # -- change-feed streams ---------------------------------------------------------------------------
+
+    async def take_stream(self, key_id: str, per_key: int, lease_s: float) -> Place | Refused:
+        """A place among `key_id`'s open streams (at most `per_key`, every process's), lapsing `lease_s` after
+        it was taken or last renewed; or why not."""
+        place = uuid.uuid4().hex
+        decided = await self._streams(key_id, lambda places, now: take_stream(places, per_key, place, now, lease_s))
+        return Place(key_id, place) if not isinstance(decided, Refused) else decided
+
+    async def renew_stream(self, place: Place, lease_s: float) -> bool:
+        """Renew a stream's place for `lease_s` more; False when it is gone (counted away as lapsed: the stream
+        ends) or the record kept conflicting (it lapses rather than overcount)."""
+        decided = await self._streams(place.key_id, lambda places, now: renewed(places, place.id, now, lease_s))
+        return decided is not None and not isinstance(decided, Refused)
+
+    async def release_stream(self, place: Place) -> None:
+        """Give a stream's place back (nothing if it lapsed meanwhile)."""
+        await self.client.hdel(self.keys.key_streams(place.key_id), place.id)
+
+    async def _streams(self, key_id: str, decide: Callable[[dict[str, float], float], dict[str, float] | Refused | None]
+                       ) -> dict[str, float] | Refused | None:
+        """Read a key's stream places under WATCH, `decide` on the server's clock, write them back in one MULTI
+        (a conflict reads again, as `admit`); what `decide` answered (None: nothing to write)."""
+        name = self.keys.key_streams(key_id)
+        for attempt in range(ATTEMPTS):
+            async with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(name)
+                    seconds, micros = await pipe.time()
+                    now = seconds + micros / 1e6
+                    decided = decide({_text(k): float(v) for k, v in (await pipe.hgetall(name)).items()}, now)
+                    if decided is None or isinstance(decided, Refused):
+                        return decided
+                    cast(Any, pipe).multi()
+                    pipe.delete(name)  # the lapsed places go with it
+                    pipe.hset(name, mapping={place: until for place, until in decided.items()})
+                    pipe.pexpire(name, max(1, math.ceil((max(decided.values()) - now) * 1000)))
+                    await pipe.execute()
+                    return decided
+                except redis.WatchError:
+                    pass
+            await asyncio.sleep(backoff_s(attempt, CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S))
+        return Refused(f"this key's streams changed too fast to count ({ATTEMPTS} conflicts in a row)", 1)
 
     async def in_flight(self, key_id: str) -> int:
         """How many places `key_id` holds, lapsed ones included until its next request drops them."""

@@ -6,11 +6,12 @@ and `MemoryClient.changes` over a real Valkey."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +28,7 @@ from memflow.shared.keys import FIELD
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
 from tests.conftest import wait_for
-from tests.test_api import Served, error_of, serving
+from tests.test_api import Served, error_of, serving, start_serve, stop
 
 KEEPALIVE_S = 0.5
 
@@ -204,6 +205,50 @@ def test_a_key_holds_a_bounded_number_of_streams(served: Served) -> None:
         wait_for(reopened, 10, "the hung-up stream's place to be given back")
     with streamed(served, served.key(f"{tenant()}/*")):  # another key's streams are its own
         pass
+
+
+def hold_stream(served: Served, key: str, stack: ExitStack) -> None:
+    """Open a stream of `key` on `served` and keep it open in `stack`, once the key has a place free (one given
+    back lands a moment after its reader hung up)."""
+    def opened() -> bool:
+        try:
+            stack.enter_context(streamed(served, key))
+        except AssertionError:
+            return False
+        return True
+    wait_for(opened, 30, "a stream of the key to be let in")
+
+
+def refused_stream(served: Served, key: str) -> bool:
+    with served.http(key) as http, http.stream("GET", "/v1/changes", headers={"Accept": "text/event-stream"}) as reply:
+        return reply.status_code == 429 and json.loads(reply.read())["error"]["code"] == "rate_limited"
+
+
+def test_a_keys_streams_are_counted_across_server_processes_and_a_dead_ones_lapse(served: Served) -> None:
+    """Two `memflow serve` processes on one Redis: a key's streams on one leave it none on the other
+    (MEMFLOW_HTTP_MAX_STREAMS_PER_KEY is the key's, not a process's); a process killed holding the key's streams
+    never gives them back, and its places lapse (four keep-alives after their last renewal) instead."""
+    key = served.key(f"{tenant()}/*")
+    other_url, other = start_serve(served.settings)
+    there = dataclasses.replace(served, url=other_url, process=other)
+    try:
+        with ExitStack() as here:
+            hold_stream(served, key, here)
+            hold_stream(served, key, here)
+            assert refused_stream(there, key)
+        with ExitStack() as dying:
+            hold_stream(there, key, dying)  # given back by the first process: taken on the other
+            hold_stream(there, key, dying)
+            assert refused_stream(served, key)
+            other.kill()
+            other.wait(20)
+        with ExitStack() as after:  # never given back: lapsed
+            hold_stream(served, key, after)
+            hold_stream(served, key, after)
+            assert refused_stream(served, key)
+    finally:
+        if other.poll() is None:
+            stop(other)
 
 
 def test_a_revoked_keys_stream_ends(served: Served) -> None:

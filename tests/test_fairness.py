@@ -34,7 +34,7 @@ from mcp_types import CallToolResult
 from rq.timeouts import JobTimeoutException
 
 from bench.llm_stub import Reply, ScriptedLLM
-from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s
+from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s, renewed, take_stream
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect_async
@@ -330,6 +330,17 @@ def test_a_keys_share_counts_places_refills_with_the_time_given_and_lets_a_lapse
     # Another process read the clock a little earlier: the bucket does not refill backwards.
     assert take(Share(2.0, 2.0), "p6", 1.5) == Share(1.0, 2.0, {"p6": 12.0})
     assert keep_s(held, limits) == 10.0  # p5 lapses at 12; the bucket is full at 2 + 3 s
+
+
+def test_a_keys_streams_take_places_that_lapse_unless_renewed_and_a_counted_away_one_is_not_renewed() -> None:
+    two = take_stream({"s1": 10.0}, 2, "s2", 1.0, 9.0)
+    assert two == {"s1": 10.0, "s2": 10.0}
+    full = take_stream(two, 2, "s3", 5.0, 9.0)
+    assert isinstance(full, Refused) and "2 streams open" in full.reason
+    assert renewed(two, "s1", 5.0, 9.0) == {"s1": 14.0, "s2": 10.0}  # s1's loop made progress; s2's did not
+    after = take_stream({"s1": 14.0, "s2": 10.0}, 2, "s3", 10.0, 9.0)  # s2 lapsed: its process died
+    assert after == {"s1": 14.0, "s3": 19.0}
+    assert renewed(after, "s2", 10.5, 9.0) is None  # counted away: that stream ends rather than overcount
 
 
 def test_the_search_timeout_is_what_a_caller_waits_and_a_search_past_it_still_holds_its_keys_place(

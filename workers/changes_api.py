@@ -5,23 +5,30 @@ Events that follow the stream as it grows. Both resume after the last id seen (`
 A page is one request like any other (a place among the requests and the key's share). A stream is not: it
 lives as long as its reader, so it holds no place among the requests and no thread — it waits on the event loop
 in a blocking read of its own Redis connection, MEMFLOW_HTTP_STREAM_KEEPALIVE_S at a time, writing a keep-alive
-comment when nothing came — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process, _PER_KEY per key.
-Between reads it checks its key is still valid: a revoked key's stream ends within a keep-alive."""
+comment when nothing came — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process (its connections),
+_PER_KEY per key across every server process (a place in Redis, shared/shares.py, renewed by the stream's loop
+and lapsing STREAM_LEASE_KEEPALIVES keep-alives after its last renewal if its process died). Between reads it
+checks its key is still valid and renews its place: a revoked key's stream ends within a keep-alive, and so does
+one whose place was counted away as lapsed (it stalled past its lease)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
+import redis
 from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from memflow.pipeline import feed
+from memflow.pipeline.fairness import Refused
 from memflow.pipeline.feed import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE, ChangesPage
 from memflow.pipeline.models import Subject
 from memflow.shared.apikeys import ApiKey
@@ -29,10 +36,12 @@ from memflow.shared.connections import connect_async, require_url
 from memflow.shared.feed import SCAN_BATCH, decoded, ends_async, page_async
 from memflow.shared.keys import Keys
 from memflow.shared.settings import Settings
+from memflow.shared.shares import KeyShares, Place
 from memflow.workers.api import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
 from memflow.workers.front import ApiError, allowed, authenticate_async, bearer
 
 SSE = "text/event-stream"
+log = logging.getLogger(__name__)
 
 changes_routes = APIRouter(prefix="/v1", responses=ERRORS, tags=["read"])
 
@@ -43,8 +52,15 @@ _EVENTS = {"description": "With `Accept: text/event-stream`: Server-Sent Events.
            "content": {SSE: {"schema": {"type": "string"}}}}
 
 
+# A stream's place in Redis lapses this many keep-alives after its last renewal. Its loop renews it once a
+# keep-alive at most, and one pass of the loop is a read of up to a keep-alive and the writes after it: four
+# leave a slow reader's stream room, and free a dead process's places within a minute (15 s keep-alives).
+STREAM_LEASE_KEEPALIVES = 4
+
+
 class Streams:
-    """The streams one server process holds open: at most `total`, `per_key` for one key."""
+    """The streams one server process holds open: at most `total`, `per_key` for one key in this process (the
+    key's places across processes are KeyShares' when keys are checked; with --no-auth, one caller, only these)."""
 
     def __init__(self, total: int, per_key: int) -> None:
         self.total, self.per_key = total, per_key
@@ -56,8 +72,7 @@ class Streams:
             raise ApiError(503, "busy", f"the server holds {self.total} streams: try again shortly",
                            retry_after_s=RETRY_AFTER_S)
         if self.open[key_id] >= self.per_key:
-            raise ApiError(429, "rate_limited", f"this key holds {self.per_key} streams open already: close one",
-                           retry_after_s=RETRY_AFTER_S)
+            raise _too_many(self.per_key)
         self.open[key_id] += 1
         given = False
 
@@ -71,12 +86,66 @@ class Streams:
         return give_back
 
 
+def _too_many(per_key: int) -> ApiError:
+    return ApiError(429, "rate_limited", f"this key holds {per_key} streams open already: close one",
+                    retry_after_s=RETRY_AFTER_S)
+
+
+@dataclass
+class Held:
+    """A stream's places: this process's (`give_back_here`) and, when keys are checked, its key's across
+    processes (`place` in `shares`), renewed by the stream's loop and given back when it ends."""
+
+    give_back_here: Callable[[], None]
+    shares: KeyShares | None = None
+    place: Place | None = None
+    lease_s: float = 0.0
+
+    async def renew(self) -> bool:
+        if self.shares is None or self.place is None:
+            return True
+        try:
+            return await self.shares.renew_stream(self.place, self.lease_s)
+        except redis.RedisError:
+            return True  # Redis unreachable: the place lapses if this lasts; the read beside it fails first
+
+    async def give_back(self) -> None:
+        self.give_back_here()
+        if self.shares is not None and self.place is not None:
+            place, self.place = self.place, None
+            with anyio.CancelScope(shield=True):  # a request cancelled at shutdown still gives its place back
+                try:
+                    await self.shares.release_stream(place)
+                except redis.RedisError:
+                    log.warning("a stream's place of key %s was not given back: it lapses", place.key_id)
+
+
+async def hold(request: Request, key: ApiKey, state: Feed) -> Held:
+    """The places a new stream of `key` takes, or the refusal: 503 when this process holds its most streams,
+    429 when the key holds its most across every process."""
+    held = Held(state.streams.take(key.id))
+    shares: KeyShares | None = request.app.state.shares
+    if shares is None:
+        return held
+    try:
+        taken = await shares.take_stream(key.id, state.streams.per_key, state.lease_s)
+    except BaseException:
+        held.give_back_here()
+        raise
+    if isinstance(taken, Refused):
+        held.give_back_here()
+        raise _too_many(state.streams.per_key)
+    held.shares, held.place, held.lease_s = shares, taken, state.lease_s
+    return held
+
+
 class Feed:
     """What the streams share: their connections (one each while it reads), their places, the keep-alive."""
 
     def __init__(self, settings: Settings, keys: Keys) -> None:
         http = settings.http
         self.keys, self.keepalive_s = keys, http.stream_keepalive_s
+        self.lease_s = STREAM_LEASE_KEEPALIVES * http.stream_keepalive_s
         self.streams = Streams(http.max_streams, http.max_streams_per_key)
         # Its own pool: a stream holds a connection for its whole read, never one of the requests'.
         self.redis = connect_async(require_url(settings), cluster=settings.redis.cluster,
@@ -138,7 +207,7 @@ async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[
     ends = await ends_async(state.redis, state.keys)
     start = feed.cursor(after) if after else ends.last
     gap = after is not None and ends.gap(start)
-    give_back = state.streams.take(key.id)
+    held = await hold(request, key, state)
     secret = bearer(request.headers.get("authorization")) or request.cookies.get("memflow_key")
 
     async def still_valid() -> bool:
@@ -149,21 +218,23 @@ async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[
         except ApiError:
             return False
         return True
-    events = _events(state, start, visible, gap, still_valid)
-    return EventStream(events, give_back, media_type=SSE,
+    events = _events(state, start, visible, gap, still_valid, held.renew)
+    return EventStream(events, held.give_back, media_type=SSE,
                        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 async def _events(state: Feed, start: str, visible: Callable[[str], bool], gap: bool,
-                  still_valid: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
-    """The stream's entries after `start` as they come, keep-alives between; ends when the key is revoked."""
+                  still_valid: Callable[[], Awaitable[bool]], renew: Callable[[], Awaitable[bool]]
+                  ) -> AsyncIterator[bytes]:
+    """The stream's entries after `start` as they come, keep-alives between; ends when the key is revoked or the
+    stream's place is gone (`renew`: once a keep-alive, by this loop, so a stream that stalls stops renewing)."""
     yield feed.KEEP_ALIVE  # the reader knows the stream is open before anything changes
     if gap:
         yield feed.sse_gap(start)
     cursor, checked = start, time.monotonic()
     while True:
         if time.monotonic() - checked >= state.keepalive_s:
-            if not await still_valid():
+            if not await still_valid() or not await renew():
                 return
             checked = time.monotonic()
         read = await state.redis.xread({state.keys.changes: cursor}, count=SCAN_BATCH,
@@ -191,7 +262,7 @@ class EventStream(StreamingResponse):
     """A stream that gives its place back however it ends, and stops as soon as its reader hangs up (not at
     the next write that fails: that could be a keep-alive away)."""
 
-    def __init__(self, content: AsyncIterator[bytes], give_back: Callable[[], None], **options: Any) -> None:
+    def __init__(self, content: AsyncIterator[bytes], give_back: Callable[[], Awaitable[None]], **options: Any) -> None:
         super().__init__(content, **options)
         self.give_back = give_back
 
@@ -208,7 +279,7 @@ class EventStream(StreamingResponse):
                     pass
                 group.cancel_scope.cancel()
         finally:
-            self.give_back()
+            await self.give_back()
 
 
 async def close(app: FastAPI) -> None:

@@ -211,13 +211,14 @@ def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, fl
     it needed is in the process's cache: the difference is what the model spent encoding."""
     ctx = system.ctx
     said: list[Said] = []
-    read_s = timed(lambda: said.extend(pending_of(ctx, subject)))
+    read_s = timed(lambda: said.extend(pending_of(ctx.settings.pending, ctx.client, ctx.keys, subject)))
     if not said:
-        return read_s, timed(lambda: pending_of(ctx, subject))
+        return read_s, timed(lambda: pending_of(ctx.settings.pending, ctx.client, ctx.keys, subject))
     req = SearchRequest(subject=subject, query=query, k=5, now=NOW)
     plan = dated(ctx.settings, plan_for(ctx.settings, req), query, NOW)
-    vectors = query_vectors(ctx, [query, *(r.text for r in plan.routes if r.strategy == "semantic")])
-    found = run_routes(ctx, req, plan.routes, vectors, max(ctx.settings.ranking.candidate_pool, req.k * 4))
+    ranking = ctx.settings.ranking
+    vectors = query_vectors(ctx.embedder, ranking, [query, *(r.text for r in plan.routes if r.strategy == "semantic")])
+    found = run_routes(ctx.store, ranking.fusion, req, plan.routes, vectors, max(ranking.candidate_pool, req.k * 4))
     met = read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
     return met, read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
 
@@ -225,7 +226,8 @@ def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, fl
 def ranked_with(system: Embedded, req: SearchRequest, plan: QueryPlan, vectors: dict[str, list[float]],
                 found: Sequence[Found], said: Sequence[Said]) -> Shown:
     """What `retrieve` does with the pending entries it read: the same object (`PendingRoutes`)."""
-    layer = PendingRoutes.of(system.ctx, req, vectors, found, said)
+    ctx = system.ctx
+    layer = PendingRoutes.of(ctx.embedder, ctx.settings.write.duplicate_threshold, req, vectors, found, said)
     for route, f in zip(plan.routes, found, strict=True):
         layer.route(route, f)
     return layer.shown

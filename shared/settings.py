@@ -220,6 +220,10 @@ class ClientSettings(Group):
     connect_timeout_s: float = Field(default=5.0, gt=0)
 
 
+# How a search fuses its routes' lists: by their scores (calibrated) or by their ranks (reciprocal rank fusion).
+Fusion = Literal["score", "rrf"]
+
+
 class RankingSettings(Group):
     """The read path (workers/query.py): routes, fusion and lifecycle scoring."""
 
@@ -246,7 +250,7 @@ class RankingSettings(Group):
     # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
     # relative to the best; unset: the query's own noise floor, pipeline.score.noise_floor, which fits any model),
     # "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo, MADial zh/en and the scenarios: bench/RESULTS.md.
-    fusion: Literal["score", "rrf"] = "score"
+    fusion: Fusion = "score"
     dense_weight: float = Field(default=0.5, ge=0.0)
     # The same for a query of three lines or more (a conversation so far: workers.query.dense_weight_for).
     dialogue_dense_weight: float = Field(default=1.5, ge=0.0)

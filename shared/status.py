@@ -11,8 +11,8 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 
-from memflow.pipeline.models import Trace
-from memflow.shared.codec import json_object, validated
+from memflow.pipeline.models import LLMTrace, Trace
+from memflow.shared.codec import encode, json_object, validated
 from memflow.shared.dlq import server_now_ms
 from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.streams import backlog
@@ -167,6 +167,23 @@ def _text(value: bytes | str) -> str:
 # kept this long after its last search. A read of the subject's traces reads these, never a scan of the feed.
 TRACES_PER_SUBJECT = 100
 TRACES_KEEP_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Traces:
+    """The capped `traces` feed (searches, LLM calls) and each subject's index of its searches in it."""
+
+    client: redis.Redis
+    keys: Keys
+    maxlen: int
+
+    def add(self, entry: Trace | LLMTrace, via: redis.Redis | None = None) -> None:
+        """An entry of the feed; `via`: a pipeline the caller sends with more (a search's latency), else sent now."""
+        client = self.client if via is None else via
+        client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.maxlen, approximate=True)
+
+    def remember(self, subject: str, entry_id: bytes | str) -> None:
+        remember_trace(self.client, self.keys, subject, entry_id)
 
 
 def remember_trace(client: redis.Redis, keys: Keys, subject: str, entry_id: bytes | str) -> None:

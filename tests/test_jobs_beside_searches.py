@@ -151,7 +151,8 @@ def test_a_subjects_changes_are_written_in_chunks_with_the_searches_served_betwe
     def between() -> None:  # what had been written each time the job stepped aside
         written.append(sum(m.strength_at == now for m in ctx.store.get(MemoryFilter("ana"))))
 
-    assert jobs.apply(ctx, "ana", plan, "decay", now, between=between) == []
+    assert jobs.apply(ctx.applier, ctx.embedder, jobs.Resolve(ctx.client, ctx.keys), "ana", plan, "decay", now,
+                      between=between) == []
     assert written == [jobs.APPLY_CHUNK, 2 * jobs.APPLY_CHUNK]
     assert {m.strength_at for m in ctx.store.get(MemoryFilter("ana"))} == {now}
 

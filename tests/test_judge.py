@@ -33,18 +33,15 @@ def test_unrelated_text_stands_at_or_below_the_floor(judge: Judge) -> None:
 
 def looked_at(judge: Judge, query: str, about: str | None, **ranking: float) -> list[str]:
     """What `second_look_for` makes of a first pass that put a sentence sharing the question's words first."""
-    from types import SimpleNamespace
-
     from memflow.pipeline.models import QueryPlan, Route
     from memflow.shared.settings import Settings
     from memflow.workers.query import second_look_for
     from tests.test_pipeline_score import memory
 
-    ctx = SimpleNamespace(judge=judge, settings=Settings(**ranking))  # the two parts of a Context it reads
     fused = [(memory("words", content="The play at the theatre was sold out."), 2.0),
              (memory("answer", content="I've been taking cello lessons since I was eight."), 1.0)]
     plan = QueryPlan(intent="general_chat", routes=[Route(text=query)], about=about)
-    return [m.id for m, _ in second_look_for(ctx, query, plan)(fused)]  # type: ignore[arg-type]
+    return [m.id for m, _ in second_look_for(judge, Settings(**ranking).ranking, query, plan)(fused)]
 
 
 def test_a_request_about_the_user_is_judged_again_and_one_about_nobody_of_theirs_is_not(judge: Judge) -> None:

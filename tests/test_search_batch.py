@@ -20,7 +20,7 @@ from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source, S
 from memflow.pipeline.score import Found
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
-from memflow.shared.settings import Settings
+from memflow.shared.settings import Fusion, Settings
 from memflow.shared.store import MemoryFilter, Query, Scored, Store
 from memflow.workers import query
 from memflow.workers.runtime import Context
@@ -100,9 +100,17 @@ def counted(ctx: Context, **kwargs: Any) -> Counted:
     return ctx._store
 
 
-def route_by_route(ctx: Context, req: SearchRequest, routes: Sequence[Any], vectors: dict[str, list[float]],
-                   pool: int) -> list[Found]:
-    return [query._run_route(ctx, req, route, vectors, pool) for route in routes]
+def route_by_route(store: Store, fusion: Fusion, req: SearchRequest, routes: Sequence[Any],
+                   vectors: dict[str, list[float]], pool: int) -> list[Found]:
+    return [query._run_route(store, fusion, req, route, vectors, pool) for route in routes]
+
+
+def vectors_for(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
+    return query.query_vectors(ctx.embedder, ctx.settings.ranking, texts)
+
+
+def retrieve(ctx: Context, req: SearchRequest, plan: Any) -> Any:
+    return query.retrieve(query.Retrieval.of(ctx), req, plan)
 
 
 def by_score(found: Sequence[tuple[Memory, float]], above: float = -1e9) -> dict[float, set[str]]:
@@ -140,12 +148,12 @@ def search_both_ways(ctx: Context, text: str, subject: str, monkeypatch: pytest.
     now = T0 + timedelta(days=30)
     req = SearchRequest(subject=subject, query=text, k=8, now=now)
     plan = query.dated(ctx.settings, query.plan_for(ctx.settings, req), text, now)
-    vectors = query.query_vectors(ctx, [text, *(r.text for r in plan.routes if r.strategy == "semantic")])
+    vectors = vectors_for(ctx, [text, *(r.text for r in plan.routes if r.strategy == "semantic")])
     tied: set[str] = set()
     for path in (query.run_routes, route_by_route):
-        tied |= at_the_cut(path(ctx, req, plan.routes, vectors, 50), 50)
-    (new, new_fallback, _), (old, old_fallback, _) = query.retrieve(ctx, req, plan), old_retrieve(ctx, req, plan,
-                                                                                                 monkeypatch)
+        tied |= at_the_cut(path(ctx.store, ctx.settings.ranking.fusion, req, plan.routes, vectors, 50), 50)
+    (new, new_fallback, _), (old, old_fallback, _) = retrieve(ctx, req, plan), old_retrieve(ctx, req, plan,
+                                                                                           monkeypatch)
     assert new_fallback == old_fallback
     new, old = [c for c in new if c[0].id not in tied], [c for c in old if c[0].id not in tied]
     twentieth = old[min(19, len(old) - 1)][1] if old else 0.0
@@ -158,7 +166,7 @@ def search_both_ways(ctx: Context, text: str, subject: str, monkeypatch: pytest.
 def old_retrieve(ctx: Context, req: SearchRequest, plan: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as patched:
         patched.setattr(query, "run_routes", route_by_route)
-        return query.retrieve(ctx, req, plan)
+        return retrieve(ctx, req, plan)
 
 
 def test_batched_search_finds_and_ranks_as_route_by_route(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +184,7 @@ def test_rrf_fusion_searches_route_by_route(ctx: Context) -> None:
     store = counted(ctx)
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
     plan = query.plan_for(ctx.settings, req)
-    query.retrieve(ctx, req, plan)
+    retrieve(ctx, req, plan)
     assert store.calls == ["query"] * len(plan.routes)
 
 
@@ -186,8 +194,9 @@ def test_each_route_finds_what_it_found_alone(ctx: Context) -> None:
         for text in QUERIES:
             req = SearchRequest(subject=subject, query=text, k=8)
             routes = query.plan_for(ctx.settings, req).routes
-            vectors = query.query_vectors(ctx, [text, *(r.text for r in routes if r.strategy == "semantic")])
-            same_found(query.run_routes(ctx, req, routes, vectors, 50), route_by_route(ctx, req, routes, vectors, 50))
+            vectors = vectors_for(ctx, [text, *(r.text for r in routes if r.strategy == "semantic")])
+            same_found(query.run_routes(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50),
+                       route_by_route(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50))
 
 
 def test_a_scope_covering_nearly_the_whole_subject_costs_no_second_search(ctx: Context) -> None:
@@ -197,7 +206,7 @@ def test_a_scope_covering_nearly_the_whole_subject_costs_no_second_search(ctx: C
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
     plan = query.plan_for(ctx.settings, req)
     assert any(r.dirs and r.text == req.query for r in plan.routes) and plan.routes[-1].dirs == []
-    query.retrieve(ctx, req, plan)
+    retrieve(ctx, req, plan)
     scoped = sum(1 for r in plan.routes if r.dirs and r.text == req.query)
     asked = sum(1 if r.strategy != "semantic" else 2 for r in plan.routes) - 2 * scoped
     assert store.calls == [f"batch of {asked}"]
@@ -206,7 +215,7 @@ def test_a_scope_covering_nearly_the_whole_subject_costs_no_second_search(ctx: C
 def test_a_narrow_scope_is_searched_in_a_second_batch(ctx: Context) -> None:
     store = counted(ctx)
     req = SearchRequest(subject="narrow", query="Which database does Atlas use?", k=8)
-    query.retrieve(ctx, req, query.plan_for(ctx.settings, req))
+    retrieve(ctx, req, query.plan_for(ctx.settings, req))
     assert len(store.calls) == 2 and all(c.startswith("batch") for c in store.calls), store.calls
 
 
@@ -214,8 +223,8 @@ def test_a_failed_batch_is_searched_route_by_route(ctx: Context) -> None:
     """A batch that fails is asked again one route at a time, where a scoped route's failure is stood in for."""
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
     routes = query.plan_for(ctx.settings, req).routes
-    vectors = query.query_vectors(ctx, [req.query])
-    expected = route_by_route(ctx, req, routes, vectors, 50)
+    vectors = vectors_for(ctx, [req.query])
+    expected = route_by_route(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50)
     store = counted(ctx, fail_batches=True)
-    same_found(query.run_routes(ctx, req, routes, vectors, 50), expected)
+    same_found(query.run_routes(store, ctx.settings.ranking.fusion, req, routes, vectors, 50), expected)
     assert store.calls[0].startswith("batch") and set(store.calls[1:]) == {"query"}

@@ -39,6 +39,7 @@ from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected, StoreUnavailable
 from memflow.shared.keys import FIELD
 from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.uses import Uses
 from memflow.workers import ops, resolve, upsert
 from memflow.workers.runtime import Context
 from tests.conftest import System, wait_for
@@ -186,7 +187,7 @@ def test_concurrent_changes_never_share_a_revision(store_ctx: Context, embedder:
         for i in range(rounds):
             while True:  # a planner reads, plans and applies; a stale plan is planned again
                 current = ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0]
-                if ops.apply_steps(ctx, [Step(current, {"confidence": round(0.5 + (n * rounds + i) / 1000, 4)},
+                if ops.apply_steps(ctx.applier, [Step(current, {"confidence": round(0.5 + (n * rounds + i) / 1000, 4)},
                                                   f"thread {n} round {i}")], "review", T0) == []:
                     break
 
@@ -204,14 +205,15 @@ def test_uses_counted_from_many_threads_are_all_kept(store_ctx: Context, embedde
     ctx = store_ctx
     memory = keyed("我住在北京", "location.city", 1, ["e1"], T0)
     ctx.store.put([memory], embedder.encode_passages([memory.content]))
-    threads = [threading.Thread(target=lambda: [ops.feedback(ctx, "u1", [memory.id], T0, uuid.uuid4().hex)
-                                                for _ in range(20)])
+    applier, uses, utilisation = ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys)
+    threads = [threading.Thread(target=lambda: [ops.feedback(applier, uses, utilisation, "u1", [memory.id], T0,
+                                                             uuid.uuid4().hex) for _ in range(20)])
                for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ops.fold_uses(ctx, "u1")  # what a call found the write lock taken for stayed recorded: counted now
+    ops.fold_uses(applier, uses, "u1")  # what a call found the write lock taken for stayed recorded: counted now
     assert ctx.store.get(MemoryFilter("u1", ids=[memory.id]))[0].access_count == 80
 
 

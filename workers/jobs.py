@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import redis
 
 from memflow.pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
 from memflow.pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
 from memflow.pipeline.tagging import TAG_VERSION, retag
 from memflow.pipeline.writes import mutation, patches
+from memflow.shared.applier import Applier
 from memflow.shared.codec import encode
+from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import FIELD
-from memflow.shared.store import MemoryFilter, Optimizable
+from memflow.shared.keys import FIELD, Keys
+from memflow.shared.store import MemoryFilter, Optimizable, Store
+from memflow.shared.uses import Uses
 from memflow.workers import ops
 from memflow.workers.runtime import Context, fields_of
 
@@ -80,25 +85,26 @@ JOBS: dict[str, Planner] = {
 INDEX_AFTER_CHANGES = 5_000
 
 
-def index(ctx: Context, now: datetime, dry_run: bool) -> dict[str, Any]:
+def index(store: Store, step_aside: Callable[[], object], now: datetime, dry_run: bool) -> dict[str, Any]:
     """Build the store's search indexes (HNSW) once INDEX_AFTER_CHANGES points changed since the last build, off
     every search's path. On an Edge shard the build runs in a process of its own and is handed over
-    (shared/edge_build.py): searches go on meanwhile. A Qdrant server builds its own: nothing to do."""
-    store = ctx.store
+    (shared/edge_build.py): searches go on meanwhile (`step_aside`: the process's searches go first). A Qdrant
+    server builds its own: nothing to do."""
     changed = store.changed_since_optimize() if isinstance(store, Optimizable) else 0
     if isinstance(store, Optimizable) and changed >= INDEX_AFTER_CHANGES and not dry_run:
         started = time.perf_counter()
-        built = store.optimize(between=ctx.foreground.step_aside)
+        built = store.optimize(between=step_aside)
         log.info("index: %d points changed since the last build; built: %s, in %.1f s", changed, built,
                  time.perf_counter() - started)
     return {"job": "index", "tier": None, "subjects": 0, "examined": changed, "dry_run": dry_run,
             "now": now.isoformat(), "changed": [], "written": [], "sent": [], "undecided": [], "skipped": []}
 
 
-def uses(ctx: Context, subject: str | None, now: datetime, dry_run: bool) -> dict[str, Any]:
+def uses(applier: Applier, ledger: Uses, subject: str | None, now: datetime, dry_run: bool) -> dict[str, Any]:
     """Count on their points the uses packs and feedback recorded (shared/uses.py) and could not count at once
     (the subject's write lock was taken): of `subject`, or of every subject that has some."""
-    folded = 0 if dry_run else (ops.fold_uses(ctx, subject) if subject else ops.fold_all_uses(ctx))
+    folded = 0 if dry_run else (ops.fold_uses(applier, ledger, subject) if subject
+                                else ops.fold_all_uses(applier, ledger))
     return {"job": "uses", "tier": None, "subjects": 1 if subject else 0, "examined": folded, "dry_run": dry_run,
             "now": now.isoformat(), "changed": [], "written": [], "sent": [], "undecided": [], "skipped": []}
 
@@ -107,9 +113,9 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
         tier: str | None = None) -> dict[str, Any]:
     """One job over one subject (or all), or `index` over the store; what it changed, or would change."""
     if name == "index":
-        return index(ctx, now, dry_run)
+        return index(ctx.store, ctx.foreground.step_aside, now, dry_run)
     if name == "uses":
-        return uses(ctx, subject, now, dry_run)
+        return uses(ctx.applier, Uses(ctx.client, ctx.keys), subject, now, dry_run)
     if name not in JOBS:
         raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted([*JOBS, 'index', 'uses']))}")
     only = Tier(tier) if tier else None
@@ -119,10 +125,11 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
                               "dry_run": dry_run, "now": now.isoformat(), "changed": [], "written": [],
                               "sent": [], "undecided": [], "skipped": []}
     aside = ctx.foreground.step_aside  # before each step: the searches this process is answering go first
+    applier, ledger, resolve = ctx.applier, Uses(ctx.client, ctx.keys), Resolve(ctx.client, ctx.keys)
     for s in subjects:
         if not dry_run:  # the counts a plan reads (hotness, support) include every use recorded
             aside()
-            ops.fold_uses(ctx, s)
+            ops.fold_uses(applier, ledger, s)
         aside()
         memories = ctx.store.get(MemoryFilter(s), between=aside)  # a page at a time
         report["examined"] += len(memories)
@@ -131,7 +138,7 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
         _report(report, s, plan)
         if not dry_run:
             aside()
-            report["skipped"] += apply(ctx, s, plan, name, now, between=aside)
+            report["skipped"] += apply(applier, ctx.embedder, resolve, s, plan, name, now, between=aside)
     return report
 
 
@@ -155,28 +162,40 @@ SEPARATE_STEPS = frozenset({"decay", "retag", "consolidate"})
 APPLY_CHUNK = 64
 
 
-def apply(ctx: Context, subject: str, plan: Plan, name: str, now: datetime,
-          between: Callable[[], object] = lambda: None) -> list[str]:
-    """Carry a plan out (`between`: called between its chunks); the ids of memories left alone because they
-    changed while it was made (the next run plans them again from what they are then)."""
+@dataclass(frozen=True)
+class Resolve:
+    """The resolve stage's work streams, where a job sends the statements it found again."""
+
+    client: redis.Redis
+    keys: Keys
+
+    def send(self, candidates: Sequence[Candidate]) -> None:
+        for c in candidates:
+            self.client.xadd(self.keys.work("resolve", c.subject), {FIELD: encode(c)})
+
+
+def apply(applier: Applier, embedder: Embedder, resolve: Resolve, subject: str, plan: Plan, name: str,
+          now: datetime, between: Callable[[], object] = lambda: None) -> list[str]:
+    """Carry a plan out (`between`: called between its chunks): its changes through `applier`, its new memories
+    encoded by `embedder`, its statements found again sent to `resolve`; the ids of memories left alone because
+    they changed while it was made (the next run plans them again from what they are then)."""
     ops: list[MutationOp] = [*patches(plan.steps, f"{name}: "), *(PutOp(memory=m) for m in plan.new)]
-    vectors = _vectors(ctx, plan.new)
+    vectors = _vectors(embedder, plan.new)
     size = APPLY_CHUNK if name in SEPARATE_STEPS else max(1, len(ops))
     skipped: list[str] = []
     for start in range(0, len(ops), size):
         if start:
             between()
-        skipped += ctx.applier.apply(mutation(subject, name, f"{name} job", now, ops[start:start + size]),
-                                     vectors).stale
-    for c in plan.candidates:
-        ctx.client.xadd(ctx.keys.work("resolve", c.subject), {FIELD: encode(c)})
+        skipped += applier.apply(mutation(subject, name, f"{name} job", now, ops[start:start + size]),
+                                 vectors).stale
+    resolve.send(plan.candidates)
     return skipped
 
 
-def _vectors(ctx: Context, memories: list[Memory]) -> dict[str, list[float]]:
+def _vectors(embedder: Embedder, memories: list[Memory]) -> dict[str, list[float]]:
     if not memories:
         return {}
-    return dict(zip([m.id for m in memories], ctx.embedder.encode_passages([m.content for m in memories]),
+    return dict(zip([m.id for m in memories], embedder.encode_passages([m.content for m in memories]),
                     strict=True))
 
 

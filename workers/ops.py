@@ -9,9 +9,11 @@ tooling, not a tenant's query: nothing here is reachable from search or pack).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from redis.client import Pipeline
 
 from memflow.pipeline.holders import Person, people
@@ -20,11 +22,13 @@ from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_roll
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from memflow.pipeline.score import strength
 from memflow.pipeline.writes import mutation, mutation_id, patches
+from memflow.shared.applier import Applier
+from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError, NotFound, StaleVersion
-from memflow.shared.store import MemoryFilter
+from memflow.shared.keys import Keys
+from memflow.shared.store import MemoryFilter, Store
 from memflow.shared.usage import DailyCounters
 from memflow.shared.uses import Uses
-from memflow.workers.runtime import Context
 
 REVIEWABLE = (Status.pending_review, Status.contested)
 # Utilisation counters are kept per day this long (the report looks back 30 days).
@@ -32,98 +36,100 @@ UTILISATION_KEEP = timedelta(days=40)
 UTILISATION_DAYS = 30
 
 
-def locate(ctx: Context, memory_id: str, subject: str | None) -> Memory:
-    for s in [subject] if subject else ctx.store.subjects():
-        found = ctx.store.get(MemoryFilter(s, ids=[memory_id]))
+def locate(store: Store, memory_id: str, subject: str | None) -> Memory:
+    for s in [subject] if subject else store.subjects():
+        found = store.get(MemoryFilter(s, ids=[memory_id]))
         if found:
             return found[0]
     raise NotFound(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
 
 
-def versions(ctx: Context, memory: Memory) -> list[Memory]:
+def versions(store: Store, memory: Memory) -> list[Memory]:
     """Every version of a keyed memory (the points of its key), oldest first; else the memory alone."""
     if not is_keyed(memory.mtype):
         return [memory]
-    found = ctx.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
+    found = store.get(MemoryFilter(memory.subject, keys=[memory.key]))
     return sorted(found, key=lambda m: (m.version, m.created_at))
 
 
-def history(ctx: Context, memory_id: str, subject: str | None) -> dict[str, Any]:
-    memory = locate(ctx, memory_id, subject)
+def history(store: Store, memory_id: str, subject: str | None) -> dict[str, Any]:
+    memory = locate(store, memory_id, subject)
     shown = ("id", "version", "status", "tier", "content", "source", "confidence", "created_at", "updated_at",
              "supersedes", "superseded_by", "conflicts_with", "source_event_ids", "revisions")
     return {"subject": memory.subject, "key": memory.key, "asked": memory.id, "about": memory.about,
             "versions": [{k: v for k, v in m.model_dump(mode="json").items() if k in shown}
-                         for m in versions(ctx, memory)]}
+                         for m in versions(store, memory)]}
 
 
-def rollback(ctx: Context, memory_id: str, to_version: int, subject: str | None, at: datetime) -> dict[str, Any]:
-    """Restore version `to_version` as a new version; the live ones are superseded by it."""
-    memory = locate(ctx, memory_id, subject)
+def rollback(applier: Applier, embedder: Embedder, memory_id: str, to_version: int, subject: str | None,
+             at: datetime) -> dict[str, Any]:
+    """Restore version `to_version` as a new version (its words encoded by `embedder`); the live ones are
+    superseded by it."""
+    memory = locate(applier.store, memory_id, subject)
     try:
-        plan = plan_rollback(versions(ctx, memory), to_version, at)
+        plan = plan_rollback(versions(applier.store, memory), to_version, at)
     except ValueError as exc:
         raise MemflowError(str(exc)) from exc
     restored = plan.restored
     puts = [] if restored is None else [PutOp(memory=restored)]
-    vectors = {} if restored is None else {restored.id: ctx.embedder.encode_passages([restored.content])[0]}
+    vectors = {} if restored is None else {restored.id: embedder.encode_passages([restored.content])[0]}
     ops: list[MutationOp] = [*puts, *patches(plan.steps)]
-    ctx.applier.apply(mutation(memory.subject, "rollback", f"rolled back to version {to_version}", at, ops), vectors)
+    applier.apply(mutation(memory.subject, "rollback", f"rolled back to version {to_version}", at, ops), vectors)
     return {"subject": memory.subject, "key": memory.key, "to_version": to_version,
             "restored": None if restored is None else {"id": restored.id, "version": restored.version,
                                                         "content": restored.content},
             "superseded": [st.memory.id for st in plan.steps]}
 
 
-def review_list(ctx: Context, subject: str | None) -> list[dict[str, Any]]:
+def review_list(store: Store, subject: str | None) -> list[dict[str, Any]]:
     found = []
-    for s in [subject] if subject else ctx.store.subjects():
-        found += ctx.store.get(MemoryFilter(s, statuses=REVIEWABLE))
+    for s in [subject] if subject else store.subjects():
+        found += store.get(MemoryFilter(s, statuses=REVIEWABLE))
     found.sort(key=lambda m: (m.subject, m.key, m.created_at))
     return [{"id": m.id, "subject": m.subject, "status": m.status.value, "key": m.key, "mtype": m.mtype.value,
              "content": m.content, "confidence": m.confidence, "conflicts_with": m.conflicts_with,
              "created_at": m.created_at.isoformat()} for m in found]
 
 
-def review_decide(ctx: Context, memory_id: str, accept: bool, subject: str | None, at: datetime) -> dict[str, Any]:
-    memory = locate(ctx, memory_id, subject)
-    same_key = ctx.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
+def review_decide(applier: Applier, memory_id: str, accept: bool, subject: str | None,
+                  at: datetime) -> dict[str, Any]:
+    memory = locate(applier.store, memory_id, subject)
+    same_key = applier.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
     try:
         steps = plan_accept(memory, same_key, at) if accept else plan_reject(memory, same_key)
     except ValueError as exc:
         raise MemflowError(str(exc)) from exc
-    apply_steps(ctx, steps, "review", at)
+    apply_steps(applier, steps, "review", at)
     return {"id": memory.id, "accepted": accept,
             "changed": [{"id": st.memory.id, "after": {k: str(v) for k, v in st.fields.items()}} for st in steps]}
 
 
-def apply_steps(ctx: Context, steps: list[Step], action: str, at: datetime) -> list[str]:
+def apply_steps(applier: Applier, steps: list[Step], action: str, at: datetime) -> list[str]:
     """Apply a planner's steps (all of one subject); the ids of memories that had moved on meanwhile."""
     if not steps:
         return []
     subject = steps[0].memory.subject
-    return ctx.applier.apply(mutation(subject, action, action, at, patches(steps))).stale
+    return applier.apply(mutation(subject, action, action, at, patches(steps))).stale
 
 
-def feedback(ctx: Context, subject: str, memory_ids: list[str], when: datetime, request_id: str, *,
-             recalled: int = 0) -> int:
+def feedback(applier: Applier, uses: Uses, utilisation: Utilisation, subject: str, memory_ids: list[str],
+             when: datetime, request_id: str, *, recalled: int = 0) -> int:
     """Count memories of `subject` as adopted (used in an answer): access_count + 1 each, once per request
     (`request_id`: a retry of the same request counts nothing more, nor its `recalled` memories). Recorded
     without waiting for the subject's write lock (shared/uses.py), counted on the points at once if it is free."""
-    found = ctx.store.get(MemoryFilter(subject, ids=memory_ids)) if memory_ids else []
-    if Uses(ctx.client, ctx.keys).record(subject, request_id, [m.id for m in found], when, _clock_ms()):
-        count_use(ctx, subject, when, recalled=recalled, adopted=len(found))
-    fold_uses(ctx, subject, wait=False)
+    found = applier.store.get(MemoryFilter(subject, ids=memory_ids)) if memory_ids else []
+    if uses.record(subject, request_id, [m.id for m in found], when, _clock_ms()):
+        utilisation.count(subject, when, recalled=recalled, adopted=len(found))
+    fold_uses(applier, uses, subject, wait=False)
     return len(found)
 
 
-def fold_uses(ctx: Context, subject: str, *, wait: bool = True) -> int:
+def fold_uses(applier: Applier, ledger: Uses, subject: str, *, wait: bool = True) -> int:
     """Count the uses recorded for `subject` on its points (a `CountOp` each, through the applier); how many
     points. `wait=False`: only if the write lock is free now (a read path never waits for it), else they
     stay recorded for the next fold."""
-    ledger = Uses(ctx.client, ctx.keys)
     try:
-        with ctx.applier.holding(subject, **({} if wait else {"wait_s": 0})) as held:
+        with applier.holding(subject, **({} if wait else {"wait_s": 0})) as held:
             taken = ledger.take(subject)
             if taken.uses:  # the same snapshot after a crash: the same mutation (by its fold id), counted once
                 ops: list[MutationOp] = [CountOp(id=u.memory_id, uses=u.uses, at=u.at) for u in taken.uses]
@@ -137,9 +143,9 @@ def fold_uses(ctx: Context, subject: str, *, wait: bool = True) -> int:
     return len(taken.uses)
 
 
-def fold_all_uses(ctx: Context) -> int:
+def fold_all_uses(applier: Applier, ledger: Uses) -> int:
     """Count every subject's recorded uses on their points (the `uses` job); how many points."""
-    return sum(fold_uses(ctx, s) for s in Uses(ctx.client, ctx.keys).subjects())
+    return sum(fold_uses(applier, ledger, s) for s in ledger.subjects())
 
 
 def _clock_ms() -> int:
@@ -150,24 +156,31 @@ def _clock_ms() -> int:
 # -- utilisation -----------------------------------------------------------------------
 
 
-def count_use(ctx: Context, subject: str, at: datetime, *, recalled: int = 0, adopted: int = 0,
+@dataclass(frozen=True)
+class Utilisation:
+    """Each subject's per-day counters of memories recalled (returned by a search) and adopted (used in an answer):
+    the owner of `Keys.utilisation`, kept UTILISATION_KEEP (shared/usage.py prunes the days past it)."""
+
+    client: redis.Redis
+    keys: Keys
+
+    def count(self, subject: str, at: datetime, *, recalled: int = 0, adopted: int = 0,
               via: Pipeline | None = None) -> None:
-    """Add to the subject's per-day counters of memories recalled (returned) and adopted (used); `via`: a pipeline
-    the caller sends with more (a search's trace), else they are sent now."""
-    day = at.date().isoformat()
-    # The days past UTILISATION_KEEP are pruned as the hash is written (shared/usage.py).
-    DailyCounters(ctx.client, UTILISATION_KEEP.days).add(
-        ctx.keys.utilisation(subject), at, {f"recalled:{day}": recalled, f"adopted:{day}": adopted}, via=via)
+        """Add to the subject's counters of the day of `at`; `via`: a pipeline the caller sends with more (a
+        search's trace), else they are sent now."""
+        day = at.date().isoformat()
+        DailyCounters(self.client, UTILISATION_KEEP.days).add(
+            self.keys.utilisation(subject), at, {f"recalled:{day}": recalled, f"adopted:{day}": adopted}, via=via)
 
-
-def utilisation(ctx: Context, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:
-    raw = ctx.client.hgetall(ctx.keys.utilisation(subject))
-    counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
-    window = {(now - timedelta(days=d)).date().isoformat() for d in range(days)}
-    recalled = sum(v for k, v in counts.items() if k.startswith("recalled:") and k.split(":", 1)[1] in window)
-    adopted = sum(v for k, v in counts.items() if k.startswith("adopted:") and k.split(":", 1)[1] in window)
-    return {"days": days, "recalled": recalled, "adopted": adopted,
-            "share": round(adopted / recalled, 4) if recalled else None}
+    def report(self, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:
+        """The subject's memories recalled and adopted over the `days` up to `now`, and the share adopted."""
+        raw = self.client.hgetall(self.keys.utilisation(subject))
+        counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        window = {(now - timedelta(days=d)).date().isoformat() for d in range(days)}
+        recalled = sum(v for k, v in counts.items() if k.startswith("recalled:") and k.split(":", 1)[1] in window)
+        adopted = sum(v for k, v in counts.items() if k.startswith("adopted:") and k.split(":", 1)[1] in window)
+        return {"days": days, "recalled": recalled, "adopted": adopted,
+                "share": round(adopted / recalled, 4) if recalled else None}
 
 
 def people_of(memories: list[Memory]) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, NamedTuple, cast
 
+import numpy as np
 import redis
+from numpy.typing import NDArray
 from pydantic import TypeAdapter
 from rq import Queue, SimpleWorker
 from rq.job import Job
@@ -69,12 +71,12 @@ from memflow.pipeline.score import (
 from memflow.pipeline.timeref import asked_period
 from memflow.shared import metrics, pending, profiles, sparse
 from memflow.shared.codec import decode, encode
-from memflow.shared.embedder import summed
+from memflow.shared.embedder import Embedder, summed
 from memflow.shared.errors import InvalidInput, MemflowError, NotFound, Retryable, StoreUnavailable
 from memflow.shared.foreground import frozen_heap
-from memflow.shared.judge import floors_by_language
-from memflow.shared.keys import STAGES
-from memflow.shared.llm import Reading
+from memflow.shared.judge import Judge, floors_by_language
+from memflow.shared.keys import STAGES, Keys
+from memflow.shared.llm import LLM, Reading
 from memflow.shared.llm import usage as llm_usage
 from memflow.shared.pending_search import Shown, about_to_be_written, with_pending
 from memflow.shared.rpc import (
@@ -128,11 +130,12 @@ from memflow.shared.rpc import (
     VerifyRequest,
     request_of,
 )
-from memflow.shared.settings import Settings
-from memflow.shared.status import remember_trace
-from memflow.shared.store import MemoryFilter, Query, SearchMode, admits, narrowed
+from memflow.shared.settings import Fusion, PendingSettings, RankingSettings, Settings
+from memflow.shared.status import Traces
+from memflow.shared.store import MemoryFilter, Query, SearchMode, Store, admits, narrowed
 from memflow.shared.store import Scored as StoreScored
 from memflow.shared.streams import backlog
+from memflow.shared.uses import Uses
 from memflow.workers import forgetting, jobs, ops, transfer
 from memflow.workers.runtime import Context
 
@@ -147,11 +150,12 @@ ANSWERED = (NotFound, InvalidInput)
 def search(ctx: Context, req: SearchRequest) -> SearchResult:
     now = req.now or datetime.now(UTC)
     started = time.perf_counter()
-    plan, plan_error = deep_plan(ctx, req, plan_for(ctx.settings, req))
+    plan, plan_error = deep_plan(ctx.llm, PlanCache.of(ctx), ctx.settings, req, plan_for(ctx.settings, req))
     plan = dated(ctx.settings, plan, req.query, now)
     try:
-        said = pending_of(ctx, req.subject)  # before the store is read: what lands in between is found there
-        scored, fallback, shown = retrieve(ctx, req, plan, said)
+        # before the store is read: what lands in between is found there
+        said = pending_of(ctx.settings.pending, ctx.client, ctx.keys, req.subject)
+        scored, fallback, shown = retrieve(Retrieval.of(ctx), req, plan, said)
         hits = ranked(ctx.settings, scored, now, req.k, shown)
         result = SearchResult(subject=req.subject, query=req.query, status="ok" if hits else "empty", hits=hits,
                               plan=plan.model_copy(update={"fallback": fallback}), fallback=fallback)
@@ -159,7 +163,7 @@ def search(ctx: Context, req: SearchRequest) -> SearchResult:
         scored, result = [], SearchResult(subject=req.subject, query=req.query, status="failed", plan=plan,
                                           error=f"{type(exc).__name__}: {exc}")
     result.latency_ms = (time.perf_counter() - started) * 1000
-    record_trace(ctx, req, result, scored, now, plan_error)
+    record_trace(ctx.traces, ops.Utilisation(ctx.client, ctx.keys), req, result, scored, now, plan_error)
     return result
 
 
@@ -196,27 +200,49 @@ def dated(settings: Settings, plan: QueryPlan, query: str, now: datetime) -> Que
     return plan.model_copy(update={"period": Period(start=ref.start, end=ref.end, label=ref.label)})
 
 
-def deep_plan(ctx: Context, req: SearchRequest, heuristic: QueryPlan) -> tuple[QueryPlan, str | None]:
+@dataclass(frozen=True)
+class PlanCache:
+    """The LLM's plans, per subject and normalised query (`Keys.plan_cache`), each kept `ttl_s`."""
+
+    client: redis.Redis
+    keys: Keys
+    ttl_s: int
+
+    @classmethod
+    def of(cls, ctx: Context) -> PlanCache:
+        return cls(ctx.client, ctx.keys, ctx.settings.llm.plan_cache_ttl_s)
+
+    def _key(self, subject: str, query: str) -> str:
+        return self.keys.plan_cache(subject, hashlib.sha256(llm_plan.cache_key(query).encode()).hexdigest()[:32])
+
+    def get(self, subject: str, query: str) -> QueryPlan | None:
+        cached = self.client.get(self._key(subject, query))
+        return None if cached is None else decode(cached, QueryPlan)
+
+    def put(self, subject: str, query: str, plan: QueryPlan) -> None:
+        self.client.set(self._key(subject, query), encode(plan), ex=self.ttl_s)
+
+
+def deep_plan(llm: LLM | None, cache: PlanCache, settings: Settings, req: SearchRequest,
+              heuristic: QueryPlan) -> tuple[QueryPlan, str | None]:
     """The LLM's plan for an ambiguous query (cached per subject and normalised query), else the heuristic
     one; on any error the heuristic plan with `fallback` set, and why.
 
     The cache keeps the model's plan as it answered: the settings' route weights and scoping apply
     each time it is used (`routed`), so a route they switch off never comes back through a model."""
-    llm = ctx.llm
-    wanted = ctx.settings.llm.plan and ctx.settings.ranking.intent_planning and req.dirs is None
+    wanted = settings.llm.plan and settings.ranking.intent_planning and req.dirs is None
     if llm is None or not wanted or not is_ambiguous(req.query):
         return heuristic, None
-    key = ctx.keys.plan_cache(req.subject, hashlib.sha256(llm_plan.cache_key(req.query).encode()).hexdigest()[:32])
-    cached = ctx.client.get(key)
+    cached = cache.get(req.subject, req.query)
     if cached is not None:
-        return routed(ctx.settings, decode(cached, QueryPlan)), None
-    asked = llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=ctx.settings.llm.plan_timeout_s,
+        return routed(settings, cached), None
+    asked = llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=settings.llm.plan_timeout_s,
                     read=lambda text: _plan_read(text, heuristic),
                     fallback=lambda: Reading(heuristic.model_copy(update={"fallback": True})))
     if asked.fallback is not None:
         return asked.value, asked.fallback
-    ctx.client.set(key, encode(asked.value), ex=ctx.settings.llm.plan_cache_ttl_s)
-    return routed(ctx.settings, asked.value), None
+    cache.put(req.subject, req.query, asked.value)
+    return routed(settings, asked.value), None
 
 
 def _plan_read(reply: str, heuristic: QueryPlan) -> Reading[QueryPlan]:
@@ -236,13 +262,13 @@ def ranked(settings: Settings, scored: list[Scored], now: datetime, k: int, show
         p.memory, relevance.get(p.memory.id, 0.0), now, lifecycle)), k)
 
 
-def pending_of(ctx: Context, subject: str) -> list[Said]:
+def pending_of(layer: PendingSettings, client: redis.Redis, keys: Keys, subject: str) -> list[Said]:
     """What the subject said that is not stored yet (shared/pending.py); none when the layer is off. A layer
     that cannot be read fails the search, as a store that cannot be read does: never a silent "not known"."""
-    if not ctx.settings.pending.enabled:
+    if not layer.enabled:
         return []
     try:
-        return pending.read(ctx.client, ctx.keys, subject)
+        return pending.read(client, keys, subject)
     except redis.RedisError as exc:
         raise Retryable(f"the pending layer could not be read: {exc}") from exc
 
@@ -252,37 +278,57 @@ def pending_of(ctx: Context, subject: str) -> list[Said]:
 PENDING_SPARE = 2
 
 
+@dataclass(frozen=True)
+class Retrieval:
+    """What a search reads the store with: the settings (ranking, and the write path's duplicate threshold for the
+    pending memories), the store, the embedder of its questions, the second look's judge (None: off), and the
+    unrelated passages its noise floor is measured against (measured when first asked for)."""
+
+    settings: Settings
+    store: Store
+    embedder: Embedder
+    judge: Judge | None
+    unrelated: Callable[[], NDArray[np.float64]]
+
+    @classmethod
+    def of(cls, ctx: Context) -> Retrieval:
+        return cls(ctx.settings, ctx.store, ctx.embedder, ctx.judge, lambda: ctx.unrelated)
+
+
 class Retrieved(NamedTuple):
     scored: list[Scored]
     fallback: bool
     shown: Shown
 
 
-def retrieve(ctx: Context, req: SearchRequest, plan: QueryPlan, said: Sequence[Said] = ()) -> Retrieved:
+def retrieve(reader: Retrieval, req: SearchRequest, plan: QueryPlan, said: Sequence[Said] = ()) -> Retrieved:
     """Run every route of the plan within the subject and fuse them (route weights), with the memories about
     to be written from what the subject said (`said`, read before the store) ranked among them.
 
     When every scoped route comes back empty (or fails), the whole subject answers alone
     and the search says `fallback`: a misrouted query never turns into "nothing".
     """
-    pool = max(ctx.settings.ranking.candidate_pool, req.k * 4)
-    vectors = query_vectors(ctx, [req.query, *(r.text for r in plan.routes if r.strategy == "semantic")])
-    found = run_routes(ctx, req, plan.routes, vectors, pool)
-    layer = PendingRoutes.of(ctx, req, vectors, found, said)
+    settings, store, ranking = reader.settings, reader.store, reader.settings.ranking
+    pool = max(ranking.candidate_pool, req.k * 4)
+    vectors = query_vectors(reader.embedder, ranking, [req.query, *(r.text for r in plan.routes
+                                                                      if r.strategy == "semantic")])
+    found = run_routes(store, ranking.fusion, req, plan.routes, vectors, pool)
+    layer = PendingRoutes.of(reader.embedder, settings.write.duplicate_threshold, req, vectors, found, said)
     ranked = [(route, layer.route(route, f)) for route, f in zip(plan.routes, found, strict=True)]
-    floor: Floor = ctx.settings.ranking.dense_floor if ctx.settings.ranking.dense_floor is not None else \
-        floors_by_language(ctx.unrelated, vectors[req.query])
-    ceiling_score = keyword_ceiling_for(ctx.settings, req.query, [f for route, f in ranked if route.text == req.query])
-    dense = Scales(dense_weight_for(ctx.settings, req.query), floor, ceiling_score)
-    looked = second_look_for(ctx, req.query, plan)
+    floor: Floor = ranking.dense_floor if ranking.dense_floor is not None else \
+        floors_by_language(reader.unrelated(), vectors[req.query])
+    ceiling_score = keyword_ceiling_for(settings, req.query, [f for route, f in ranked if route.text == req.query])
+    dense = Scales(dense_weight_for(settings, req.query), floor, ceiling_score)
+    looked = second_look_for(reader.judge, ranking, req.query, plan)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
     if scoped and all(found.empty for found in scoped):
         if whole is None:
-            whole = layer.route(Route(text=req.query), _run_route(ctx, req, Route(text=req.query), vectors, pool))
-        return Retrieved(_fused(ctx.settings, [replace(whole, weight=1.0)], dense, plan, looked), True, layer.shown)
-    return Retrieved(_fused(ctx.settings, _confirmed(ctx.settings, ranked, whole, dense), dense, plan, looked), False,
+            whole = layer.route(Route(text=req.query),
+                                _run_route(store, ranking.fusion, req, Route(text=req.query), vectors, pool))
+        return Retrieved(_fused(settings, [replace(whole, weight=1.0)], dense, plan, looked), True, layer.shown)
+    return Retrieved(_fused(settings, _confirmed(settings, ranked, whole, dense), dense, plan, looked), False,
                      layer.shown)
 
 
@@ -295,11 +341,11 @@ class PendingRoutes:
     shown: Shown
 
     @classmethod
-    def of(cls, ctx: Context, req: SearchRequest, vectors: dict[str, list[float]], found: Sequence[Found],
-           said: Sequence[Said]) -> PendingRoutes:
-        shown = about_to_be_written(said, req.subject, found, ctx.embedder, query=req.query,
+    def of(cls, embedder: Embedder, duplicate_threshold: float, req: SearchRequest, vectors: dict[str, list[float]],
+           found: Sequence[Found], said: Sequence[Said]) -> PendingRoutes:
+        shown = about_to_be_written(said, req.subject, found, embedder, query=req.query,
                                     query_vector=vectors[req.query], keep=req.k + PENDING_SPARE,
-                                    duplicate_threshold=ctx.settings.write.duplicate_threshold) if said else Shown()
+                                    duplicate_threshold=duplicate_threshold) if said else Shown()
         return cls(req, vectors, shown)
 
     def route(self, route: Route, found: Found) -> Found:
@@ -342,14 +388,14 @@ def dense_weight_for(settings: Settings, query: str) -> float:
     return settings.ranking.dialogue_dense_weight if is_transcript(query) else settings.ranking.dense_weight
 
 
-def query_vectors(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
+def query_vectors(embedder: Embedder, ranking: RankingSettings, texts: list[str]) -> dict[str, list[float]]:
     """{text: its dense query vector}, from one encode call for every text a dense route needs (sparse
     routes need none). A dialogue's vector is the sum of its whole text's and its last turns'
     (`recent_turns`): a cosine with it ranks as the sum of the two cosines."""
     texts = list(dict.fromkeys(texts))
-    recent = {t: r for t in texts if (r := recent_turns(t, ctx.settings.ranking.recent_turns))}
+    recent = {t: r for t in texts if (r := recent_turns(t, ranking.recent_turns))}
     asked = list(dict.fromkeys([*texts, *recent.values()]))
-    encoded = dict(zip(asked, ctx.embedder.encode_queries(asked), strict=True))
+    encoded = dict(zip(asked, embedder.encode_queries(asked), strict=True))
     return {t: summed([encoded[t], encoded[recent[t]]]) if t in recent else encoded[t] for t in texts}
 
 
@@ -364,7 +410,8 @@ def _confirmed(settings: Settings, ranked: list[tuple[Route, Found]], whole: Fou
                             dense_floor=dense.floor, keyword_ceiling=dense.keyword_ceiling)
 
 
-def second_look_for(ctx: Context, query: str, plan: QueryPlan) -> Callable[[list[Scored]], list[Scored]]:
+def second_look_for(judge: Judge | None, ranking: RankingSettings, query: str,
+                    plan: QueryPlan) -> Callable[[list[Scored]], list[Scored]]:
     """The fused list with its head judged again (pipeline.score.second_look), or as it is when the settings turn
     the second look off.
 
@@ -374,7 +421,6 @@ def second_look_for(ctx: Context, query: str, plan: QueryPlan) -> Callable[[list
     request cost LoCoMo, whose questions name third parties, 10 points of R@5). A dialogue is judged by its last
     turns: what is asked now, in sentences of the length the judge was trained on (the whole text as well cost
     MADial zh .02 of R@5; the first pass reads the whole)."""
-    judge, ranking = ctx.judge, ctx.settings.ranking
     dialogue = is_transcript(query)
     weight = ranking.dialogue_second_look_weight if dialogue else ranking.second_look_weight
     if judge is None or weight <= 0 or (not dialogue and plan.about is None):
@@ -403,35 +449,35 @@ def _fused(settings: Settings, found: list[Found], dense: Scales, plan: QueryPla
 WIDEN = 1.5
 
 
-def run_routes(ctx: Context, req: SearchRequest, routes: Sequence[Route], vectors: dict[str, list[float]],
-               pool: int) -> list[Found]:
+def run_routes(store: Store, fusion: Fusion, req: SearchRequest, routes: Sequence[Route],
+               vectors: dict[str, list[float]], pool: int) -> list[Found]:
     """Every route's raw candidates, as `_run_route` finds them, from one engine call (`Store.query_many`);
     a second one only for scoped routes whose candidates the whole-subject route's could not answer.
 
     "rrf" fusion runs route by route: it ranks by position, and the engine orders points of equal score
     differently in a batch than alone. When the store fails, route by route too: a scoped route's failure is
     stood in for, the whole-subject route's fails the search."""
-    if ctx.settings.ranking.fusion == "score":
+    if fusion == "score":
         try:
-            return _batched(ctx, req, routes, vectors, pool)
+            return _batched(store, req, routes, vectors, pool)
         except StoreUnavailable:
             log.warning("a batched search failed; its routes are searched one by one")
-    return [_run_route(ctx, req, route, vectors, pool) for route in routes]
+    return [_run_route(store, fusion, req, route, vectors, pool) for route in routes]
 
 
-def _batched(ctx: Context, req: SearchRequest, routes: Sequence[Route], vectors: dict[str, list[float]],
+def _batched(store: Store, req: SearchRequest, routes: Sequence[Route], vectors: dict[str, list[float]],
              pool: int) -> list[Found]:
     searches = [_searches(req, route, vectors, pool) for route in routes]
     whole = next((i for i, r in enumerate(routes) if r == Route(text=req.query, weight=r.weight)), None)
     narrow = [i for i, r in enumerate(routes) if whole is not None and i != whole and _reads_off(r, req)]
     if whole is None or not narrow:
-        answers = _ask(ctx, dict(enumerate(searches)))
+        answers = _ask(store, dict(enumerate(searches)))
         return [_found(route, answers[i]) for i, route in enumerate(routes)]
     searches[whole] = [replace(q, limit=math.ceil(pool * WIDEN)) for q in searches[whole]]
-    answers = _ask(ctx, {i: queries for i, queries in enumerate(searches) if i not in narrow})
+    answers = _ask(store, {i: queries for i, queries in enumerate(searches) if i not in narrow})
     read = {i: _read_off(searches[whole], answers[whole], searches[i]) for i in narrow}
     answers |= {i: lists for i, lists in read.items() if lists is not None}
-    answers |= _ask(ctx, {i: searches[i] for i, lists in read.items() if lists is None})
+    answers |= _ask(store, {i: searches[i] for i, lists in read.items() if lists is None})
     answers[whole] = [found[:pool] for found in answers[whole]]  # its own candidates: the pool, as before
     return [_found(route, answers[i]) for i, route in enumerate(routes)]
 
@@ -456,11 +502,11 @@ def _searches(req: SearchRequest, route: Route, vectors: dict[str, list[float]],
     return [keyword] if dense is None else [keyword, Query(flt, "dense", limit, dense=dense)]
 
 
-def _ask(ctx: Context, asked: dict[int, list[Query]]) -> dict[int, list[list[StoreScored]]]:
+def _ask(store: Store, asked: dict[int, list[Query]]) -> dict[int, list[list[StoreScored]]]:
     """Every route's queries in one engine call; each route's answers, by route."""
     flat = [(i, q) for i, queries in asked.items() for q in queries]
     answers: dict[int, list[list[StoreScored]]] = {i: [] for i in asked}
-    for (i, _), found in zip(flat, ctx.store.query_many([q for _, q in flat]) if flat else [], strict=True):
+    for (i, _), found in zip(flat, store.query_many([q for _, q in flat]) if flat else [], strict=True):
         answers[i].append(found)
     return answers
 
@@ -479,16 +525,16 @@ def _found(route: Route, answers: list[list[StoreScored]]) -> Found:
     return Found(route.weight, keyword, dense[0] if dense else [], flat=bool(route.keys))
 
 
-def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
+def _run_route(store: Store, fusion: Fusion, req: SearchRequest, route: Route, vectors: dict[str, list[float]],
                pool: int) -> Found:
     """One route's raw candidates (in "rrf" mode: the engine's fused list, as `keyword`)."""
     flt = route_filter(req, route)
     dense = vectors.get(route.text) if route.strategy == "semantic" else None
     try:
-        if ctx.settings.ranking.fusion == "rrf" and dense is not None:
-            return Found(route.weight, _query(ctx, flt, "hybrid", route.text, dense, pool))
-        meaning = _query(ctx, flt, "dense", None, dense, pool) if dense is not None else []
-        return Found(route.weight, _query(ctx, flt, "sparse", route.text, None, pool), meaning, flat=bool(route.keys))
+        if fusion == "rrf" and dense is not None:
+            return Found(route.weight, _query(store, flt, "hybrid", route.text, dense, pool))
+        meaning = _query(store, flt, "dense", None, dense, pool) if dense is not None else []
+        return Found(route.weight, _query(store, flt, "sparse", route.text, None, pool), meaning, flat=bool(route.keys))
     except StoreUnavailable:
         if not route.dirs:
             raise
@@ -496,13 +542,13 @@ def _run_route(ctx: Context, req: SearchRequest, route: Route, vectors: dict[str
         return Found(route.weight)
 
 
-def _query(ctx: Context, flt: MemoryFilter, mode: SearchMode, text: str | None, dense: list[float] | None,
+def _query(store: Store, flt: MemoryFilter, mode: SearchMode, text: str | None, dense: list[float] | None,
            pool: int) -> list[Scored]:
-    return [(s.memory, s.score) for s in ctx.store.query(flt, mode=mode, dense=dense, text=text, limit=pool)]
+    return [(s.memory, s.score) for s in store.query(flt, mode=mode, dense=dense, text=text, limit=pool)]
 
 
-def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored: list[tuple[Memory, float]],
-                 now: datetime, plan_error: str | None = None) -> None:
+def record_trace(traces: Traces, utilisation: ops.Utilisation, req: SearchRequest, result: SearchResult,
+                 scored: list[tuple[Memory, float]], now: datetime, plan_error: str | None = None) -> None:
     plan = result.plan
     dirs = sorted({d.value for route in plan.routes for d in route.dirs}) if plan else []
     trace = Trace(subject=req.subject, query=redact(req.query)[:200], intent=plan.intent if plan else "",
@@ -512,12 +558,12 @@ def record_trace(ctx: Context, req: SearchRequest, result: SearchResult, scored:
                   status=result.status, error=result.error, latency_ms=result.latency_ms, now=now,
                   plan_error=plan_error, period=plan.period.label if plan and plan.period else None)
     # The trace, the latency histogram (GET /metrics) and the subject's use go to Redis in one round trip.
-    pipe = ctx.client.pipeline(transaction=False)
-    ctx.trace(trace, via=pipe)
-    metrics.record_search(pipe, ctx.keys, result.status, result.latency_ms / 1000)
-    ops.count_use(ctx, req.subject, now, recalled=len(result.hits), via=pipe)
+    pipe = traces.client.pipeline(transaction=False)
+    traces.add(trace, via=pipe)
+    metrics.record_search(pipe, traces.keys, result.status, result.latency_ms / 1000)
+    utilisation.count(req.subject, now, recalled=len(result.hits), via=pipe)
     traced = pipe.execute()[0]  # the trace's id in the feed: indexed under its subject (bounded)
-    remember_trace(ctx.client, ctx.keys, req.subject, traced)
+    traces.remember(req.subject, traced)
 
 
 def _candidates(scored: list[tuple[Memory, float]], result: SearchResult) -> list[dict[str, Any]]:
@@ -532,13 +578,15 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
     """A prompt for `query`; packing counts as adoption of every memory it used."""
     when = req.now or datetime.now(UTC)
     search_req = SearchRequest(subject=req.subject, query=req.query, k=20, now=when)
-    plan = dated(ctx.settings, deep_plan(ctx, search_req, plan_for(ctx.settings, search_req))[0], req.query, when)
-    said = pending_of(ctx, req.subject)
-    scored, _, shown = retrieve(ctx, search_req, plan, said)
+    asked = deep_plan(ctx.llm, PlanCache.of(ctx), ctx.settings, search_req, plan_for(ctx.settings, search_req))[0]
+    plan = dated(ctx.settings, asked, req.query, when)
+    said = pending_of(ctx.settings.pending, ctx.client, ctx.keys, req.subject)
+    scored, _, shown = retrieve(Retrieval.of(ctx), search_req, plan, said)
     hits = ranked(ctx.settings, scored, when, search_req.k, shown)
     packed = build_prompt(hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
     # Its uses are recorded once per request and counted on the points without waiting for the write lock.
-    ops.feedback(ctx, req.subject, packed.used_ids, when, req.request_id, recalled=len(hits))
+    ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys), req.subject,
+                 packed.used_ids, when, req.request_id, recalled=len(hits))
     return packed
 
 
@@ -547,7 +595,9 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
 
 def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
-    return Adopted(count=ops.feedback(ctx, req.subject, req.memory_ids, req.at or datetime.now(UTC), req.request_id))
+    count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys),
+                         req.subject, req.memory_ids, req.at or datetime.now(UTC), req.request_id)
+    return Adopted(count=count)
 
 
 def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:
@@ -570,7 +620,7 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
                                         "everyone": llm_usage(ctx.client, ctx.keys, None, when)}
     return InspectReport.model_validate({
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
-        "utilisation": ops.utilisation(ctx, req.subject, when), "llm": llm,
+        "utilisation": ops.Utilisation(ctx.client, ctx.keys).report(req.subject, when), "llm": llm,
         "backlog": backlog(ctx.client, ctx.keys, STAGES), "people": ops.people_of(memories),
         "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
                     for s in pending.read(ctx.client, ctx.keys, req.subject)
@@ -607,20 +657,22 @@ def report_of(report: dict[str, Any], between: Callable[[], object]) -> JobRepor
 
 
 def history(ctx: Context, req: HistoryRequest) -> History:
-    return History.model_validate(ops.history(ctx, req.memory_id, req.subject))
+    return History.model_validate(ops.history(ctx.store, req.memory_id, req.subject))
 
 
 def rollback(ctx: Context, req: RollbackRequest) -> RollbackReport:
-    report = ops.rollback(ctx, req.memory_id, req.to_version, req.subject, req.at or datetime.now(UTC))
+    report = ops.rollback(ctx.applier, ctx.embedder, req.memory_id, req.to_version, req.subject,
+                          req.at or datetime.now(UTC))
     return RollbackReport.model_validate(report)
 
 
 def review_list(ctx: Context, req: ReviewListRequest) -> ReviewList:
-    return ReviewList.model_validate({"waiting": ops.review_list(ctx, req.subject)})
+    return ReviewList.model_validate({"waiting": ops.review_list(ctx.store, req.subject)})
 
 
 def review_decide(ctx: Context, req: ReviewDecideRequest) -> ReviewDecision:
-    report = ops.review_decide(ctx, req.memory_id, req.accept, req.subject, req.at or datetime.now(UTC))
+    report = ops.review_decide(ctx.applier, req.memory_id, req.accept, req.subject,
+                               req.at or datetime.now(UTC))
     return ReviewDecision.model_validate(report)
 
 

@@ -21,14 +21,14 @@ from numpy.typing import NDArray
 from memflow.pipeline.models import LLMTrace, Memory, Trace
 from memflow.pipeline.score import UNRELATED
 from memflow.shared.applier import Applier
-from memflow.shared.codec import encode
 from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.foreground import Foreground
 from memflow.shared.judge import Judge
-from memflow.shared.keys import FIELD, Keys
+from memflow.shared.keys import Keys
 from memflow.shared.llm import LLM
 from memflow.shared.settings import Settings
+from memflow.shared.status import Traces
 from memflow.shared.store import Identity, Store, open_store
 from memflow.shared.streams import ConsumerConfig
 
@@ -105,12 +105,14 @@ class Context:
         """The one writer of the store (shared/applier.py): every change to a memory goes through it."""
         return Applier(self.store, self.client, self.keys, self.settings.limits.changes_maxlen)
 
+    @property
+    def traces(self) -> Traces:
+        """The capped `traces` feed (shared/status.py): searches, and LLM calls (written by `LLM.ask`)."""
+        return Traces(self.client, self.keys, self.settings.limits.traces_maxlen)
+
     def trace(self, entry: Trace | LLMTrace, via: redis.Redis | None = None) -> None:
-        """An entry of the capped `traces` feed: a search, or an LLM call (written by `LLM.ask`);
-        `via`: a pipeline the caller sends with more (a search's latency), else it is sent now."""
-        client = self.client if via is None else via
-        client.xadd(self.keys.traces, {FIELD: encode(entry)}, maxlen=self.settings.limits.traces_maxlen,
-                    approximate=True)
+        """An entry of the `traces` feed (`Traces.add`)."""
+        self.traces.add(entry, via)
 
     def close(self) -> None:
         if self._llm is not None:

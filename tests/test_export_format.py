@@ -192,9 +192,9 @@ def test_random_stores_round_trip_and_a_second_import_changes_nothing(pair: tupl
     dim = source.embedder.dim
     copy_points(source.store, written, [unit(i, dim) for i in range(len(written))])
     with_vectors = data.draw(st.booleans())
-    exported = transfer.export_subject(source, subject, with_vectors=with_vectors)
+    exported = transfer.export_subject(source.store, source.embedder, subject, with_vectors=with_vectors)
     paged, after = [], None  # the same records, a page of two at a time
-    while (page := transfer.export_subject(source, subject, with_vectors, after, limit=2))["records"]:
+    while (page := transfer.export_subject(source.store, source.embedder, subject, with_vectors, after, limit=2))["records"]:
         paged += page["records"]
         if (after := page["next"]) is None:
             break
@@ -203,13 +203,13 @@ def test_random_stores_round_trip_and_a_second_import_changes_nothing(pair: tupl
     parsed = export.read(lines)
     request = ImportRequest(subject=subject, exported_at=T0, model=parsed.header.model, dim=parsed.header.dim,
                             records=parsed.subjects[subject])
-    first = transfer.import_subject(target, request)
+    first = transfer.import_subject(target.applier, target.embedder, request)
     assert (first["written"], first["reembedded"]) == (len(written), 0 if with_vectors else len(written))
     assert stored(target, subject) == stored(source, subject)
     if with_vectors:  # else encoded again from the content: another vector than the random one written
         ids = [m.id for m in written]
         assert target.store.vectors(ids) == source.store.vectors(ids)  # type: ignore[attr-defined]
     feed = target.client.xlen(target.keys.changes)
-    again = transfer.import_subject(target, request)
+    again = transfer.import_subject(target.applier, target.embedder, request)
     assert (again["written"], again["already"]) == (0, len(written))
     assert stored(target, subject) == stored(source, subject) and target.client.xlen(target.keys.changes) == feed

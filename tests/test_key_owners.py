@@ -181,12 +181,12 @@ def test_a_session_buffer_is_capped_as_it_is_written(ctx: Context) -> None:
     cap = ctx.settings.limits.session_buffer_max_turns
     for i in range(cap * 2):
         event = said("jo", f"e{i:04}", f"turn {i}")
-        trigger.buffer_turn(ctx, event, Turn(event_id=event.event_id, role=Role.user, text=event.text,
+        trigger.buffer_turn(trigger.buffers(ctx), event, Turn(event_id=event.event_id, role=Role.user, text=event.text,
                                              ts=T0 + timedelta(seconds=i)))
     key = ctx.keys.session_buffer("jo", "s1")
     assert ctx.client.hlen(key) <= cap + cap // 8
     close = ChatEvent(event_id="end", subject="jo", session_id="s1", kind=Kind.session_end, ts=T0 + timedelta(days=1))
-    turns = trigger.buffered_turns(ctx, close)
+    turns = trigger.buffered_turns(trigger.buffers(ctx), close)
     assert len(turns) == cap and turns[-1].event_id == f"e{cap * 2 - 1:04}"  # the newest kept
 
 
@@ -235,9 +235,9 @@ def _scans(client: redis.Redis) -> int:
 def test_forget_finds_a_subjects_session_buffers_without_scanning_the_keyspace(ctx: Context) -> None:
     for session in ("s1", "s2"):
         event = said("max", f"{session}-e1", "my pin is 1234", session=session)
-        trigger.buffer_turn(ctx, event, Turn(event_id=event.event_id, role=Role.user, text=event.text, ts=T0))
+        trigger.buffer_turn(trigger.buffers(ctx), event, Turn(event_id=event.event_id, role=Role.user, text=event.text, ts=T0))
     before = _scans(ctx.client)
-    removed = forgetting.scrub(ctx, "max", [], events=["s1-e1", "s2-e1"])
+    removed = forgetting.scrub(forgetting.Places.of(ctx), "max", [], events=["s1-e1", "s2-e1"])
     assert removed["session_buffers"] == 2
     assert _scans(ctx.client) == before
 
@@ -268,7 +268,7 @@ def _a_day_of_use(ctx: Context, client: MemoryClient, subject: str, day: int) ->
               for i in range(3)]
     client.publish_many(events)  # the pending entries
     for event in events:  # the trigger keeps the session's turns
-        trigger.buffer_turn(ctx, event, Turn(event_id=event.event_id, role=Role.user, text=event.text, ts=event.ts))
+        trigger.buffer_turn(trigger.buffers(ctx), event, Turn(event_id=event.event_id, role=Role.user, text=event.text, ts=event.ts))
     pending.settle(ctx.client, ctx.keys, {subject: [events[0].event_id, events[1].event_id]})  # stored
     pending.settle_dead(ctx.client, ctx.keys, "trigger", encode(events[2]))  # dead-lettered
     trigger.buffers(ctx).close(subject, f"s{day}")

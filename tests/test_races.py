@@ -127,25 +127,25 @@ def test_a_redelivered_write_does_not_bring_back_what_was_forgotten(ctx: Context
     """An upsert wrote M and died before its XACK; M is forgotten; the entry is reclaimed and handled again."""
     m = keyed("I live in Lisbon", "location.city", ["e1"], T0)
     batch = put_batch(ctx, m)
-    upsert.handle(ctx, batch)
+    upsert.handle(upsert.Upserter.of(ctx), batch)
     assert m.id in stored(ctx)
-    forgetting.forget(ctx, SUBJECT, [m.id], None, T0 + timedelta(days=1))
-    upsert.handle(ctx, batch)  # the reclaim
+    forgetting.forget(ctx.applier, forgetting.Places.of(ctx), SUBJECT, [m.id], None, T0 + timedelta(days=1))
+    upsert.handle(upsert.Upserter.of(ctx), batch)  # the reclaim
     assert m.id not in stored(ctx)
-    assert forgetting.verify(ctx, SUBJECT, [m.id])["in_store"] == []
+    assert forgetting.verify(ctx.store, forgetting.Places.of(ctx), SUBJECT, [m.id])["in_store"] == []
 
 
 def test_a_batch_decided_before_the_forget_does_not_write_the_forgotten_words_back(ctx: Context) -> None:
     """The same words said again before the forget (another event), decided while M was still there,
     reach the store after it: not written. Said again after the forget, they are new and written."""
     m = keyed("I live in Lisbon", "location.city", ["e1"], T0)
-    upsert.handle(ctx, put_batch(ctx, m))
-    forgetting.forget(ctx, SUBJECT, [m.id], None, T0 + timedelta(days=1))
+    upsert.handle(upsert.Upserter.of(ctx), put_batch(ctx, m))
+    forgetting.forget(ctx.applier, forgetting.Places.of(ctx), SUBJECT, [m.id], None, T0 + timedelta(days=1))
     before = keyed("I live in Lisbon", "location.city", ["e2"], T0 + timedelta(hours=1))
-    upsert.handle(ctx, put_batch(ctx, before))
+    upsert.handle(upsert.Upserter.of(ctx), put_batch(ctx, before))
     assert stored(ctx) == {}
     after = keyed("I live in Lisbon", "location.city", ["e3"], T0 + timedelta(days=2))
-    upsert.handle(ctx, put_batch(ctx, after))
+    upsert.handle(upsert.Upserter.of(ctx), put_batch(ctx, after))
     assert [x.source_event_ids for x in stored(ctx).values()] == [["e3"]]
 
 
@@ -269,7 +269,7 @@ class Interleaving:
 
     def forget(self, m: Memory, j: int) -> None:
         if m.id in stored(self.ctx):
-            forgetting.forget(self.ctx, SUBJECT, [m.id], None, self.at)
+            forgetting.forget(self.ctx.applier, forgetting.Places.of(self.ctx), SUBJECT, [m.id], None, self.at)
             self.forgotten.add(m.id)
             self.acked.pop(m.id, None)
 

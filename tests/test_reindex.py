@@ -330,7 +330,7 @@ def test_a_write_batch_embedded_by_another_model_is_decided_again(settings: Sett
                           source_event_ids=["e1"], ts=T0)
     stale = WriteBatch(subject="alice", action=Action.add, why="new", candidate=candidate,
                        ops=[PutOp(memory=memory())], vector=[0.0] * 31 + [1.0], vector_model="st:all-MiniLM-L6-v2")
-    [emit] = upsert.handle(ctx, stale)  # never reaches the store: no store is opened
+    [emit] = upsert.handle(upsert.Upserter.of(ctx), stale)  # never reaches the store: no store is opened
     assert emit.stream == ctx.keys.work("resolve", "alice") and emit.message.content == candidate.content
     assert ctx._store is None
 

@@ -74,18 +74,18 @@ def test_same_key_candidates_decided_in_one_batch_settle_on_the_correction(setti
     ctx = Context.from_settings(settings)
     ctx._embedder = embedder
     try:
-        tasks = of(ExtractTask, (e for ev in EVENTS for e in trigger.handle(ctx, ev)))
-        todo = of(Candidate, (e for task in tasks for e in extract.handle(ctx, task)))
+        tasks = of(ExtractTask, (e for ev in EVENTS for e in trigger.handle(trigger.Trigger.of(ctx), ev)))
+        todo = of(Candidate, (e for task in tasks for e in extract.handle(extract.Extractor.of(ctx), task)))
         [key] = {c.key for c in todo if c.mtype is MType.fact and "Aisha" in c.content}
         assert sum(c.key == key for c in todo) == 3  # Tom's fact, the realtime correction, its re-reading
         sent_back = 0
         deferred = 0
         while todo:  # every candidate of a round in one resolve batch, as resolve's linger gathers them
-            out = [e for o in resolve.handle(ctx, todo) for e in emitted(o)]
+            out = [e for o in resolve.handle(resolve.Resolver.of(ctx), todo) for e in emitted(o)]
             batches, todo = of(WriteBatch, out), of(Candidate, out)  # one per key decided; the rest wait
             deferred += len(todo)
             for batch in batches:
-                written = upsert.handle(ctx, batch)
+                written = upsert.handle(upsert.Upserter.of(ctx), batch)
                 todo += of(Candidate, written)  # sent back: decided on a state that has moved on
             sent_back += len(todo)
         sent_back -= deferred

@@ -164,15 +164,15 @@ def test_a_batch_cut_short_by_the_store_is_completed_by_its_retry(store_ctx: Con
                        vector=embedder.encode_passages([newer.content])[0], vector_model=embedder.model_id)
     ctx._store = FailingStore(ctx.store, fail_at=2)
     with pytest.raises(StoreUnavailable):
-        upsert.handle(ctx, batch)
-    emits = upsert.handle(ctx, batch)  # the redelivery
+        upsert.handle(upsert.Upserter.of(ctx), batch)
+    emits = upsert.handle(upsert.Upserter.of(ctx), batch)  # the redelivery
     assert not [e for e in emits if e.stream == ctx.keys.work("resolve", "u1")], "sent back instead of completed"
     stored = {m.id: m for m in ctx.store.get(MemoryFilter("u1"))}
     assert stored[newer.id].status is Status.active
     assert all(stored[m.id].status is Status.superseded and stored[m.id].rev == 2 for m in old)
     said = [c.memory_id for c in changes(ctx)] + [e.message.memory_id for e in emits if isinstance(e.message, Change)]
     assert sorted(said) == sorted([newer.id, *(m.id for m in old)]), "each change announced exactly once"
-    assert upsert.handle(ctx, batch) == [] and len(changes(ctx)) == 3  # a third delivery: nothing at all
+    assert upsert.handle(upsert.Upserter.of(ctx), batch) == [] and len(changes(ctx)) == 3  # a third delivery: nothing at all
 
 
 def test_concurrent_changes_never_share_a_revision(store_ctx: Context, embedder: Embedder) -> None:
@@ -324,7 +324,7 @@ def test_resolve_places_a_batch_from_one_store_call_as_it_would_one_at_a_time(st
     ctx._embedder = RejectingEmbedder(embedder)
     counting = CountingStore(ctx.store)
     ctx._store = counting
-    outcomes = resolve.handle(ctx, batch)
+    outcomes = resolve.handle(resolve.Resolver.of(ctx), batch)
     assert (counting.batches, counting.single) == (1, 0), "one engine call for the whole batch"
     assert isinstance(outcomes[2], EmbedderRejected)
     for candidate, outcome in zip(batch, outcomes, strict=True):
@@ -332,11 +332,11 @@ def test_resolve_places_a_batch_from_one_store_call_as_it_would_one_at_a_time(st
             continue
         vector = embedder.encode_passages([candidate.content])[0]
         alone = resolve.find_neighbours(counting.inner, candidate, vector, ctx.settings.write.neighbour_threshold)
-        assert outcome == resolve.resolve_one(ctx, candidate, vector, alone), candidate.content
+        assert outcome == resolve.resolve_one(resolve.Resolver.of(ctx), candidate, vector, alone), candidate.content
     actions = [o[0].message.action for o in outcomes if isinstance(o, list) and isinstance(o[0].message, WriteBatch)]
     assert actions == [Action.duplicate, Action.add, Action.add]  # the second: another key, not a duplicate
 
     counting.down = True
-    failed = resolve.handle(ctx, batch)
+    failed = resolve.handle(resolve.Resolver.of(ctx), batch)
     assert all(isinstance(o, StoreUnavailable) for i, o in enumerate(failed) if i != 2), "each is retried"
     assert isinstance(failed[2], EmbedderRejected)

@@ -10,7 +10,10 @@ are the rules' in every case.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
+
+import redis
 
 from memflow.pipeline import llm_extract
 from memflow.pipeline.extract import assemble, read
@@ -18,34 +21,55 @@ from memflow.pipeline.llm_extract import Batch
 from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
 from memflow.shared import pending
+from memflow.shared.keys import Keys
 from memflow.shared.llm import LLM, Asked, Reading
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
 
 
+@dataclass(frozen=True)
+class Extractor:
+    """What the extract stage touches: the LLM that reads statements (None: the rules alone) and how many calls
+    it may have in flight, whether a record keeps the turns around it, and Redis for the pending layer and the
+    resolve streams."""
+
+    client: redis.Redis
+    keys: Keys
+    llm: LLM | None
+    max_concurrency: int
+    episode_context: bool
+
+    @classmethod
+    def of(cls, ctx: Context) -> Extractor:
+        return cls(ctx.client, ctx.keys, ctx.llm if ctx.settings.llm.extract else None,
+                   ctx.settings.llm.max_concurrency, ctx.settings.write.episode_context)
+
+
 def build(ctx: Context) -> StreamConsumer[ExtractTask]:
-    return StreamConsumer(ctx.client, ctx.keys, "extract", ExtractTask, per_item(partial(handle, ctx)),
-                          ctx.consumer_config())
+    # Unpacked per task, as the context builds its parts when first used (the LLM client).
+    return StreamConsumer(ctx.client, ctx.keys, "extract", ExtractTask,
+                          per_item(lambda task: handle(Extractor.of(ctx), task)), ctx.consumer_config())
 
 
-def handle(ctx: Context, task: ExtractTask) -> list[Emit]:
+def handle(stage: Extractor, task: ExtractTask) -> list[Emit]:
     records, rules = read(task)
-    llm = ctx.llm if ctx.settings.llm.extract else None
-    said = llm_statements(ctx, llm, task, rules) if llm is not None else rules
-    found = assemble(records, said, episode_context=ctx.settings.write.episode_context)
+    llm = stage.llm
+    said = llm_statements(llm, stage.max_concurrency, task, rules) if llm is not None else rules
+    found = assemble(records, said, episode_context=stage.episode_context)
     if task.reason is not TriggerReason.realtime:  # a closed session's turn that yields nothing is done with
         yielded = {e for c in found for e in c.source_event_ids}
-        pending.settle(ctx.client, ctx.keys,
+        pending.settle(stage.client, stage.keys,
                        {task.subject: [t.event_id for t in task.turns if t.event_id not in yielded]})
-    return [Emit(ctx.keys.work("resolve", candidate.subject), candidate) for candidate in found]
+    return [Emit(stage.keys.work("resolve", candidate.subject), candidate) for candidate in found]
 
 
-def llm_statements(ctx: Context, llm: LLM, task: ExtractTask, rules: list[Candidate]) -> list[Candidate]:
-    """The task's statements as the LLM reads them, batch by batch; the rules' when no prompt applies."""
+def llm_statements(llm: LLM, max_concurrency: int, task: ExtractTask, rules: list[Candidate]) -> list[Candidate]:
+    """The task's statements as the LLM reads them, batch by batch (at most `max_concurrency` calls at once);
+    the rules' when no prompt applies."""
     batches = llm_extract.batches(task)
     if not batches:
         return rules
-    with ThreadPoolExecutor(max_workers=min(len(batches), ctx.settings.llm.max_concurrency)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(batches), max_concurrency)) as pool:
         results = list(pool.map(partial(_read_batch, llm, task, rules), batches))
     said = llm_extract.uncovered(task, rules)
     for asked in results:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +25,11 @@ from memflow.pipeline.pending import Said, drafts, pending_id
 from memflow.pipeline.records import unsaid
 from memflow.pipeline.writes import content_hash, mutation
 from memflow.shared import pending as pending_layer
+from memflow.shared.applier import Applier
+from memflow.shared.buffers import SessionBuffers
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import STAGES
-from memflow.shared.store import MemoryFilter
+from memflow.shared.keys import STAGES, Keys
+from memflow.shared.store import MemoryFilter, Store
 from memflow.workers.runtime import Context
 from memflow.workers.trigger import buffers
 
@@ -36,7 +39,22 @@ PAGE = 1000
 FORGET = "forget"
 
 
-def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: str | None,
+@dataclass(frozen=True)
+class Places:
+    """The Redis places that can hold a subject's words besides the store: its partition's work and dead-letter
+    streams, the `changes` feed, its session buffers (found by the subject's own index of them, `SessionBuffers.of`,
+    not a SCAN of the keyspace) and its pending layer; and the forget ledger."""
+
+    client: redis.Redis
+    keys: Keys
+    buffers: SessionBuffers
+
+    @classmethod
+    def of(cls, ctx: Context) -> Places:
+        return cls(ctx.client, ctx.keys, buffers(ctx))
+
+
+def forget(applier: Applier, places: Places, subject: str, memory_ids: list[str] | None, contains: str | None,
            now: datetime) -> dict[str, Any]:
     """Soft-delete (status deleted, announced on `changes`), purge from the index, then scrub the words
     from Redis (`scrub`). After it returns no search, pack or inspect can return these
@@ -45,37 +63,39 @@ def forget(ctx: Context, subject: str, memory_ids: list[str] | None, contains: s
     reads the tombstones (`keep_receipts`). A receipt of each (never its words) is kept for `verify`."""
     if memory_ids is None and not contains:
         raise MemflowError("forget needs memory ids or a `contains` text")
-    with ctx.applier.holding(subject) as held:
-        targets = _forget_targets(ctx, subject, memory_ids, contains)
-        said = _pending_targets(ctx, subject, memory_ids, contains)
-        keep_receipts(ctx, subject, targets, events=[s.turn.event_id for s in said], at=now)
+    client, keys = places.client, places.keys
+    with applier.holding(subject) as held:
+        targets = _forget_targets(applier.store, subject, memory_ids, contains)
+        said = _pending_targets(client, keys, subject, memory_ids, contains)
+        keep_receipts(client, keys, subject, targets, events=[s.turn.event_id for s in said], at=now)
         deleted = {"status": Status.deleted.value}
         ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
                                    for m in targets), *(DeleteOp(id=m.id) for m in targets),
-                                 *unsaid(_records(ctx, subject, targets), targets)]
+                                 *unsaid(_records(applier.store, subject, targets), targets)]
         if ops:  # the wish wins over any change made since the targets were read ("rebase")
             held.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
-    scrubbed = scrub(ctx, subject, targets, events=[s.turn.event_id for s in said])
+    scrubbed = scrub(places, subject, targets, events=[s.turn.event_id for s in said])
     if contains:
-        for place, n in scrub_words(ctx, subject, contains).items():
+        for place, n in scrub_words(places, subject, contains).items():
             scrubbed[place] = scrubbed.get(place, 0) + n
     shown = [i for s in said for i in _pending_ids(subject, s)]
     return {"count": len(targets) + len(said), "ids": [m.id for m in targets] + shown, "scrubbed": scrubbed}
 
 
-def scrub_words(ctx: Context, subject: str, words: str) -> dict[str, int]:
+def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
     """Remove the raw copies of `words` that no memory holds: a secret is redacted from every memory, so the
     memories `contains` finds never name the entries that still carry it (written before publish redacted,
     or by a client that does not). The subject's partition's work and dead-letter streams (not entries a stage
     is still working on), and its session buffers. Then the AOF is compacted (`compact_aof`): until rewritten
     it still holds every command that wrote the words."""
+    client, keys = places.client, places.keys
     marks = _word_marks(words)
-    removed = {stream: _scrub_stream(ctx, stream, marks, unacked) for stream, unacked in _streams(ctx, subject)
-               if stream != ctx.keys.changes}
-    removed["session_buffers"] = sum(_scrub_buffer_words(ctx, key, marks) for key in _buffers(ctx, subject))
+    removed = {stream: _scrub_stream(client, keys, stream, marks, unacked)
+               for stream, unacked in _streams(client, keys, subject) if stream != keys.changes}
+    removed["session_buffers"] = sum(_scrub_buffer_words(client, key, marks) for key in places.buffers.of(subject))
     found = {place: n for place, n in removed.items() if n}
     if found:
-        compact_aof(ctx.client)
+        compact_aof(client)
     return found
 
 
@@ -95,32 +115,34 @@ def _word_marks(words: str) -> list[bytes]:
     return list(dict.fromkeys([words.encode(), orjson.dumps(words)[1:-1]]))
 
 
-def _scrub_buffer_words(ctx: Context, key: str, marks: list[bytes]) -> int:
-    doomed = [field for field, value in ctx.client.hgetall(key).items() if any(m in value for m in marks)]
-    return int(ctx.client.hdel(key, *doomed)) if doomed else 0
+def _scrub_buffer_words(client: redis.Redis, key: str, marks: list[bytes]) -> int:
+    doomed = [field for field, value in client.hgetall(key).items() if any(m in value for m in marks)]
+    return int(client.hdel(key, *doomed)) if doomed else 0
 
 
-def _holding(ctx: Context, key: str, marks: list[bytes]) -> int:
-    return sum(1 for value in ctx.client.hgetall(key).values() if any(m in value for m in marks))
+def _holding(client: redis.Redis, key: str, marks: list[bytes]) -> int:
+    return sum(1 for value in client.hgetall(key).values() if any(m in value for m in marks))
 
 
-def residue_of_words(ctx: Context, subject: str, words: str) -> dict[str, int]:
+def residue_of_words(places: Places, subject: str, words: str) -> dict[str, int]:
     """Where raw copies of `words` are still held for the subject: streams (any entry, pending ones too),
     session buffers, the pending layer."""
+    client, keys = places.client, places.keys
     marks = _word_marks(words)
-    found = {stream: sum(1 for _ in _naming(ctx, stream, marks)) for stream, _ in _streams(ctx, subject)
-             if stream != ctx.keys.changes}
-    found["session_buffers"] = sum(_holding(ctx, key, marks) for key in _buffers(ctx, subject))
-    found["pending"] = _holding(ctx, ctx.keys.pending(subject), marks)
+    found = {stream: sum(1 for _ in _naming(client, keys, stream, marks))
+             for stream, _ in _streams(client, keys, subject) if stream != keys.changes}
+    found["session_buffers"] = sum(_holding(client, key, marks) for key in places.buffers.of(subject))
+    found["pending"] = _holding(client, keys.pending(subject), marks)
     return {place: n for place, n in found.items() if n}
 
 
-def _pending_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Said]:
+def _pending_targets(client: redis.Redis, keys: Keys, subject: str, ids: list[str] | None,
+                     contains: str | None) -> list[Said]:
     """What the subject said that is not stored yet and the forget names: by a pending hit's id, or by its words.
     Its event is marked forgotten with the stored memories' (nothing is written from it once it lands) and its
     entry deleted."""
     wanted = set(ids or ())
-    return [s for s in pending_layer.read(ctx.client, ctx.keys, subject)
+    return [s for s in pending_layer.read(client, keys, subject)
             if wanted & set(_pending_ids(subject, s)) or (contains and contains.lower() in s.turn.text.lower())]
 
 
@@ -128,15 +150,15 @@ def _pending_ids(subject: str, entry: Said) -> list[str]:
     return [pending_id(entry.turn.event_id, n) for n in range(len(drafts(subject, entry)))]
 
 
-def _records(ctx: Context, subject: str, targets: list[Memory]) -> list[Memory]:
+def _records(store: Store, subject: str, targets: list[Memory]) -> list[Memory]:
     """The subject's records, whose context may quote a forgotten turn (none to read when no record is forgotten)."""
     if not any(m.mtype is MType.episode for m in targets):
         return []
-    return ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode]))
+    return store.get(MemoryFilter(subject, mtypes=[MType.episode]))
 
 
-def _forget_targets(ctx: Context, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
-    found = ctx.store.get(MemoryFilter(subject, ids=ids))
+def _forget_targets(store: Store, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
+    found = store.get(MemoryFilter(subject, ids=ids))
     if contains:
         found = [m for m in found if contains.lower() in m.content.lower()]
     return found
@@ -146,8 +168,8 @@ def receipt(memory: Memory) -> dict[str, Any]:
     return {"id": memory.id, "events": memory.source_event_ids, "sha256": content_hash(memory.content)}
 
 
-def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events: Iterable[str] = (), *,
-                  at: datetime) -> None:
+def keep_receipts(client: redis.Redis, keys: Keys, subject: str, memories: Iterable[Memory],
+                  events: Iterable[str] = (), *, at: datetime) -> None:
     """A receipt per memory, and the tombstones every later write reads (pipeline/writes.py Tombstones): its
     source events (and `events`: pending ones) marked forgotten, and its words (by hash) forgotten `at`. A
     write still in flight that carries them (a session's end being extracted, a redelivered upsert, a batch
@@ -157,76 +179,80 @@ def keep_receipts(ctx: Context, subject: str, memories: Iterable[Memory], events
     events = {e for m in memories for e in m.source_event_ids} | set(events)
     # Not one MULTI: the keys are the subject's, in several cluster slots. Every write is idempotent
     # and comes before any deletion, so a forget cut short between them is reported failed and redone.
-    pipe = ctx.client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)
     if mapping:
-        pipe.hset(ctx.keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
-        pipe.hset(ctx.keys.forgotten_contents(subject),
+        pipe.hset(keys.forgotten(subject), mapping=mapping)  # type: ignore[arg-type]
+        pipe.hset(keys.forgotten_contents(subject),
                   mapping={content_hash(m.content): at.isoformat() for m in memories})
     if events:
-        pipe.sadd(ctx.keys.forgotten_events(subject), *events)
+        pipe.sadd(keys.forgotten_events(subject), *events)
     pipe.execute()
 
 
-def unforgotten(ctx: Context, candidates: Sequence[Candidate]) -> list[bool]:
+def unforgotten(client: redis.Redis, keys: Keys, candidates: Sequence[Candidate]) -> list[bool]:
     """For each candidate, whether it may be written: False when every event it was read from was forgotten."""
-    pipe = ctx.client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)
     for c in candidates:
-        pipe.smismember(ctx.keys.forgotten_events(c.subject), c.source_event_ids)
+        pipe.smismember(keys.forgotten_events(c.subject), c.source_event_ids)
     return [not all(flags) for flags in pipe.execute()]
 
 
-def scrub(ctx: Context, subject: str, memories: list[Memory], events: Iterable[str] = ()) -> dict[str, int]:
+def scrub(places: Places, subject: str, memories: list[Memory], events: Iterable[str] = ()) -> dict[str, int]:
     """Remove every trace of these memories' words (and of `events`') from Redis; the count removed per place."""
     said = {e for m in memories for e in m.source_event_ids} | set(events)
     marks = _marks([m.id for m in memories], said)
-    removed = {"session_buffers": _scrub_buffers(ctx, subject, said),
-               "pending": int(ctx.client.hdel(ctx.keys.pending(subject), *said)) if said else 0}
-    for stream, unacked in _streams(ctx, subject):
-        removed[stream] = _scrub_stream(ctx, stream, marks, unacked)
+    client, keys = places.client, places.keys
+    removed = {"session_buffers": _scrub_buffers(places, subject, said),
+               "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0}
+    for stream, unacked in _streams(client, keys, subject):
+        removed[stream] = _scrub_stream(client, keys, stream, marks, unacked)
     return {place: n for place, n in removed.items() if n}
 
 
-def verify(ctx: Context, subject: str, memory_ids: list[str], contains: str | None = None) -> dict[str, Any]:
+def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
+           contains: str | None = None) -> dict[str, Any]:
     """The proof: no point for these ids in the store (any status), and no Redis place naming them; with
     `contains`, no Redis place of the subject's still holding those words raw either."""
-    raw = ctx.client.hmget(ctx.keys.forgotten(subject), memory_ids) if memory_ids else []
+    client, keys = places.client, places.keys
+    raw = client.hmget(keys.forgotten(subject), memory_ids) if memory_ids else []
     receipts = [orjson.loads(r) for r in raw if r]
     unknown = sorted(set(memory_ids) - {r["id"] for r in receipts})
     events = {e for r in receipts for e in r["events"]}
-    in_store = [m.id for m in ctx.store.get(MemoryFilter(subject, ids=memory_ids))] if memory_ids else []
+    in_store = [m.id for m in store.get(MemoryFilter(subject, ids=memory_ids))] if memory_ids else []
     marks = _marks(memory_ids, events)
-    residue = {stream: n for stream, _ in _streams(ctx, subject) if (n := sum(1 for _ in _naming(ctx, stream, marks)))}
-    buffers = _buffered(ctx, subject, events)
-    if buffers:
-        residue["session_buffers"] = buffers
-    held = _still_pending(ctx, subject, events)
+    residue = {stream: n for stream, _ in _streams(client, keys, subject)
+               if (n := sum(1 for _ in _naming(client, keys, stream, marks)))}
+    buffered = _buffered(places, subject, events)
+    if buffered:
+        residue["session_buffers"] = buffered
+    held = _still_pending(client, keys, subject, events)
     if held:
         residue["pending"] = held
-    profile = ctx.client.get(ctx.keys.profile(subject))  # dropped by the forget's announcement (shared/profiles.py)
+    profile = client.get(keys.profile(subject))  # dropped by the forget's announcement (shared/profiles.py)
     if profile and any(mark in profile for mark in marks):
         residue["profile"] = 1
-    quoting = _quoting(ctx, subject, {r["sha256"] for r in receipts})
+    quoting = _quoting(store, subject, {r["sha256"] for r in receipts})
     if quoting:
         residue["record_context"] = quoting
     if contains:
-        for place, n in residue_of_words(ctx, subject, contains).items():
+        for place, n in residue_of_words(places, subject, contains).items():
             residue[f"raw:{place}"] = n
     return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
             "verified": not unknown and not in_store and not residue}
 
 
-def _still_pending(ctx: Context, subject: str, events: set[str]) -> int:
+def _still_pending(client: redis.Redis, keys: Keys, subject: str, events: set[str]) -> int:
     """How many of these events are still served as said and not stored (shared/pending.py)."""
     if not events:
         return 0
-    return sum(1 for held in ctx.client.hmget(ctx.keys.pending(subject), sorted(events)) if held)
+    return sum(1 for held in client.hmget(keys.pending(subject), sorted(events)) if held)
 
 
-def _quoting(ctx: Context, subject: str, hashes: set[str]) -> int:
+def _quoting(store: Store, subject: str, hashes: set[str]) -> int:
     """How many records still quote a forgotten turn in their context (by the receipts' hashes)."""
     if not hashes:
         return 0
-    records = ctx.store.get(MemoryFilter(subject, mtypes=[MType.episode]))
+    records = store.get(MemoryFilter(subject, mtypes=[MType.episode]))
     return sum(any(hashlib.sha256(line.encode()).hexdigest() in hashes for line in r.context.split("\n"))
                for r in records)
 
@@ -236,22 +262,22 @@ def _marks(ids: Iterable[str], events: Iterable[str]) -> list[bytes]:
     return [orjson.dumps(x) for x in (*ids, *events)]
 
 
-def _streams(ctx: Context, subject: str) -> list[tuple[str, set[str]]]:
+def _streams(client: redis.Redis, keys: Keys, subject: str) -> list[tuple[str, set[str]]]:
     """Every stream that can hold the subject's words, with the entries still pending in it: the work
     and dead-letter streams of its partition (no other one carries its work), and the changes feed.
     The work streams hold what was acknowledged for the retention window only: what a scrub reads is
     bounded by that window's traffic in one partition, not by all history."""
-    partition = ctx.keys.partition(subject)
-    work = [(ctx.keys.input_of(stage, partition), _pending(ctx, stage, partition)) for stage in STAGES]
-    return work + [(ctx.keys.dlq(stage, partition), set()) for stage in STAGES] + [(ctx.keys.changes, set())]
+    partition = keys.partition(subject)
+    work = [(keys.input_of(stage, partition), _pending(client, keys, stage, partition)) for stage in STAGES]
+    return work + [(keys.dlq(stage, partition), set()) for stage in STAGES] + [(keys.changes, set())]
 
 
-def _pending(ctx: Context, stage: str, partition: int) -> set[str]:
-    stream = ctx.keys.input_of(stage, partition)
-    if not ctx.client.exists(stream):
+def _pending(client: redis.Redis, keys: Keys, stage: str, partition: int) -> set[str]:
+    stream = keys.input_of(stage, partition)
+    if not client.exists(stream):
         return set()
     try:
-        found = ctx.client.xpending_range(stream, ctx.keys.group(stage), min="-", max="+", count=1_000_000)
+        found = client.xpending_range(stream, keys.group(stage), min="-", max="+", count=1_000_000)
     except redis.ResponseError as exc:  # published to, never read: no stage has made its group yet
         if "NOGROUP" not in str(exc):
             raise
@@ -287,11 +313,11 @@ return out
 """
 
 
-def _naming(ctx: Context, stream: str, marks: list[bytes]) -> Iterator[str]:
+def _naming(client: redis.Redis, keys: Keys, stream: str, marks: list[bytes]) -> Iterator[str]:
     """The ids of the entries of `stream` whose payload names one of `marks`, but for the announcements of
     deletions on `changes`: searched in Redis a page at a time, only the ids read back."""
-    search = ctx.client.register_script(_NAMING_PAGE)
-    feed = "1" if stream == ctx.keys.changes else "0"
+    search = client.register_script(_NAMING_PAGE)
+    feed = "1" if stream == keys.changes else "0"
     start = "-"
     while True:
         last, *found = search(keys=[stream], args=[start, PAGE, feed, *marks])
@@ -301,23 +327,18 @@ def _naming(ctx: Context, stream: str, marks: list[bytes]) -> Iterator[str]:
         start = "(" + _text(last)
 
 
-def _scrub_stream(ctx: Context, stream: str, marks: list[bytes], pending: set[str]) -> int:
-    doomed = [entry_id for entry_id in _naming(ctx, stream, marks) if entry_id not in pending]
-    return int(ctx.client.xdel(stream, *doomed)) if doomed else 0
+def _scrub_stream(client: redis.Redis, keys: Keys, stream: str, marks: list[bytes], pending: set[str]) -> int:
+    doomed = [entry_id for entry_id in _naming(client, keys, stream, marks) if entry_id not in pending]
+    return int(client.xdel(stream, *doomed)) if doomed else 0
 
 
-def _buffers(ctx: Context, subject: str) -> Iterator[str]:
-    # The subject's own index of its buffers (shared/buffers.py), not a SCAN of the keyspace.
-    return buffers(ctx).of(subject)
-
-
-def _scrub_buffers(ctx: Context, subject: str, events: set[str]) -> int:
+def _scrub_buffers(places: Places, subject: str, events: set[str]) -> int:
     if not events:
         return 0
-    return sum(int(ctx.client.hdel(key, *events)) for key in _buffers(ctx, subject))
+    return sum(int(places.client.hdel(key, *events)) for key in places.buffers.of(subject))
 
 
-def _buffered(ctx: Context, subject: str, events: set[str]) -> int:
+def _buffered(places: Places, subject: str, events: set[str]) -> int:
     if not events:
         return 0
-    return sum(sum(1 for e in events if ctx.client.hexists(key, e)) for key in _buffers(ctx, subject))
+    return sum(sum(1 for e in events if places.client.hexists(key, e)) for key in places.buffers.of(subject))

@@ -602,12 +602,14 @@ def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
 
 def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:
     """Forget memories everywhere memflow kept their words (workers/forgetting.py)."""
-    report = forgetting.forget(ctx, req.subject, req.memory_ids, req.contains, datetime.now(UTC))
+    report = forgetting.forget(ctx.applier, forgetting.Places.of(ctx), req.subject, req.memory_ids, req.contains,
+                               datetime.now(UTC))
     return ForgetReport.model_validate(report)
 
 
 def verify_forgotten(ctx: Context, req: VerifyRequest) -> ForgetProof:
-    return ForgetProof.model_validate(forgetting.verify(ctx, req.subject, req.memory_ids, req.contains))
+    proof = forgetting.verify(ctx.store, forgetting.Places.of(ctx), req.subject, req.memory_ids, req.contains)
+    return ForgetProof.model_validate(proof)
 
 
 def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
@@ -697,13 +699,13 @@ def profile(ctx: Context, req: ProfileRequest) -> ProfileReply:
 
 def export(ctx: Context, req: ExportRequest) -> ExportedSubject:
     """Every stored point of a subject, for `memflow export` (workers/transfer.py, docs/export-format.md)."""
-    return ExportedSubject.model_validate(transfer.export_subject(ctx, req.subject, req.with_vectors, req.after,
-                                                                  req.limit))
+    page = transfer.export_subject(ctx.store, ctx.embedder, req.subject, req.with_vectors, req.after, req.limit)
+    return ExportedSubject.model_validate(page)
 
 
 def import_subject(ctx: Context, req: ImportRequest) -> Imported:
     """Write what a subject lacks of an export, through the applier (workers/transfer.py)."""
-    return Imported.model_validate(transfer.import_subject(ctx, req))
+    return Imported.model_validate(transfer.import_subject(ctx.applier, ctx.embedder, req))
 
 
 # -- the worker ----------------------------------------------------------------

@@ -8,7 +8,10 @@ duplicate, add, supersede, contest or review. It writes nothing itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
+
+import redis
 
 from memflow.pipeline import llm_judge
 from memflow.pipeline.ids import episode_id, is_keyed
@@ -18,8 +21,10 @@ from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_key
 from memflow.shared import pending
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected
-from memflow.shared.llm import Reading
+from memflow.shared.keys import Keys
+from memflow.shared.llm import LLM, Reading
 from memflow.shared.pending import settled_by
+from memflow.shared.settings import WriteSettings
 from memflow.shared.store import MemoryFilter, Query, Scored, Store
 from memflow.shared.streams import Emit, Outcome, StreamConsumer, progress
 from memflow.workers import forgetting
@@ -32,30 +37,52 @@ NEARBY = (*LIVE, Status.archived)
 NEIGHBOURS = 10
 
 
+@dataclass(frozen=True)
+class Resolver:
+    """What the resolve stage touches: the store it reads neighbours from, the embedder of the statements, the
+    write settings (thresholds, retries), the LLM judge (None: the rules decide alone), and Redis for the forget
+    ledger, the pending layer and the upsert streams."""
+
+    client: redis.Redis
+    keys: Keys
+    store: Store
+    embedder: Embedder
+    write: WriteSettings
+    judge: LLM | None
+
+    @classmethod
+    def of(cls, ctx: Context) -> Resolver:
+        return cls(ctx.client, ctx.keys, ctx.store, ctx.embedder, ctx.settings.write,
+                   ctx.llm if ctx.settings.llm.judge else None)
+
+
 def build(ctx: Context) -> StreamConsumer[Candidate]:
     config = ctx.consumer_config()
     config.linger_ms = ctx.settings.consumer.resolve_linger_ms
-    return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate, partial(handle, ctx), config)
+    # Unpacked per batch, as the context opens its store and loads its model when first used.
+    return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate,
+                          lambda candidates: handle(Resolver.of(ctx), candidates), config)
 
 
-def handle(ctx: Context, candidates: Sequence[Candidate]) -> list[Outcome]:
-    plan = _dispositions(ctx, candidates)
+def handle(stage: Resolver, candidates: Sequence[Candidate]) -> list[Outcome]:
+    plan = _dispositions(stage.client, stage.keys, candidates)
     deciding = [c for c, go in zip(candidates, plan, strict=True) if go == "now"]
     try:
         # A passage: the vector is stored with the memory, and compared with stored ones (neighbours).
-        vectors = passage_vectors(ctx.embedder, [c.content for c in deciding])
+        vectors = passage_vectors(stage.embedder, [c.content for c in deciding])
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
-    places = iter(zip(vectors, neighbourhoods(ctx, deciding, vectors), strict=True))
+    places = iter(zip(vectors, neighbourhoods(stage.store, stage.write.neighbour_threshold, deciding, vectors),
+                      strict=True))
     outcomes: list[Outcome] = []
     for candidate, go in zip(candidates, plan, strict=True):
         if go == "drop":  # read only from words forgotten while in flight: never written back
-            pending.settle(ctx.client, ctx.keys, settled_by([candidate]))
+            pending.settle(stage.client, stage.keys, settled_by([candidate]))
             outcomes.append([])
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
-            outcomes.append([Emit(ctx.keys.work("resolve", candidate.subject), candidate)])
+            outcomes.append([Emit(stage.keys.work("resolve", candidate.subject), candidate)])
         else:
-            outcomes.append(_resolved(ctx, candidate, *next(places)))
+            outcomes.append(_resolved(stage, candidate, *next(places)))
             progress()  # one judge call each at most: a batch of many keeps its partitions while it moves on
     return outcomes
 
@@ -78,19 +105,19 @@ def _passage_vector(embedder: Embedder, text: str) -> list[float] | EmbedderReje
         return exc
 
 
-def _resolved(ctx: Context, candidate: Candidate, vector: list[float] | EmbedderRejected,
+def _resolved(stage: Resolver, candidate: Candidate, vector: list[float] | EmbedderRejected,
               neighbours: list[Neighbour] | Exception) -> Outcome:
     if isinstance(vector, EmbedderRejected):
         return vector
     if isinstance(neighbours, Exception):
         return neighbours
     try:
-        return resolve_one(ctx, candidate, vector, neighbours)
+        return resolve_one(stage, candidate, vector, neighbours)
     except Exception as exc:  # noqa: BLE001 - kept, retried, then dead-lettered by the loop
         return exc
 
 
-def neighbourhoods(ctx: Context, candidates: Sequence[Candidate],
+def neighbourhoods(store: Store, threshold: float, candidates: Sequence[Candidate],
                    vectors: Sequence[list[float] | EmbedderRejected]) -> list[list[Neighbour] | Exception]:
     """Each candidate's neighbours (`find_neighbours`), every query of the batch in one engine call: the
     candidates of a batch all see the store as it was (upsert writes after), so asking at once changes
@@ -100,45 +127,43 @@ def neighbourhoods(ctx: Context, candidates: Sequence[Candidate],
     found: list[list[Neighbour] | Exception] = [[] for _ in candidates]
     try:
         queries = [q for i, v in asking for q in neighbour_queries(candidates[i], v)]
-        answers = iter(ctx.store.query_many(queries) if queries else [])
+        answers = iter(store.query_many(queries) if queries else [])
         for i, _ in asking:
-            found[i] = neighbours_of(ctx.store, candidates[i], next(answers), next(answers),
-                                     ctx.settings.write.neighbour_threshold)
+            found[i] = neighbours_of(store, candidates[i], next(answers), next(answers), threshold)
     except Exception as exc:  # noqa: BLE001 - the loop retries, then dead-letters, each that asked
         return [exc for _ in candidates]
     return found
 
 
-def _dispositions(ctx: Context, candidates: Sequence[Candidate]) -> list[str]:
+def _dispositions(client: redis.Redis, keys: Keys, candidates: Sequence[Candidate]) -> list[str]:
     """Per candidate: "now" (decide it), "later" (another on its key goes first) or "drop" (forgotten)."""
-    allowed = forgetting.unforgotten(ctx, candidates)
+    allowed = forgetting.unforgotten(client, keys, candidates)
     first = iter(first_per_key([c for c, ok in zip(candidates, allowed, strict=True) if ok]))
     return [("now" if next(first) else "later") if ok else "drop" for ok in allowed]
 
 
-def resolve_one(ctx: Context, candidate: Candidate, vector: list[float], neighbours: list[Neighbour]) -> list[Emit]:
-    judging = bool(ctx.llm and ctx.settings.llm.judge)
-    records = find_records(ctx.store, candidate, neighbours, nearby=judging)
-    place = partial(decide, candidate, neighbours, duplicate_threshold=ctx.settings.write.duplicate_threshold,
+def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
+                neighbours: list[Neighbour]) -> list[Emit]:
+    judging = stage.judge is not None
+    records = find_records(stage.store, candidate, neighbours, nearby=judging)
+    place = partial(decide, candidate, neighbours, duplicate_threshold=stage.write.duplicate_threshold,
                     records=records)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
     unsure: list[Memory] = []
     batch = place(judge=lambda m: unsure.append(m)) if judging else place()
-    if unsure:
-        verdicts = judge(ctx, candidate, list({m.id: m for m in unsure}.values()))
+    if unsure and stage.judge is not None:
+        verdicts = judge(stage.judge, candidate, list({m.id: m for m in unsure}.values()))
         batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
     if not batch.ops:  # a replay of what is stored: its pending entry is answered by the stored memory
-        pending.settle(ctx.client, ctx.keys, settled_by([candidate]))
+        pending.settle(stage.client, stage.keys, settled_by([candidate]))
         return []
-    made = {"vector": vector, "vector_model": ctx.embedder.model_id}
-    return [Emit(ctx.keys.work("upsert", batch.subject), batch.model_copy(update=made))]
+    made = {"vector": vector, "vector_model": stage.embedder.model_id}
+    return [Emit(stage.keys.work("upsert", batch.subject), batch.model_copy(update=made))]
 
 
-def judge(ctx: Context, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:
+def judge(llm: LLM, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:
     """The LLM's verdict per memory; {} when it cannot be asked (the rules stand, counted and traced).
     An unreadable answer is a contradiction (`pipeline.llm_judge`)."""
-    llm = ctx.llm
-    assert llm is not None
 
     def read(reply: str) -> Reading[dict[str, Verdict]]:
         verdicts, unreadable = llm_judge.read_reply(reply, known)

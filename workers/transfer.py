@@ -17,69 +17,71 @@ from typing import Any
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.models import Memory, Status
+from memflow.shared.applier import Applier
+from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput
 from memflow.shared.rpc import MAX_EXPORT_PAGE, ImportRequest
 from memflow.shared.store import MemoryFilter, PointLookup, Store
-from memflow.workers.runtime import Context
 
 # Bookkeeping of the store a point was written in, not of the memory: two stores holding one memory differ in it.
 _OWN_BOOKKEEPING = frozenset({"last_op", "last_count"})
 
 
-def export_subject(ctx: Context, subject: str, with_vectors: bool, after: str | None = None,
+def export_subject(store: Store, embedder: Embedder, subject: str, with_vectors: bool, after: str | None = None,
                    limit: int = MAX_EXPORT_PAGE) -> dict[str, Any]:
     """A page of the stored points of `subject` (a deleted one is a forget under way: left out), oldest first,
     after the cursor `after`; vectors are read for that page only. Each page reads the subject's payloads
     again (as `inspect` does): a page is bounded, the reads are not."""
-    memories = [m for m in ctx.store.get(MemoryFilter(subject)) if m.status is not Status.deleted]
+    memories = [m for m in store.get(MemoryFilter(subject)) if m.status is not Status.deleted]
     try:
         shown, following = export.page((Record(memory=m) for m in memories), after, limit)
     except ValueError as exc:
         raise InvalidInput("after", str(exc)) from None
     if with_vectors and shown:
-        vectors = _lookup(ctx.store).vectors([r.memory.id for r in shown])
+        vectors = _lookup(store).vectors([r.memory.id for r in shown])
         shown = [r.model_copy(update={"vector": vectors.get(r.memory.id)}) for r in shown]
-    model, dim = (ctx.embedder.model_id, ctx.embedder.dim) if with_vectors else (None, None)
+    model, dim = (embedder.model_id, embedder.dim) if with_vectors else (None, None)
     return {"subject": subject, "model": model, "dim": dim, "records": shown, "next": following}
 
 
-def import_subject(ctx: Context, req: ImportRequest) -> dict[str, Any]:
-    """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject."""
+def import_subject(applier: Applier, embedder: Embedder, req: ImportRequest) -> dict[str, Any]:
+    """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject (through
+    `applier`; the vectors a file lacks encoded by `embedder`)."""
     if req.step == "undo":  # touches only points of the subject that bear this import's op keys
-        return _undo(ctx, req)
-    _refuse_other_subjects(ctx.store, req.subject, req.records)
+        return _undo(applier, req)
+    _refuse_other_subjects(applier.store, req.subject, req.records)
     if req.step == "check":
         return _report(req, {}, written=0, forgotten=[], reembedded=set())
-    return _write(ctx, req)
+    return _write(applier, embedder, req)
 
 
-def _write(ctx: Context, req: ImportRequest) -> dict[str, Any]:
+def _write(applier: Applier, embedder: Embedder, req: ImportRequest) -> dict[str, Any]:
     """Put the memories of `req` the subject lacks; a point this import wrote before (a run of the same file
     cut short) is met as its own and announced if it was not; say what became of each."""
-    records = req.records
+    records, store = req.records, applier.store
     found = export.mutations(req.subject, records, req.exported_at)  # the same on every run of the file
-    vectors = _vectors(ctx, req, _absent(ctx.store, req.subject, records))
-    with ctx.applier.holding(req.subject) as held:
-        held_now = _held(ctx.store, req.subject, records)  # under the lock: what the puts will meet
+    vectors = _vectors(embedder, req, _absent(store, req.subject, records))
+    with applier.holding(req.subject) as held:
+        held_now = _held(store, req.subject, records)  # under the lock: what the puts will meet
         absent = [r for r in records if r.memory.id not in held_now]
-        vectors |= _vectors(ctx, req, [r for r in absent if r.memory.id not in vectors])
+        vectors |= _vectors(embedder, req, [r for r in absent if r.memory.id not in vectors])
         forgotten: list[str] = []
         for mutation in found:
             forgotten += held.apply(mutation, vectors).forgotten
-    reembedded = set(vectors) - set(export.usable_vectors(req.model, req.dim, records, ctx.embedder.model_id,
-                                                          ctx.embedder.dim))
+    reembedded = set(vectors) - set(export.usable_vectors(req.model, req.dim, records, embedder.model_id,
+                                                          embedder.dim))
     return _report(req, held_now, written=len(absent) - len(forgotten), forgotten=forgotten,
                    reembedded=reembedded - set(forgotten) - set(held_now))
 
 
-def _undo(ctx: Context, req: ImportRequest) -> dict[str, Any]:
+def _undo(applier: Applier, req: ImportRequest) -> dict[str, Any]:
     """Take back what an import of these records wrote (`export.undo`): marked deleted and announced, then purged.
     A point changed since by anything else is no longer the import's alone and stays."""
     if req.at is None:
         raise InvalidInput("at", "an undo says when it happened")
     keys = export.op_keys(export.mutations(req.subject, req.records, req.exported_at))
-    with ctx.applier.holding(req.subject) as held:
-        ours = export.written_by(_held(ctx.store, req.subject, req.records).values(), keys)
+    with applier.holding(req.subject) as held:
+        ours = export.written_by(_held(applier.store, req.subject, req.records).values(), keys)
         marked = export.undo(req.subject, ours, req.at)
         stale = set(held.apply(marked).stale) if marked is not None else set()
         purged = export.purge(req.subject, [m.id for m in ours if m.id not in stale], req.at)
@@ -129,9 +131,8 @@ def _absent(store: Store, subject: str, records: Sequence[Record]) -> list[Recor
     return [r for r in records if r.memory.id not in held]
 
 
-def _vectors(ctx: Context, req: ImportRequest, records: Sequence[Record]) -> dict[str, list[float]]:
+def _vectors(embedder: Embedder, req: ImportRequest, records: Sequence[Record]) -> dict[str, list[float]]:
     """A vector for each of `records`: the file's when this store's model made it, else encoded here."""
-    embedder = ctx.embedder
     found = export.usable_vectors(req.model, req.dim, records, embedder.model_id, embedder.dim)
     missing = [r.memory for r in records if r.memory.id not in found]
     if missing:

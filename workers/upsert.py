@@ -8,35 +8,59 @@ never forced.
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
 
 from memflow.pipeline.models import PutOp, WriteBatch
 from memflow.pipeline.writes import of_batch
 from memflow.shared import pending
+from memflow.shared.applier import Applier
+from memflow.shared.embedder import Embedder
 from memflow.shared.errors import Permanent
+from memflow.shared.keys import Keys
 from memflow.shared.pending import settled_by
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
 
 
+@dataclass(frozen=True)
+class Upserter:
+    """What the upsert stage touches: the applier (the one writer of the store: built, and the store opened, when
+    a batch is written; a batch sent back opens nothing), the embedder whose vectors the store holds, how often a
+    candidate may be sent back, and Redis for the pending layer and resolve streams."""
+
+    client: redis.Redis
+    keys: Keys
+    applier: Callable[[], Applier]
+    embedder: Embedder
+    max_resolve_retries: int
+
+    @classmethod
+    def of(cls, ctx: Context) -> Upserter:
+        return cls(ctx.client, ctx.keys, lambda: ctx.applier, ctx.embedder, ctx.settings.write.max_resolve_retries)
+
+
 def build(ctx: Context) -> StreamConsumer[WriteBatch]:
-    return StreamConsumer(ctx.client, ctx.keys, "upsert", WriteBatch, per_item(partial(handle, ctx)),
-                          ctx.consumer_config())
+    # Unpacked per batch, as the context opens its store and loads its model when first used.
+    return StreamConsumer(ctx.client, ctx.keys, "upsert", WriteBatch,
+                          per_item(lambda batch: handle(Upserter.of(ctx), batch)), ctx.consumer_config())
 
 
-def handle(ctx: Context, batch: WriteBatch) -> list[Emit]:
-    if batch.vector_model not in (None, ctx.embedder.model_id):
+def handle(stage: Upserter, batch: WriteBatch) -> list[Emit]:
+    if batch.vector_model not in (None, stage.embedder.model_id):
         # Embedded before `memflow reindex` switched models: decided again, and embedded by this model
         # (through send_back, so that two processes on different models cannot pass it back and forth).
-        return send_back(ctx, batch)
-    if batch.vector is not None and len(batch.vector) != ctx.embedder.dim:
+        return send_back(stage.keys, stage.max_resolve_retries, batch)
+    if batch.vector is not None and len(batch.vector) != stage.embedder.dim:
         # Another model's vector fails in the store on every delivery: refused at once, with the reason.
-        raise Permanent(f"vector has {len(batch.vector)} dimensions; the store holds {ctx.embedder.dim}")
-    applied = ctx.applier.apply(of_batch(batch), vectors=vectors_of(batch))
+        raise Permanent(f"vector has {len(batch.vector)} dimensions; the store holds {stage.embedder.dim}")
+    applied = stage.applier().apply(of_batch(batch), vectors=vectors_of(batch))
     if applied.stale:
-        return send_back(ctx, batch)
+        return send_back(stage.keys, stage.max_resolve_retries, batch)
     # In the store now (and searchable): the statement's pending entry goes, never before.
-    pending.settle(ctx.client, ctx.keys, settled_by([batch.candidate]))
+    pending.settle(stage.client, stage.keys, settled_by([batch.candidate]))
     return []
 
 
@@ -47,10 +71,11 @@ def vectors_of(batch: WriteBatch) -> dict[str, list[float]]:
     return {op.memory.id: batch.vector for op in batch.ops if isinstance(op, PutOp)}
 
 
-def send_back(ctx: Context, batch: WriteBatch) -> list[Emit]:
+def send_back(keys: Keys, max_retries: int, batch: WriteBatch) -> list[Emit]:
+    """The batch's candidate back to resolve (decided again on what is stored now), at most `max_retries` times."""
     candidate = batch.candidate
-    if candidate.retries >= ctx.settings.write.max_resolve_retries:
+    if candidate.retries >= max_retries:
         raise Permanent(f"candidate {candidate.key!r} kept meeting concurrent writes; gave up after "
                         f"{candidate.retries} re-resolves")
     retry = candidate.model_copy(update={"retries": candidate.retries + 1})
-    return [Emit(ctx.keys.work("resolve", retry.subject), retry)]
+    return [Emit(keys.work("resolve", retry.subject), retry)]

@@ -45,9 +45,10 @@ from memflow.bench.perf import AT, NAMES, NOUNS, bulk_load, machine, pct_ms, say
 from memflow.pipeline.models import Memory
 from memflow.shared import sparse
 from memflow.shared.client import MemoryClient
+from memflow.shared.embedder import Embedder
 from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.store import MemoryFilter, Store
 from memflow.shared.streams import StreamConsumer, backlog
 from memflow.workers.embedded import Embedded
 from memflow.workers.process import own_redis
@@ -116,7 +117,7 @@ def publish_all(client: MemoryClient, events: Sequence[dict[str, Any]], redis_pi
     return {**mark.since(redis_pid), "client_cpu_s": round(time.thread_time() - mark.this_thread_s, 3)}
 
 
-def redis_baseline(ctx: Context, redis_pid: int, seconds: float = 10.0) -> dict[str, float]:
+def redis_baseline(client: redis.Redis, keys: Keys, redis_pid: int, seconds: float = 10.0) -> dict[str, float]:
     """Redis's CPU per second when idle (its own timers) and while only `_wait_drained` polls: taken off
     the windows' Redis CPU (the searches', the drains'), which is then their work alone."""
     rates = {}
@@ -125,7 +126,7 @@ def redis_baseline(ctx: Context, redis_pid: int, seconds: float = 10.0) -> dict[
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if poll:
-                backlog(ctx.client, ctx.keys, STAGES)
+                backlog(client, keys, STAGES)
             time.sleep(POLL_S)
         window = mark.since(redis_pid)
         rates[name] = round(window["redis_cpu_s"] / window["wall_s"], 5)
@@ -181,18 +182,18 @@ def measure_stages(ctx: Context, turns: int, redis_pid: int) -> dict[str, Any]:
         say(f"{window} alone ...")
         report[window] = drain(ctx, window.split("+"), redis_pid)
     report["entries"] = stream_entries(ctx.client, ctx.keys)
-    report["encode"] = encode_cost(ctx)
+    report["encode"] = encode_cost(ctx.client, ctx.keys, ctx.embedder)
     return report
 
 
-def encode_cost(ctx: Context, sample: int = 600) -> dict[str, float]:
+def encode_cost(client: redis.Redis, keys: Keys, embedder: Embedder, sample: int = 600) -> dict[str, float]:
     """The CPU of encoding texts resolve encoded (every `step`-th, `sample` at most), alone, in the
     encoder's batches, per text: resolve's floor."""
     texts = [orjson.loads(fields[FIELD.encode()])["content"]
-             for p in range(ctx.keys.partitions) for _, fields in _entries(ctx.client, ctx.keys.tagged(p, "resolve"))]
+             for p in range(keys.partitions) for _, fields in _entries(client, keys.tagged(p, "resolve"))]
     picked = texts[::max(1, len(texts) // sample)][:sample]
     start = process_cpu_s()
-    ctx.embedder.encode_passages(picked)
+    embedder.encode_passages(picked)
     return {"texts": len(texts), "sampled": len(picked),
             "cpu_ms_per_text": round((process_cpu_s() - start) * 1000 / max(1, len(picked)), 3)}
 
@@ -269,11 +270,11 @@ def store_files(system: Embedded) -> dict[str, int]:
     return disk_bytes(system.settings.store.data_dir / "qdrant")
 
 
-def point_shape(ctx: Context, subjects: Sequence[str]) -> dict[str, float]:
+def point_shape(store: Store, dim: int, subjects: Sequence[str]) -> dict[str, float]:
     """What one point holds, on average, for the memories the pipeline wrote and for the bulk-loaded ones."""
-    real = [m for s in subjects for m in ctx.store.get(MemoryFilter(s))]
-    bulk = ctx.store.get(MemoryFilter(SEARCH_SUBJECT, keys=[f"bulk.{i}" for i in range(200)]))
-    return {"dense_dims": ctx.embedder.dim, "dense_bytes": ctx.embedder.dim * 4,
+    real = [m for s in subjects for m in store.get(MemoryFilter(s))]
+    bulk = store.get(MemoryFilter(SEARCH_SUBJECT, keys=[f"bulk.{i}" for i in range(200)]))
+    return {"dense_dims": dim, "dense_bytes": dim * 4,
             "pipeline_memories": len(real), **_shape_of("pipeline", real), **_shape_of("bulk", bulk)}
 
 
@@ -319,16 +320,16 @@ def search_cost(system: Embedded, size: int, searches: int, meter: Meter) -> dic
             "cpu_ms_per_search": round(window["cpu_s"] * 1000 / searches, 2),
             "client_cpu_ms_per_search": round(client_s * 1000 / searches, 2),
             "redis_cpu_ms_per_search": round(redis_s * 1000 / searches, 3),
-            **in_process_cost(system.ctx, texts)}
+            **in_process_cost(system.ctx.store, system.ctx.embedder, texts)}
 
 
-def in_process_cost(ctx: Context, texts: Sequence[str]) -> dict[str, float]:
+def in_process_cost(store: Store, embedder: Embedder, texts: Sequence[str]) -> dict[str, float]:
     """What a search's two physical parts cost in CPU alone: one query encode, one hybrid store query."""
     start = process_cpu_s()
-    vectors = [ctx.embedder.encode_queries([text])[0] for text in texts]
+    vectors = [embedder.encode_queries([text])[0] for text in texts]
     encoded = process_cpu_s()
     for text, vector in zip(texts, vectors, strict=True):
-        ctx.store.query(MemoryFilter(SEARCH_SUBJECT), mode="hybrid", dense=vector, text=text, limit=50)
+        store.query(MemoryFilter(SEARCH_SUBJECT), mode="hybrid", dense=vector, text=text, limit=50)
     queried = process_cpu_s()
     return {"encode_cpu_ms": round((encoded - start) * 1000 / len(texts), 2),
             "store_query_cpu_ms": round((queried - encoded) * 1000 / len(texts), 2)}
@@ -358,7 +359,7 @@ def _measure(system: Embedded, turns: int, sizes: Sequence[int], searches: int) 
                               "torch_threads": _torch_threads(),
                               "partitions": ctx.keys.partitions, "used_memory_empty": used_memory(ctx.client)}
     ticks = cpu_ticks()
-    report["redis_baseline"] = redis_baseline(ctx, redis_pid)
+    report["redis_baseline"] = redis_baseline(ctx.client, ctx.keys, redis_pid)
     report["stages"] = measure_stages(ctx, turns, redis_pid)
     report["redis"] = {"used_memory": used_memory(ctx.client), "by_kind": redis_bytes(ctx.client, ctx.keys)}
     subjects = sorted({s for s in ctx.store.subjects() if s != SEARCH_SUBJECT})
@@ -367,7 +368,7 @@ def _measure(system: Embedded, turns: int, sizes: Sequence[int], searches: int) 
     # After the searches: their traces (a capped feed), latency metrics and utilisation counters.
     report["redis_after_searches"] = {"used_memory": used_memory(ctx.client),
                                       "by_kind": redis_bytes(ctx.client, ctx.keys)}
-    report["point_shape"] = point_shape(ctx, subjects)
+    report["point_shape"] = point_shape(ctx.store, ctx.embedder.dim, subjects)
     report["rss_mb"] = rss_mb()
     report["machine_sharing"] = sharing(ticks)
     report["per_unit"] = per_unit(report)

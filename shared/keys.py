@@ -212,6 +212,11 @@ class Keys:
         kept until the last place lapses and the bucket is full again."""
         return f"{self.prefix}share:{key_id}"
 
+    def import_undone(self, attempt: str) -> str:
+        """String: an import run whose writes were taken back (workers/transfer.py): a slice of it that comes
+        later is refused. Kept as long as a slice's call may wait in the queue and run."""
+        return f"{self.prefix}import-undone:{attempt}"
+
     def key_streams(self, key_id: str) -> str:
         """Hash: an API key's open change-feed streams, every server process's (shared/shares.py): place id →
         when it lapses unless renewed, kept until the last one lapses."""

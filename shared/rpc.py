@@ -212,6 +212,9 @@ class ImportRequest(Wire):
     records: list[Record] = Field(max_length=MAX_IMPORT_RECORDS)
     step: Literal["check", "write", "undo"] = "write"
     at: datetime | None = None
+    # The import run these slices belong to: its undo fences it, so a write of the run that comes after its undo
+    # (a call the caller gave up on, taken by a worker late) is refused instead of writing what was taken back.
+    attempt: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
     _aware = field_validator("exported_at", "at")(aware)
 

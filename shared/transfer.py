@@ -5,6 +5,7 @@ later one is refused (docs/export-format.md#a-subject-whole-or-not-at-all). The 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import chain
@@ -77,8 +78,20 @@ def import_parsed(client: MemoryClient, parsed: Parsed, allowed: Callable[[str],
     def call(**fields: Any) -> Imported:
         return client.call(IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
     when = at or datetime.now(UTC)
-    return ImportReport(subjects=[run(import_steps(parsed, s, records, when), call)
-                                  for s, records in parsed.subjects.items()])
+    done: list[Imported] = []
+    for subject, records in parsed.subjects.items():
+        try:
+            done.append(run(import_steps(parsed, subject, records, when), call))
+        except Exception as refused:
+            if done:
+                refused.add_note(imported_before(done))
+            raise
+    return ImportReport(subjects=done)
+
+
+def imported_before(done: Sequence[Imported]) -> str:
+    """What a refusal's note says of the subjects of the file imported before the refused one."""
+    return f"imported before it, each whole: {', '.join(d.subject for d in done)}"
 
 
 # The calls an import of one subject makes, one at a time: each yielded call's reply is sent back, its error thrown
@@ -92,9 +105,14 @@ def import_steps(parsed: Parsed, subject: str, records: list[Record], at: dateti
     another subject appeared meanwhile, a compare-and-write lost, no worker answered) the slices written up to
     it are taken back (step `undo`, its deletions announced `at`) and the refusal raised. If taking back fails
     too, what was written stays, and the same file imported again completes it (each call is idempotent)."""
-    slices = import_calls(parsed, subject, records)
-    for fields in slices:
-        yield {"step": "check", **fields}
+    attempt = uuid.uuid4().hex  # this run: its undo fences its own slices, never another run's
+    slices = [{**fields, "attempt": attempt} for fields in import_calls(parsed, subject, records)]
+    try:
+        for fields in slices:
+            yield {"step": "check", **fields}
+    except Exception as refused:
+        refused.add_note(f"{subject}: nothing imported (refused before any write)")
+        raise
     done: list[Imported] = []
     try:
         for fields in slices:

@@ -22,7 +22,7 @@ from memflow.shared import transfer
 from memflow.shared.applier import copy_points
 from memflow.shared.codec import decode
 from memflow.shared.embedder import Embedder
-from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.errors import InvalidInput, Permanent, RpcError
 from memflow.shared.keys import FIELD
 from memflow.shared.rpc import EXPORT, IMPORT, Imported, ImportRequest
 from memflow.shared.settings import Settings
@@ -287,8 +287,9 @@ def test_a_subject_refused_at_a_later_slice_is_checked_whole_first_and_nothing_i
     last = export.read(lines).subjects["ha"][-1]
     planted = last.memory.model_copy(update={"subject": "hb", "uri": last.memory.uri.replace("ha", "hb")})
     copy_points(target.ctx.store, [planted], [unit(0, target.ctx.embedder.dim)])
-    with pytest.raises(RpcError, match="another subject"):
+    with pytest.raises(RpcError, match="another subject") as refused:
         target.client.import_(lines)
+    assert refused.value.__notes__ == ["ha: nothing imported (refused before any write)"]
     assert target.ctx.store.get(MemoryFilter("ha")) == []
 
 
@@ -352,3 +353,18 @@ def test_a_memory_held_before_the_import_is_not_announced_by_it(bare: Context) -
                           model=parsed.header.model, dim=parsed.header.dim)  # another export: other mutations
     assert worker_transfer.import_subject(bare.applier, bare.embedder, other)["already"] == 2
     assert len(fed(bare, "la")) == 2
+
+
+def test_a_slice_that_comes_after_its_runs_undo_writes_nothing(bare: Context) -> None:
+    """A slice's call the caller gave up on (no worker answered in time) may still be taken by a worker after the
+    caller took the run back: the undo fences the run, so that late write is refused under the subject's lock
+    instead of leaving what the caller was told was taken back. Another run of the same file writes it."""
+    parsed = made(bare, "ma", 3)
+    late = ImportRequest(subject="ma", exported_at=NOW, model=parsed.header.model, dim=parsed.header.dim,
+                         records=parsed.subjects["ma"], attempt=uuid.uuid4().hex)
+    worker_transfer.import_subject(bare.applier, bare.embedder, late.model_copy(update={"step": "undo", "at": NOW}))
+    with pytest.raises(Permanent, match="taken back before this slice came"):
+        worker_transfer.import_subject(bare.applier, bare.embedder, late)
+    assert bare.store.get(MemoryFilter("ma")) == []
+    again = worker_transfer.import_subject(bare.applier, bare.embedder, late.model_copy(update={"attempt": uuid.uuid4().hex}))
+    assert again["written"] == 3

@@ -87,6 +87,7 @@ def test_another_subjects_memory_id_cannot_be_imported_under_ones_own(served: Se
     planted = [json.dumps(head).encode() + b"\n", json.dumps(record).encode() + b"\n", b'{"kind":"end","memories":1}']
     reply = posted(served, served.key(mine), planted)
     assert reply.status_code == 422 and "another subject" in error_of(reply)["message"], reply.text
+    assert f"{mine}: nothing imported" in error_of(reply)["message"]
     assert served.system.ctx.store.get(MemoryFilter(mine)) == []
     assert served.system.ctx.store.get(MemoryFilter(theirs)) == before
 

@@ -974,8 +974,8 @@ def main() -> None:
     """`memflow`: the commands, with every error memflow expects told in one line and what to do."""
     try:
         app()
-    except MemflowError as exc:
-        _fail(str(exc))
+    except MemflowError as exc:  # with its notes: an import's says what became of the subject it refused
+        _fail("; ".join([str(exc), *getattr(exc, "__notes__", [])]))
     except redis.ConnectionError as exc:
         _fail(f"cannot reach Redis ({exc}): is `memflow up` still running, or is MEMFLOW_REDIS_URL right?")
 

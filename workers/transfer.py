@@ -11,6 +11,7 @@ refused (`undo`, shared/transfer.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,10 +20,14 @@ from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.models import Memory, Status
 from memflow.shared.applier import Applier
 from memflow.shared.embedder import Embedder
-from memflow.shared.errors import InvalidInput
+from memflow.shared.errors import InvalidInput, Permanent
 from memflow.shared.rpc import MAX_EXPORT_PAGE, ImportRequest
 from memflow.shared.store import MemoryFilter, PointLookup, Store
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S
 
+# How long an undone import run's fence is kept: a slice's call may wait in the queue, then run, for its timeout
+# each (shared/client.py: the job's ttl and timeout), the undo having started at the earliest when it was sent.
+UNDONE_KEEP_S = 2 * math.ceil(TRANSFER_TIMEOUT_S) + 60
 # Bookkeeping of the store a point was written in, not of the memory: two stores holding one memory differ in it.
 _OWN_BOOKKEEPING = frozenset({"last_op", "last_count"})
 
@@ -62,6 +67,8 @@ def _write(applier: Applier, embedder: Embedder, req: ImportRequest) -> dict[str
     found = export.mutations(req.subject, records, req.exported_at)  # the same on every run of the file
     vectors = _vectors(embedder, req, _absent(store, req.subject, records))
     with applier.holding(req.subject) as held:
+        if req.attempt is not None and applier.client.exists(applier.keys.import_undone(req.attempt)):
+            raise Permanent(f"this import of {req.subject} was taken back before this slice came: nothing written")
         held_now = _held(store, req.subject, records)  # under the lock: what the puts will meet
         absent = [r for r in records if r.memory.id not in held_now]
         vectors |= _vectors(embedder, req, [r for r in absent if r.memory.id not in vectors])
@@ -81,6 +88,8 @@ def _undo(applier: Applier, req: ImportRequest) -> dict[str, Any]:
         raise InvalidInput("at", "an undo says when it happened")
     keys = export.op_keys(export.mutations(req.subject, req.records, req.exported_at))
     with applier.holding(req.subject) as held:
+        if req.attempt is not None:  # first, under the lock: a slice of the run that comes later writes nothing
+            applier.client.set(applier.keys.import_undone(req.attempt), 1, ex=UNDONE_KEEP_S)
         ours = export.written_by(_held(applier.store, req.subject, req.records).values(), keys)
         marked = export.undo(req.subject, ours, req.at)
         stale = set(held.apply(marked).stale) if marked is not None else set()

@@ -17,7 +17,7 @@ from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
 from memflow.pipeline.models import Subject
 from memflow.shared import rpc
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Steps, import_steps, page_size
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Steps, import_steps, imported_before, page_size
 from memflow.workers.api import ERRORS, Caller, admitted, ask, blocking, fair_share
 from memflow.workers.front import ApiError, allowed
 
@@ -78,9 +78,15 @@ async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
     parsed = await blocking(request, partial(_read, await request.body()))
     for subject in parsed.subjects:
         allowed(key, subject, write=True, field="memory.subject")
-    at = datetime.now(UTC)
-    return rpc.ImportReport(subjects=[await _run(request, import_steps(parsed, subject, records, at))
-                                      for subject, records in parsed.subjects.items()])
+    at, done = datetime.now(UTC), []
+    for subject, records in parsed.subjects.items():
+        try:
+            done.append(await _run(request, import_steps(parsed, subject, records, at)))
+        except ApiError as exc:  # the refusal says what became of its subject, and of those before it
+            notes = [*getattr(exc, "__notes__", []), *([imported_before(done)] if done else [])]
+            raise ApiError(exc.status, exc.code, "; ".join([exc.message, *notes]), exc.field,
+                           retry_after_s=exc.retry_after_s) from exc
+    return rpc.ImportReport(subjects=done)
 
 
 async def _run(request: Request, steps: Steps) -> rpc.Imported:

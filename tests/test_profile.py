@@ -13,6 +13,7 @@ import pytest
 
 from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.tokens import approximate_tokens
+from memflow.shared import profiles
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.redis_server import RedisServer
@@ -153,3 +154,40 @@ def test_over_http_another_tenant_is_refused_and_bad_input_named(served: Served)
             assert reply.status_code == 422 and error_of(reply)["field"] == next(iter(bad)), reply.text
     with pytest.raises((InvalidInput, RpcError)):
         served.system.client.profile(mine, since="last week")
+
+
+def test_a_plain_read_over_http_serves_the_kept_reply_as_it_is_the_same_document_as_a_rebuild(served: Served) -> None:
+    subj = subject()
+    client = served.system.client
+    said(served, subj, "My name is Dora Lind.", "I prefer green tea.", "My brother Tom is a nurse.",
+         "Never call me before 9am.")
+    built = client.profile(subj)  # a query worker builds it from the store and keeps it
+    key = client.keys.profile(subj)
+    kept = client.redis.get(key)
+    assert kept is not None and kept.startswith(profiles.FORM)
+    with served.http(served.admin) as http:
+        plain = http.get(f"/v1/subjects/{subj}/profile")
+        assert plain.status_code == 200 and plain.json() == built.model_dump(mode="json")
+        assert client.redis.get(key) == kept  # read from what was kept, not built again
+        # Served as kept, not parsed and written out again: a mark put into the kept bytes shows as it is.
+        client.redis.set(key, kept.replace(b'"prompt":null', b'"prompt":null '))
+        assert http.get(f"/v1/subjects/{subj}/profile").content.endswith(b'"prompt":null ,"changes":null}')
+        client.redis.set(key, kept)
+        asked = http.get(f"/v1/subjects/{subj}/profile", params={"max_tokens": 100}).json()  # parsed: a prompt
+        assert asked == {**plain.json(), "prompt": asked["prompt"]} and "Dora" in asked["prompt"]
+    client.redis.delete(key)
+    assert client.profile(subj) == built  # built again from the store: the same document
+
+
+def test_a_kept_profile_whose_item_stopped_holding_is_read_without_it(served: Served) -> None:
+    subj = subject()
+    client = served.system.client
+    said(served, subj, "I live in Porto.")
+    held = client.profile(subj)
+    assert [i.content for i in held.identity] == ["I live in Porto"]
+    ended = held.identity[0].model_copy(update={"until": datetime.now(UTC) - timedelta(minutes=1)})
+    client.redis.set(client.keys.profile(subj), profiles.stored(held.model_copy(update={"identity": [ended]})))
+    assert profiles.served(client.redis.get(client.keys.profile(subj)), datetime.now(UTC)) is None
+    with served.http(served.admin) as http:
+        reply = http.get(f"/v1/subjects/{subj}/profile")
+    assert reply.status_code == 200 and reply.json()["identity"] == [] and reply.json()["revision"] == held.revision

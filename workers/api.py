@@ -414,11 +414,16 @@ async def profile(request: Request, key: Caller, client: Client, subject: Subjec
                       "A profile's `revision`: say what changed after it (`changes`)."))] = None,
                   max_tokens: Annotated[int | None, Query(ge=1, le=rpc.MAX_PROFILE_TOKENS, description=(
                       "Also the profile as prompt text (`prompt`) within this many tokens."))] = None,
-                  ) -> ProfileReply:
+                  ) -> ProfileReply | Response:
     """What holds now for the subject, without a query (docs/profile.md): identity facts, standing preferences
     and rules, the people in the user's life, open contests flagged; at `revision`, the subject's last change.
-    Kept current from the change feed: a read is one Redis GET unless the subject changed since the last."""
+    Kept current from the change feed: a read is one Redis GET unless the subject changed since the last (a plain
+    one serves the stored bytes as they are)."""
     allowed(key, subject)
+    if since is None and max_tokens is None:  # the stored bytes as they are: validated when built, never parsed
+        raw = await profiles.served_async(request.app.state.redis, client.keys, subject, datetime.now(UTC))
+        if raw is not None:
+            return Response(raw, media_type="application/json")
     found = await profiles.cached_async(request.app.state.redis, client.keys, subject, datetime.now(UTC))
     if found is None:  # changed since the last read: a query worker builds it from the store and keeps it
         return await ask(request, rpc.PROFILE, subject=subject, since=since, max_tokens=max_tokens)

@@ -145,8 +145,17 @@ FIRST_PERSON_FACT = _rx(
     r"我(?:们)?(?:的|家)?[^，,。]{0,12}?(?<![不还就但可总老])是|我叫(?![了过])|我们用|我用的是",
     r"我(?:们)?(?:住|有|在[^，,。]{1,12}(?:工作|上班|读书|上学))",
     r"\bmy [\w' -]{1,30}? (?:is|are|was|were)\b|\bour [\w' -]{1,30}? (?:is|are|uses?)\b",
-    r"\bi(?:'m| am) (?:a|an|from|based|married|allergic)\b|\bi (?:live|work|own|study)\b",
+    # A standing trait said as "I'm …": what the user is, eats or cannot have (diet and health), not a mood.
+    r"\bi(?:'m| am) (?:a|an|from|based|married|allergic|vegetarian|vegan|pescatarian|diabetic"
+    r"|lactose[- ]intolerant|gluten[- ]free)\b|\bi (?:live|work|own|study)\b",
     r"\bi have (?!to\b)|\bwe(?:'re| are)? (?:use|using|run|host)\b",
+)
+
+# The date of what comes back every year ("我的生日是五月三号", "My birthday is on May 3rd"): a fact of whoever it
+# is about, not a one-off event over once its day has passed.
+RECURRING_DATE = _rx(
+    r"(?:生日|纪念日)(?:是|在)",
+    r"\b(?:birthday|anniversary) (?:is|falls)\b",
 )
 
 # Asserting something about a topic or a project ("数据库是…", "CI 用的是…").

@@ -208,7 +208,7 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
         return MType.decision
     if cue.preference:
         return _wish_or_habit(body, cue)
-    if find_time(body, ts) is not None:
+    if find_time(body, ts) is not None and not cues.RECURRING_DATE.search(body):
         return MType.event
     if cues.CONTEXT.search(body) and topic_of(body) is None:
         return MType.session_context

@@ -5,8 +5,12 @@ of one subject; the cache that keeps it current from the `changes` feed is share
 
 "Holds now": a memory searchable now (active, or contested: a contest is shown, flagged, never decided here),
 not past its `valid_to` or `expires_at`. A superseded, archived or forgotten memory is not in it, so a
-correction replaces the old value and a forget removes it. Episodes, events, session context and task state are
-what happened, not what holds: they stay out (a search finds them)."""
+correction replaces the old value and a forget removes it. Events, session context and task state are what
+happened, not what holds: they stay out (a search finds them). So does an episode (a turn kept verbatim),
+except one about a person in the user's life that nothing was distilled from ("My husband works at Bosch in
+Stuttgart.": said, kept, understood by no rule), shown as said among what is known of that person, as
+`holders.people` shows it. The user's own such turns stay out: most are conversation ("That worked,
+thanks!", "we compared MongoDB and PostgreSQL"), not who they are."""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ IDENTITY = (MType.fact,)
 PREFERENCES = (MType.preference,)
 RULES = (MType.rule, MType.decision)
 ABOUT_PEOPLE = (MType.fact, MType.preference, MType.rule, MType.decision)
+# What a profile may show of another person: the kinds above, and an episode nothing was distilled from.
+SHOWN = (*ABOUT_PEOPLE, MType.episode)
 
 
 class Item(Wire):
@@ -87,13 +93,28 @@ def holds(m: Memory, now: datetime) -> bool:
     return m.status in SEARCHABLE_STATUSES and all(now < t for t in ends)
 
 
-def assemble(subject: str, revision: str, memories: Iterable[Memory], now: datetime) -> Profile:
-    """The profile of `subject` from its memories, as they hold at `now`."""
-    held = sorted((m for m in memories if holds(m, now)), key=lambda m: (m.key, m.created_at, m.id))
+def undistilled(memories: Iterable[Memory], forgotten_events: Iterable[str] = ()) -> set[str]:
+    """The ids of the episodes nothing was distilled from. `memories`: all the subject's, whatever their status
+    (a fact since superseded or archived was distilled from its turn all the same); `forgotten_events`: the
+    events of forgotten memories (gone from the store, distilled all the same: their turn must not come back)."""
+    memories = list(memories)
+    told = {e for m in memories if m.mtype is not MType.episode for e in m.source_event_ids} | set(forgotten_events)
+    return {m.id for m in memories if m.mtype is MType.episode and not told.intersection(m.source_event_ids)}
+
+
+def assemble(subject: str, revision: str, memories: Iterable[Memory], now: datetime,
+             forgotten_events: Iterable[str] = ()) -> Profile:
+    """The profile of `subject` from its memories (all of them, whatever their status: `undistilled` reads the
+    ones that no longer hold), as they hold at `now`."""
+    memories = list(memories)
+    verbatim = undistilled(memories, forgotten_events)
+    held = sorted((m for m in memories if holds(m, now) and m.mtype in SHOWN
+                   and (m.mtype is not MType.episode or (m.about != SELF and m.id in verbatim))),
+                  key=lambda m: (m.key, m.created_at, m.id))
     own = [m for m in held if m.about == SELF]
     others: dict[str, list[Memory]] = {}
     for m in held:
-        if m.about != SELF and m.mtype in ABOUT_PEOPLE:
+        if m.about != SELF:
             others.setdefault(m.about, []).append(m)
     people = [PersonProfile(about=who, relation=Person.of(who).relation, name=Person.of(who).name,
                             known=[item(m) for m in known])
@@ -103,7 +124,7 @@ def assemble(subject: str, revision: str, memories: Iterable[Memory], now: datet
                    preferences=[item(m) for m in own if m.mtype in PREFERENCES],
                    rules=[item(m) for m in own if m.mtype in RULES],
                    people=people,
-                   contested=[item(m) for m in held if m.status is Status.contested and m.mtype in ABOUT_PEOPLE])
+                   contested=[item(m) for m in held if m.status is Status.contested])
 
 
 def item(m: Memory) -> Item:

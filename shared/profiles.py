@@ -2,9 +2,10 @@
 
 The applier, in the one step that announces a change, records the subject's last entry on the feed (its
 revision) and drops its materialized profile (shared/applier.py). The next read builds it once from the store
-(one scroll of the subject's searchable memories) and keeps it, but only if the subject's revision is still
-the one it read before the scroll: a build that raced a change never stores a profile that change made stale
-(a forget's words included). Every read after that is one GET until the subject changes again.
+(one scroll of the subject's memories, and its forgotten events: pipeline.profile.undistilled) and keeps it,
+but only if the subject's revision is still the one it read before the scroll: a build that raced a change
+never stores a profile that change made stale (a forget's words included). Every read after that is one GET
+until the subject changes again.
 
 What is kept is the reply itself as the HTTP route serves it (a header line first: the moment its first item
 stops holding). A plain read before that moment serves those bytes as they are: they were validated when the
@@ -26,7 +27,6 @@ from pydantic import ValidationError
 
 from memflow.pipeline import feed
 from memflow.pipeline import profile as assembly
-from memflow.pipeline.models import SEARCHABLE_STATUSES
 from memflow.pipeline.profile import Profile, ProfileReply, SinceRevision
 from memflow.shared.feed import page, page_async
 from memflow.shared.keys import Keys
@@ -91,8 +91,10 @@ def current(store: Store, client: redis.Redis, keys: Keys, subject: str, now: da
     found = parsed(client.get(keys.profile(subject)))
     if found is None:
         at = revision(client, keys, subject)  # before the scroll: a change after it makes what is built stale
-        memories = store.get(MemoryFilter(subject, statuses=list(SEARCHABLE_STATUSES)))
-        found = assembly.assemble(subject, at, memories, now)
+        # Every status: what no longer holds still says which turns were distilled (assembly.undistilled).
+        memories = store.get(MemoryFilter(subject))
+        forgotten = [e.decode() if isinstance(e, bytes) else e for e in client.smembers(keys.forgotten_events(subject))]
+        found = assembly.assemble(subject, at, memories, now, forgotten)
         client.eval(_KEEP, 2, keys.revisions, keys.profile(subject), subject, at, stored(found), feed.START,
                     CACHE_TTL_S)
     return assembly.as_of(found, now)

@@ -390,6 +390,29 @@ def test_recurring_statements_are_not_one_off_events() -> None:
     assert all(c.mtype is not MType.event for c in run(TriggerReason.session_end, turn("我们每周一开例会。")))
 
 
+@pytest.mark.parametrize("text", ["我的生日是五月三号。", "我老公的生日是八月十号。", "My birthday is on May 3rd.",
+                                  "Our wedding anniversary is June 12."])
+def test_the_date_of_what_comes_back_every_year_is_a_fact_not_an_event(text: str) -> None:
+    """A birthday said in May is still the user's birthday in June: an event over once its day passed would
+    leave it out of the profile (issue 31: the people-dev birthday scenario)."""
+    c = one(statements(run(TriggerReason.session_end, turn(text))))
+    assert c.mtype is MType.fact and c.expires_at is None
+
+
+def test_a_birthday_party_is_still_an_event() -> None:
+    c = one(statements(run(TriggerReason.session_end, turn("昨天我在生日派对上收到一束花。"))))
+    assert c.mtype is MType.event
+
+
+@pytest.mark.parametrize("text", ["I'm vegetarian.", "I am vegan.", "I'm lactose intolerant."])
+def test_a_standing_trait_said_as_i_am_is_a_fact(text: str) -> None:
+    assert one(statements(run(TriggerReason.session_end, turn(text)))).mtype is MType.fact
+
+
+def test_a_mood_said_as_i_am_is_no_fact() -> None:
+    assert all(c.mtype is not MType.fact for c in statements(run(TriggerReason.session_end, turn("I'm tired today."))))
+
+
 def test_repeated_follow_ups_infer_a_preference() -> None:
     found = run(
         TriggerReason.session_end, turn("能详细一点吗？", "q1"), turn("嗯", "f"), turn("再详细讲讲这个？", "q2")

@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memflow.pipeline.profile import ProfileReply
+from memflow.pipeline.models import Dir, Memory, MType, Source, Status
+from memflow.pipeline.profile import ProfileReply, assemble, undistilled
 from memflow.pipeline.tokens import approximate_tokens
 from memflow.shared import profiles
 from memflow.shared.embedder import Embedder
@@ -191,3 +192,27 @@ def test_a_kept_profile_whose_item_stopped_holding_is_read_without_it(served: Se
     with served.http(served.admin) as http:
         reply = http.get(f"/v1/subjects/{subj}/profile")
     assert reply.status_code == 200 and reply.json()["identity"] == [] and reply.json()["revision"] == held.revision
+
+
+def memory(n: int, content: str, mtype: MType, about: str = "self", status: Status = Status.active) -> Memory:
+    return Memory(id=f"m{n}", subject="s", uri=f"mem://s/general/k{n}", dir=Dir.general, mtype=mtype, key=f"k{n}",
+                  content=content, confidence=0.9, source=Source.explicit, status=status, about=about,
+                  created_at=T0, updated_at=T0, source_event_ids=[f"e{n % 10}"])
+
+
+def test_a_turn_about_a_person_nothing_was_distilled_from_is_shown_as_said_the_users_own_is_not() -> None:
+    """Pure: `pipeline.profile.assemble` over hand-made memories (the event of memory n is e{n % 10})."""
+    memories = [
+        memory(1, "My husband works at Bosch in Stuttgart.", MType.episode, "husband"),  # nothing distilled
+        memory(2, "That worked, thanks!", MType.episode),  # the user's own turn: conversation, not who they are
+        memory(3, "My wife is on a keto diet.", MType.episode, "wife"),
+        memory(13, "My wife is on a keto diet", MType.fact, "wife"),  # distilled from e3: the fact is shown
+        memory(4, "My son plays chess.", MType.episode, "son"),
+        memory(14, "My son plays chess", MType.fact, "son", Status.superseded),  # distilled, since replaced
+        memory(5, "My son lives in Rome.", MType.episode, "son"),  # what was distilled from it is forgotten
+    ]
+    found = assemble("s", "0-0", memories, NOW, forgotten_events=["e5"])
+    assert {p.about: [k.content for k in p.known] for p in found.people} == {
+        "husband": ["My husband works at Bosch in Stuttgart."], "wife": ["My wife is on a keto diet"]}
+    assert found.identity == [] and found.contested == []
+    assert undistilled(memories, ["e5"]) == {"m1", "m2"}

@@ -924,6 +924,18 @@ def bench_pending(sizes: Annotated[str, typer.Option(help="Memories in each sear
                              as_json=as_json, settings=_settings("WARNING")))
 
 
+@bench_app.command("profile")
+def bench_profile(size: Annotated[int, typer.Option(help="Memories in the subject (a realistic mix).")] = 10_000,
+                  reads: Annotated[int, typer.Option(help="Reads of each kind.")] = 300,
+                  writes: Annotated[int, typer.Option(help="Writes, each followed by the rebuilding read.")] = 20,
+                  as_json: JsonFlag = False) -> None:
+    """Reading a subject's profile: kept, in process and over HTTP, next to one Redis GET; the rebuild after a
+    write."""
+    from memflow.bench.profile import run_cli
+
+    raise typer.Exit(run_cli(size=size, reads=reads, writes=writes, as_json=as_json, settings=_settings("WARNING")))
+
+
 # -- the demo ------------------------------------------------------------------------
 
 DEMO_TURNS = [

@@ -40,7 +40,8 @@ from memflow.pipeline.profile import ProfileReply
 from memflow.shared import feed as feed_pages
 from memflow.shared import pending, transfer
 from memflow.shared.codec import encode
-from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated
+from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
+from memflow.shared.durability import warn_if_weaker
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.keys import FIELD, STAGES, check_partitions
 from memflow.shared.rpc import (
@@ -85,6 +86,7 @@ class MemoryClient:
         self._queue = Queue(self.keys.query_queue, connection=self.queue_redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.queue_redis, serializer=JSONSerializer)
         self._partitions_checked = False
+        self._fsync_timeout_ms: int | None = None  # WAITAOF's, when a publish waits for the disk (_append)
 
     # -- writing -----------------------------------------------------------------
 
@@ -122,11 +124,14 @@ class MemoryClient:
         return ids
 
     def _append(self, stream: str, events: Sequence[ChatEvent]) -> list[str]:
-        """XADD the events to one partition's stream, and (MEMFLOW_REDIS_WAIT_REPLICAS) wait for its replicas:
-        an event is acknowledged once it would survive its master's death. Before the XADDs, on the same
-        connection: the pending entries a search serves until what they say is stored (shared/pending.py)."""
+        """XADD the events to one partition's stream, wait until the server's AOF holds them on disk
+        (MEMFLOW_REDIS_WAIT_AOF, shared/durability.py) and (MEMFLOW_REDIS_WAIT_REPLICAS) for its replicas:
+        an event is acknowledged once it would survive a kill -9 of the server, a crash of its machine and
+        its master's death. Before the XADDs, on the same connection: the pending entries a search serves
+        until what they say is stored (shared/pending.py)."""
         if not self._partitions_checked:  # routed by the deployment's partition count, or refused (shared/keys.py)
             check_partitions(self.redis, self.keys)
+            self._fsync_timeout_ms = self._waits_for_fsync()
             self._partitions_checked = True
         subjects: list[str] = []
         events = [_without_secrets(event) for event in events]
@@ -137,11 +142,19 @@ class MemoryClient:
                 pipe.xadd(stream, {FIELD: encode(event)})
 
         r = self.settings.redis
-        replies = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms)
+        replies = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms,
+                             fsync_timeout_ms=self._fsync_timeout_ms)
         queued = pending.replies_of(subjects)
         if subjects:
             pending.checked_bounds(self.redis, self.keys, self.settings.pending, subjects, replies[:queued])
         return [i.decode() if isinstance(i, bytes) else str(i) for i in replies[queued:]]
+
+    def _waits_for_fsync(self) -> int | None:
+        """WAITAOF's timeout when the server can answer it and the settings want it, else None (a server
+        without AOF or WAITAOF: warned about once, as what an acknowledgement then survives)."""
+        r = self.settings.redis
+        found = warn_if_weaker(self.redis, r.wait_aof, safe_url(self.settings))
+        return r.wait_aof_timeout_ms if found.waits_for_fsync(r.wait_aof) else None
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,
               ts: datetime | None = None, event_id: str | None = None) -> str:

@@ -47,6 +47,11 @@ class NotReplicated(MemflowError):
     could be lost. It is applied on the master all the same (nothing is undone): repeat only what is safe to."""
 
 
+class NotDurable(MemflowError):
+    """The server's AOF did not hold a write on disk when its WAITAOF timed out: were the server killed now,
+    the write could be lost. It is applied all the same (nothing is undone): repeat only what is safe to."""
+
+
 # A server answers a BLOCK that ran out within milliseconds: past the longest blocking read by this
 # much, a socket that has heard nothing is talking to a server that stopped answering (a half-open
 # connection, a paused or wedged server), and the read raises instead of holding the stage forever.
@@ -125,8 +130,8 @@ def connect_async(url: str, *, socket_timeout_s: float, max_connections: int,
 def client_socket_timeout_s(settings: Settings) -> float:
     """The socket timeout of a client's connection (MemoryClient, the HTTP API, the CLI, the scheduler):
     MEMFLOW_SOCKET_TIMEOUT_S past the longest its commands ask the server to wait (a blocking read's
-    slice, a WAIT for replicas)."""
-    longest = max(CLIENT_BLOCK_S, settings.redis.wait_timeout_ms / 1000)
+    slice, a WAIT for replicas, a WAITAOF for the disk)."""
+    longest = max(CLIENT_BLOCK_S, settings.redis.wait_timeout_ms / 1000, settings.redis.wait_aof_timeout_ms / 1000)
     return settings.client.socket_timeout_s + longest
 
 
@@ -189,11 +194,16 @@ def _safe(url: str) -> str:
     return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
 
 
+def safe_url(settings: Settings) -> str:
+    """The deployment's stream server's URL without its password, for a log line."""
+    return _safe(require_url(settings))
+
+
 # -- durable acknowledgement ---------------------------------------------------------------------
 
 
 def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *, replicas: int,
-               timeout_ms: int) -> list[Any]:
+               timeout_ms: int, fsync_timeout_ms: int | None = None) -> list[Any]:
     """Send the commands `write` queues (all on `key`'s slot) and then WAIT until `replicas` replicas hold
     them, in one round trip on one connection to the node that owns the slot; the commands' replies.
 
@@ -206,11 +216,19 @@ def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *,
     `replicas` 0: no WAIT (the setting's default). Raises NotReplicated when fewer acknowledged within
     `timeout_ms`; a node that is gone or no longer owns the slot raises redis' own error, after the
     cluster client has been told to reread the slot map (it is bypassed here, so it would not know).
+
+    `fsync_timeout_ms`: first WAITAOF 1 0 on the same connection, which returns once the node's own AOF
+    holds the writes on disk (shared/durability.py); NotDurable when it did not within that long.
     """
     pipe = _owner(client, key).pipeline(transaction=False)
     write(pipe)
+    waits = 0
+    if fsync_timeout_ms is not None:
+        pipe.waitaof(1, 0, fsync_timeout_ms)
+        waits += 1
     if replicas:
         pipe.wait(replicas, timeout_ms)
+        waits += 1
     try:
         replies = pipe.execute()
     except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,
@@ -220,7 +238,10 @@ def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *,
     if replicas and replies[-1] < replicas:
         raise NotReplicated(f"{replies[-1]} of {replicas} replicas acknowledged the write to {key} within "
                             f"{timeout_ms} ms (MEMFLOW_REDIS_WAIT_REPLICAS)")
-    return replies[:-1] if replicas else replies
+    if fsync_timeout_ms is not None and replies[len(replies) - waits][0] < 1:
+        raise NotDurable(f"the server did not fsync the write to {key} to its AOF within {fsync_timeout_ms} ms "
+                         "(MEMFLOW_REDIS_WAIT_AOF_TIMEOUT_MS): a busy disk")
+    return replies[:len(replies) - waits]
 
 
 def _owner(client: Client, key: str) -> redis.Redis:

@@ -111,12 +111,17 @@ def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0
                 binary: str | None = None, extra_args: tuple[str, ...] = ()) -> RedisServer:
     """Start a server (`binary`, else find_binary's choice) with AOF on in `data_dir`; return once it answers PING.
 
+    `appendfsync always`: the server fsyncs its AOF before it replies, once per turn of its event loop for
+    all the writes of that turn, so that whatever it acknowledged survives a kill -9 and a crash of the
+    machine. `everysec` (the server's default) may hold a write in memory for up to 2 s while a busy disk
+    finishes the previous fsync, and reply all the same (shared/durability.py; bench/RESULTS.md: what it costs).
+
     `extra_args` (`--name value` pairs) come last: they add settings or override these (a later one wins)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     server = find_binary(binary)
     args = [server.path, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir.resolve()),
-            "--appendonly", "yes", "--save", "", "--daemonize", "no", *extra_args]
+            "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no", *extra_args]
     output = open(data_dir / "redis.log", "ab")
     process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"

@@ -71,6 +71,12 @@ class RedisSettings(Group):
     # and how long to wait for them. 0: acknowledged once the master has it, as Redis does by default.
     wait_replicas: int = Field(default=0, ge=0)
     wait_timeout_ms: int = Field(default=1000, ge=1)
+    # Whether a publish waits until the server has fsynced its events to its AOF (WAITAOF 1 0; Redis >= 7.2,
+    # Valkey), and how long before it refuses: what makes an acknowledged event survive a kill -9 of the
+    # server or a crash of its machine (shared/durability.py). Off, or on a server without WAITAOF or AOF:
+    # acknowledged as the server's own appendfsync makes it (said in a warning at start and `memflow status`).
+    wait_aof: bool = True
+    wait_aof_timeout_ms: int = Field(default=5000, ge=1)
     # Where the RPC queues live (RQ: searches, jobs): a single server. RQ runs on no cluster (its keys
     # span slots: rq/rq#2021), so a cluster deployment names one here. Unset: the streams' server.
     queue_url: str | None = None

@@ -90,6 +90,8 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
     # issue 17: a cluster, and writes acknowledged once replicas hold them
     "redis_cluster", "redis_wait_replicas", "redis_wait_timeout_ms", "redis_queue_url",
+    # issue 29: an acknowledged publish is fsynced to the AOF (WAITAOF)
+    "redis_wait_aof", "redis_wait_aof_timeout_ms",
     # issue 29: a lease means progress (the bound on one batch's time)
     "max_batch_s",
     # issue 29: every client connection has a socket timeout; the HTTP API's bounds

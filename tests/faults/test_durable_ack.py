@@ -1,0 +1,144 @@
+"""An acknowledged publish survives a kill -9 of the Redis server the moment after (issue 29).
+
+With `appendfsync everysec`, a server whose background fsync is still running postpones writing its
+AOF for up to 2 s and replies all the same (shared/durability.py): what it acknowledged in that window
+is in its memory only, and a kill -9 loses it. That is what lost 10 acknowledged events of
+tests/faults/test_redis_restart.py under `pytest -n 4`, where four tests share one disk. Here the
+window is opened on purpose, with real parts: large writes dirty the disk until the server reports a
+background fsync running; events are published one by one until the server says it holds
+acknowledged writes its AOF file does not (INFO persistence: aof_buffer_length); then SIGKILL, a
+restart on the AOF, and every acknowledged event must be there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from memflow.shared.client import MemoryClient
+from memflow.shared.codec import json_object
+from memflow.shared.connections import connect
+from memflow.shared.durability import durability
+from memflow.shared.keys import FIELD
+from memflow.shared.redis_server import RedisServer, start_redis
+from memflow.shared.settings import Settings
+
+pytestmark = pytest.mark.faults
+BLOB = os.urandom(4 << 20)
+BLOBS = 16  # at most this many 4 MB writes to get a background fsync running (64 MB: a fraction of a second)
+ROUNDS, BURST = 4, 10  # tries at the window; events published in each
+
+
+def kill9(server: RedisServer) -> None:
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+
+
+def port_of(server: RedisServer) -> int:
+    return int(server.url.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.fixture
+def restartable(settings: Settings, tmp_path: Path) -> Iterator[list[RedisServer]]:
+    """The servers a test starts (the last is stopped at its end)."""
+    servers: list[RedisServer] = []
+    yield servers
+    if servers and servers[-1].process.poll() is None:
+        servers[-1].stop()
+
+
+def persistence(raw: redis.Redis) -> dict[str, Any]:
+    return dict(raw.info("persistence"))
+
+
+def make_the_disk_busy(raw: redis.Redis, round_: int) -> bool:
+    """Large writes until the server runs a background fsync (everysec); True if it does. A server that
+    fsyncs before it replies (always) runs none: it is then left after BLOBS writes."""
+    for i in range(BLOBS):
+        raw.set(f"blob:{round_}:{i}", BLOB)
+        if persistence(raw)["aof_pending_bio_fsync"]:
+            return True
+    return False
+
+
+def publish_into_the_window(client: MemoryClient, raw: redis.Redis) -> tuple[list[str], bool]:
+    """Publish until the server holds acknowledged writes that its AOF file does not; the ids it
+    acknowledged, and whether that window was reached."""
+    acknowledged: list[str] = []
+    for round_ in range(ROUNDS):
+        make_the_disk_busy(raw, round_)
+        for i in range(BURST):
+            event_id = f"ack-{round_}-{i}"
+            client.publish({"event_id": event_id, "subject": "durable", "session_id": "s", "kind": "message",
+                            "role": "user", "text": f"Remember: locker {round_}-{i} opens with code {i}.",
+                            "ts": "2026-05-01T09:00:00Z"})
+            acknowledged.append(event_id)
+            if persistence(raw)["aof_buffer_length"]:  # acknowledged, and not in the AOF file yet
+                return acknowledged, True
+    return acknowledged, False
+
+
+def stored_event_ids(client: MemoryClient) -> set[str]:
+    found = set()
+    for stream in client.keys.inputs_of("trigger"):
+        for _, fields in client.redis.xrange(stream):
+            found.add(str(json_object(fields[FIELD.encode()])["event_id"]))
+    return found
+
+
+# "memflow's own": the server memflow starts (shared/redis_server.py), as `memflow up` runs it.
+# "everysec": a deployment's own server at Redis' default fsync policy, where publish's WAITAOF does the work.
+CASES = {"memflow's own": (), "everysec": ("--appendfsync", "everysec")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(CASES))
+def test_events_acknowledged_the_moment_before_a_kill_9_are_all_there_after_the_restart(
+        case: str, settings: Settings, tmp_path: Path, restartable: list[RedisServer]) -> None:
+    data = tmp_path / "own-redis"
+    restartable.append(start_redis(data, binary=settings.redis.server, extra_args=CASES[case]))
+    settings = settings.replace(redis_url=restartable[-1].url)
+    client, raw = MemoryClient(settings), connect(restartable[-1].url)
+    if case == "everysec" and not durability(raw).waitaof:
+        pytest.skip("a server without WAITAOF (Redis 7.0) cannot be waited on: test_the_promise_is_said names it")
+
+    acknowledged, in_window = publish_into_the_window(client, raw)
+    kill9(restartable[-1])
+    restartable.append(start_redis(data, port=port_of(restartable[-1]), binary=settings.redis.server,
+                                   extra_args=CASES[case]))
+
+    missing = sorted(set(acknowledged) - stored_event_ids(MemoryClient(settings)))
+    print(f"{case}: {len(acknowledged)} acknowledged before the kill -9 (the server held acknowledged writes in "
+          f"memory only: {in_window}), {len(missing)} missing after the restart")
+    assert missing == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--appendonly", "no"), "AOF is off on the server"),
+    (("--appendfsync", "everysec"), None),
+])
+def test_the_promise_is_said_at_the_first_publish(args: tuple[str, ...], said: str | None, settings: Settings,
+                                                  tmp_path: Path, restartable: list[RedisServer],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A server without AOF acknowledges what a restart loses: the first publish says so, and still publishes
+    (WAITAOF would refuse: it needs an AOF). A server without WAITAOF (Redis 7.0) is named as such."""
+    restartable.append(start_redis(tmp_path / "own-redis", binary=settings.redis.server, extra_args=args))
+    settings = settings.replace(redis_url=restartable[-1].url)
+    found = durability(connect(restartable[-1].url))
+    if said is None and not found.waitaof:
+        said = "the server has no WAITAOF"
+    with caplog.at_level(logging.WARNING, logger="memflow.shared.durability"):
+        MemoryClient(settings).publish({"event_id": "e1", "subject": "s", "session_id": "s", "kind": "message",
+                                        "role": "user", "text": "hello", "ts": "2026-05-01T09:00:00Z"})
+    warned = [r.getMessage() for r in caplog.records if r.name == "memflow.shared.durability"]
+    if said is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and said in warned[0]

@@ -86,7 +86,7 @@ def _per_node(client: redis.Redis | RedisCluster, ask: Any) -> list[dict[str, An
     """ask(node) on the server, or on each primary of a cluster; None when the server refuses it."""
     try:
         if isinstance(client, RedisCluster):
-            return [ask(client.get_redis_connection(node)) for node in client.get_primaries()]
+            return [ask(client.get_redis_connection(node)) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
         return [ask(client)]
     except redis.ResponseError:  # a command renamed away or refused (a managed service)
         return None

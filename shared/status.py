@@ -14,6 +14,7 @@ from rq import Queue, Worker
 from memflow.pipeline.models import LLMTrace, Trace
 from memflow.shared.codec import encode, json_object, validated
 from memflow.shared.dlq import server_now_ms
+from memflow.shared.durability import durability
 from memflow.shared.keys import FIELD, STAGES, Keys
 from memflow.shared.streams import backlog
 
@@ -48,19 +49,26 @@ class PipelineStatus:
     # How read_per_s was measured: "window" (the last minute) or "sample" (over sample_s).
     throughput: str
     sample_s: float | None = None
+    # What an acknowledged publish survives on this server (shared/durability.py), and whether that is less
+    # than the README's "fsynced before acknowledged".
+    durability: str = ""
+    durability_weaker: bool = False
 
 
 def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
-                queue: redis.Redis | None = None) -> PipelineStatus:
+                queue: redis.Redis | None = None, wait_aof: bool = True) -> PipelineStatus:
     """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits).
-    `queue`: the RPC queues' server, when it is not the streams' (a cluster deployment)."""
+    `queue`: the RPC queues' server, when it is not the streams' (a cluster deployment); `wait_aof`:
+    MEMFLOW_REDIS_WAIT_AOF, for what an acknowledged publish survives."""
     waiting = backlog(client, keys, STAGES)
     lengths, dead, memory = _stream_sizes(client, keys)
     rates = sampled_rates(client, keys, sample_s) if sample_s else window_rates(client, keys)
     stages = [StageStatus(s, lengths[s], *waiting[s], dead[s], rates[s], memory[s]) for s in STAGES]
     query, jobs = (Queue(name, connection=queue or client) for name in (keys.query_queue, keys.jobs_queue))
+    found = durability(client)
     return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
-                          "sample" if sample_s else "window", sample_s or None)
+                          "sample" if sample_s else "window", sample_s or None,
+                          found.promise(wait_aof), found.is_weaker(wait_aof))
 
 
 def _stream_sizes(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:

@@ -37,7 +37,7 @@ from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
 from memflow.shared.store import Catalog, catalog_for
 from memflow.shared.streams import change_partitions
-from memflow.workers.process import QUERY, own_redis, run_stages, temporary_data_dir
+from memflow.workers.process import QUERY, own_redis, run_stages, say_durability, temporary_data_dir
 from memflow.workers.system import Part
 
 app = typer.Typer(help="memflow: long-term memory for LLM agents.", no_args_is_help=True,
@@ -135,6 +135,7 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
         _warn_no_auth(host)
     typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}"
                + (f", {workers} processes" if workers > 1 else ""))
+    say_durability(settings)
     common: dict[str, Any] = {"host": host, "port": port, "access_log": False, "log_level": settings.log_level.lower()}
     if workers == 1:
         uvicorn.run(create_app(settings, auth=not no_auth), **common)
@@ -653,7 +654,8 @@ def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SEC
             return
         _print_footprint(footprint)
         return
-    report = read_status(client, keys, sample, connect_queue(_settings(), client))
+    settings = _settings()
+    report = read_status(client, keys, sample, connect_queue(settings, client), settings.redis.wait_aof)
     if as_json:
         _print_json(asdict(report))
         return
@@ -680,6 +682,7 @@ def _print_status(report: PipelineStatus) -> None:
                 else "arrived in the last 60 s and read")
     typer.echo(f"read/s: entries {measured}, per second; length and memory: the input streams, "
                "acknowledged entries kept for the retention window (MEMFLOW_RETENTION_S)")
+    typer.echo(f"durability: {'WARNING: ' if report.durability_weaker else ''}{report.durability}")
 
 
 def _bytes(n: int) -> str:

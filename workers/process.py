@@ -19,14 +19,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from memflow.shared.connections import announce, running
+import redis
+
+from memflow.shared.connections import announce, connect_streams, running, safe_url
+from memflow.shared.durability import warn_if_weaker
 from memflow.shared.errors import MemflowError
 from memflow.shared.redis_server import start_redis
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.runtime import STORE_STAGES, Context
 from memflow.workers.system import QUERY, Part, run
 
-__all__ = ["QUERY", "ChildProcess", "own_redis", "run_stages", "spawn_stage", "stop_children", "temporary_data_dir"]
+__all__ = ["QUERY", "ChildProcess", "own_redis", "run_stages", "say_durability", "spawn_stage", "stop_children",
+           "temporary_data_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[
                also: Sequence[Part] = ()) -> None:
     """Run `stages` here, each of `children` (a list of stages) as a child process, and the parts `also`
     (the HTTP server of `up --serve`), supervised alike, until stopped."""
+    say_durability(settings)
     ctx = Context.from_settings(settings)
     if set(stages) & {*STORE_STAGES, QUERY}:
         # Opened (and its model checked) before any stage consumes: a ModelMismatch stops the process
@@ -45,6 +50,15 @@ def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[
             query_log_level=settings.log_level)
     finally:
         ctx.close()
+
+
+def say_durability(settings: Settings) -> None:
+    """At start: a warning when an acknowledged publish survives less on this Redis than the README promises
+    (no AOF, no WAITAOF: shared/durability.py). A server not up yet is the stage loops' to wait out."""
+    try:
+        warn_if_weaker(connect_streams(settings), settings.redis.wait_aof, safe_url(settings))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.info("cannot read the server's persistence yet (%s): the first publish says it", exc)
 
 
 @dataclass

@@ -29,10 +29,12 @@ from memflow.shared.durability import durability
 from memflow.shared.keys import FIELD
 from memflow.shared.redis_server import RedisServer, start_redis
 from memflow.shared.settings import Settings
+from memflow.shared.status import read_status
+from memflow.workers.process import say_durability
 
 pytestmark = pytest.mark.faults
 BLOB = os.urandom(4 << 20)
-BLOBS = 16  # at most this many 4 MB writes to get a background fsync running (64 MB: a fraction of a second)
+BLOBS = 8  # at most this many 4 MB writes to get a background fsync running (32 MB: a fraction of a second)
 ROUNDS, BURST = 4, 10  # tries at the window; events published in each
 
 
@@ -142,3 +144,20 @@ def test_the_promise_is_said_at_the_first_publish(args: tuple[str, ...], said: s
         assert warned == []
     else:
         assert len(warned) == 1 and said in warned[0]
+
+
+@pytest.mark.parametrize("args, weaker, said", [
+    (("--appendonly", "no"), True, "AOF is off on the server"),
+    ((), False, "fsynced to the server's AOF"),
+])
+def test_status_and_the_start_say_what_an_acknowledgement_survives(
+        args: tuple[str, ...], weaker: bool, said: str, settings: Settings, tmp_path: Path,
+        restartable: list[RedisServer], caplog: pytest.LogCaptureFixture) -> None:
+    restartable.append(start_redis(tmp_path / "own-redis", binary=settings.redis.server, extra_args=args))
+    settings = settings.replace(redis_url=restartable[-1].url)
+    report = read_status(connect(restartable[-1].url), settings.keys)
+    assert report.durability_weaker is weaker and said in report.durability
+    with caplog.at_level(logging.WARNING, logger="memflow.shared.durability"):
+        say_durability(settings)  # what `memflow up`, `worker` and `serve` say at start
+    assert [said in r.getMessage() for r in caplog.records if r.name == "memflow.shared.durability"] == (
+        [True] if weaker else [])

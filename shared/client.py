@@ -103,7 +103,7 @@ class MemoryClient:
     def publish(self, event: ChatEvent | dict[str, Any]) -> str:
         """Append one event to the `events` stream; returns its stream id. Does not wait for processing."""
         checked = self.validate(event)
-        return self._append(self.keys.work("events", checked.subject), [checked])[0]
+        return self._append([(self.keys.work("events", checked.subject), [checked])])[0][0]
 
     def publish_many(self, events: Sequence[ChatEvent | dict[str, Any]]) -> list[str]:
         """Append a batch in one round trip, all or nothing at validation: InvalidInput names the first bad
@@ -114,40 +114,54 @@ class MemoryClient:
                 checked.append(self.validate(event))
             except InvalidInput as exc:
                 raise InvalidInput(f"{i}.{exc.field}", exc.reason) from exc
+        if not checked:
+            return []
         by_stream: dict[str, list[int]] = {}
         for i, event in enumerate(checked):
             by_stream.setdefault(self.keys.work("events", event.subject), []).append(i)
+        parts = [(stream, [checked[i] for i in at]) for stream, at in by_stream.items()]
+        # One server: every partition's writes in one round trip, and one wait for the disk (and replicas) for
+        # the batch. A cluster: one per partition the batch touches (each on its own node).
+        groups = [[part] for part in parts] if self.settings.redis.cluster else [parts]
         ids = [""] * len(checked)
-        for stream, at in by_stream.items():  # one round trip per partition the batch touches
-            for i, entry_id in zip(at, self._append(stream, [checked[i] for i in at]), strict=True):
-                ids[i] = entry_id
+        for group in groups:
+            for stream_ids, (stream, _) in zip(self._append(group), group, strict=True):
+                for i, entry_id in zip(by_stream[stream], stream_ids, strict=True):
+                    ids[i] = entry_id
         return ids
 
-    def _append(self, stream: str, events: Sequence[ChatEvent]) -> list[str]:
-        """XADD the events to one partition's stream, wait until the server's AOF holds them on disk
-        (MEMFLOW_REDIS_WAIT_AOF, shared/durability.py) and (MEMFLOW_REDIS_WAIT_REPLICAS) for its replicas:
-        an event is acknowledged once it would survive a kill -9 of the server, a crash of its machine and
-        its master's death. Before the XADDs, on the same connection: the pending entries a search serves
-        until what they say is stored (shared/pending.py)."""
+    def _append(self, parts: Sequence[tuple[str, Sequence[ChatEvent]]]) -> list[list[str]]:
+        """XADD the events to their partitions' streams (all on one connection: one server, or one cluster
+        node's slot), wait until the server's AOF holds them on disk (MEMFLOW_REDIS_WAIT_AOF,
+        shared/durability.py) and (MEMFLOW_REDIS_WAIT_REPLICAS) for its replicas: an event is acknowledged
+        once it would survive a kill -9 of the server, a crash of its machine and its master's death. Before
+        each partition's XADDs, on the same connection: the pending entries a search serves until what they
+        say is stored (shared/pending.py). The entry ids, per part."""
         if not self._partitions_checked:  # routed by the deployment's partition count, or refused (shared/keys.py)
             check_partitions(self.redis, self.keys)
             self._fsync_timeout_ms = self._waits_for_fsync()
             self._partitions_checked = True
-        subjects: list[str] = []
-        events = [_without_secrets(event) for event in events]
+        cleaned = [(stream, [_without_secrets(event) for event in events]) for stream, events in parts]
+        subjects: list[list[str]] = []
 
         def write(pipe: Pipeline) -> None:
-            subjects.extend(pending.queue_said(pipe, self.keys, self.settings.pending, events))
-            for event in events:
-                pipe.xadd(stream, {FIELD: encode(event)})
+            for stream, events in cleaned:
+                subjects.append(pending.queue_said(pipe, self.keys, self.settings.pending, events))
+                for event in events:
+                    pipe.xadd(stream, {FIELD: encode(event)})
 
         r = self.settings.redis
-        replies = replicated(self.redis, stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms,
-                             fsync_timeout_ms=self._fsync_timeout_ms)
-        queued = pending.replies_of(subjects)
-        if subjects:
-            pending.checked_bounds(self.redis, self.keys, self.settings.pending, subjects, replies[:queued])
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in replies[queued:]]
+        replies = replicated(self.redis, cleaned[0][0], write, replicas=r.wait_replicas,
+                             timeout_ms=r.wait_timeout_ms, fsync_timeout_ms=self._fsync_timeout_ms)
+        ids, at = [], 0
+        for (_, events), said in zip(cleaned, subjects, strict=True):
+            queued = pending.replies_of(said)
+            if said:
+                pending.checked_bounds(self.redis, self.keys, self.settings.pending, said, replies[at:at + queued])
+            ids.append([i.decode() if isinstance(i, bytes) else str(i)
+                        for i in replies[at + queued:at + queued + len(events)]])
+            at += queued + len(events)
+        return ids
 
     def _waits_for_fsync(self) -> int | None:
         """WAITAOF's timeout when the server can answer it and the settings want it, else None (a server

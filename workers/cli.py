@@ -917,6 +917,23 @@ def bench_jobs(size: Annotated[int, typer.Option(help="Memories in the store (ra
                              jobs=[j for j in jobs.split(",") if j], settings=_settings("WARNING")))
 
 
+@bench_app.command("publish")
+def bench_publish(n: Annotated[int, typer.Option(help="Publishes one at a time, per variant (at most).")] = 1000,
+                  threads: Annotated[int, typer.Option(help="Publishers at once, for the rates.")] = 8,
+                  batch: Annotated[int, typer.Option(help="Events per publish_many.")] = 100,
+                  seconds: Annotated[float, typer.Option(help="Time spent on each figure, at most.")] = 5.0,
+                  variants: Annotated[str, typer.Option(help="everysec, always, always+waitaof, "
+                                                        "everysec+waitaof.")] = "everysec,always,always+waitaof,"
+                                                                                "everysec+waitaof",
+                  as_json: JsonFlag = False) -> None:
+    """Publish latency and throughput with an fsynced acknowledgement (appendfsync, WAITAOF), next to bare XADD."""
+    from memflow.bench.publish import run_cli
+
+    raise typer.Exit(run_cli(n=n, threads=threads, batch=batch, budget_s=seconds,
+                             variants=[v for v in variants.split(",") if v], as_json=as_json,
+                             settings=_settings("WARNING")))
+
+
 @bench_app.command("pending")
 def bench_pending(sizes: Annotated[str, typer.Option(help="Memories in each searched subject.")] = "10000,100000",
                   queries: int = 200, burst: int = 2000, as_json: JsonFlag = False) -> None:

@@ -161,3 +161,23 @@ def test_status_and_the_start_say_what_an_acknowledgement_survives(
         say_durability(settings)  # what `memflow up`, `worker` and `serve` say at start
     assert [said in r.getMessage() for r in caplog.records if r.name == "memflow.shared.durability"] == (
         [True] if weaker else [])
+
+
+def test_a_batch_waits_for_the_disk_once(settings: Settings, tmp_path: Path, restartable: list[RedisServer]) -> None:
+    """publish_many over many partitions: one WAITAOF for the batch on one server, not one per partition (at
+    everysec each waits for the next fsync, up to a second); every event acknowledged with its own id."""
+    restartable.append(start_redis(tmp_path / "own-redis", binary=settings.redis.server,
+                                   extra_args=("--appendfsync", "everysec")))
+    settings = settings.replace(redis_url=restartable[-1].url)
+    raw, client = connect(restartable[-1].url), MemoryClient(settings)
+    if not durability(raw).waitaof:
+        pytest.skip("a server without WAITAOF (Redis 7.0): nothing to wait on")
+    events = [{"event_id": f"b{i}", "subject": f"subject-{i}", "session_id": "s", "kind": "message", "role": "user",
+               "text": f"Remember: item {i}.", "ts": "2026-05-01T09:00:00Z"} for i in range(40)]
+    assert len({settings.keys.work("events", str(e["subject"])) for e in events}) > 2
+    calls = lambda: int(raw.info("commandstats").get("cmdstat_waitaof", {}).get("calls", 0))  # noqa: E731
+    before = calls()
+    ids = client.publish_many(events)
+    assert calls() - before == 1
+    assert len(ids) == 40 and all(ids) and stored_event_ids(client) == {f"b{i}" for i in range(40)}
+    assert client.publish_many([]) == []

@@ -33,16 +33,20 @@ from memflow.shared.keys import FIELD
 from memflow.shared.redis_server import start_redis
 from memflow.shared.settings import Settings
 
-# (name, appendfsync, publish waits on WAITAOF)
-VARIANTS = [("everysec", "everysec", False), ("always", "always", False),
-            ("always+waitaof", "always", True), ("everysec+waitaof", "everysec", True)]
+# (name, the server's arguments, publish waits on WAITAOF). `hz`: how often the server's cron runs, which is
+# when an everysec server fsyncs for a client blocked in WAITAOF (10 by default: a wait of up to 100 ms).
+VARIANTS = [("everysec", ("--appendfsync", "everysec"), False), ("always", ("--appendfsync", "always"), False),
+            ("always+waitaof", ("--appendfsync", "always"), True),
+            ("everysec+waitaof", ("--appendfsync", "everysec"), True),
+            ("everysec+waitaof+hz100", ("--appendfsync", "everysec", "--hz", "100"), True),
+            ("everysec+waitaof+hz500", ("--appendfsync", "everysec", "--hz", "500"), True)]
 
 
-def run_variant(settings: Settings, fsync: str, wait_aof: bool, *, n: int, threads: int, batch: int,
+def run_variant(settings: Settings, args: tuple[str, ...], wait_aof: bool, *, n: int, threads: int, batch: int,
                 budget_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="memflow-bench-publish-") as tmp:
         server = start_redis(Path(tmp) / "redis", binary=settings.redis.server,
-                             extra_args=("--appendfsync", fsync))
+                             extra_args=args)
         try:
             mine = settings.replace(redis_url=server.url, stream_prefix="benchpub:", data_dir=Path(tmp),
                                     redis_wait_aof=wait_aof)
@@ -116,10 +120,10 @@ def _rate(threads: int, budget_s: float, work: Callable[[int, int], object]) -> 
 def run_cli(*, n: int, threads: int, batch: int, budget_s: float, variants: list[str], as_json: bool,
             settings: Settings) -> int:
     report: dict[str, Any] = {"machine": machine(), "variants": {}}
-    for name, fsync, wait_aof in VARIANTS:
+    for name, args, wait_aof in VARIANTS:
         if name in variants:
-            say(f"publish on appendfsync {fsync}{', WAITAOF' if wait_aof else ''} ...")
-            report["variants"][name] = run_variant(settings, fsync, wait_aof, n=n, threads=threads, batch=batch,
+            say(f"publish on {' '.join(args)}{', WAITAOF' if wait_aof else ''} ...")
+            report["variants"][name] = run_variant(settings, args, wait_aof, n=n, threads=threads, batch=batch,
                                                    budget_s=budget_s)
     if as_json:
         print(orjson.dumps(report).decode())
@@ -130,10 +134,10 @@ def run_cli(*, n: int, threads: int, batch: int, budget_s: float, variants: list
 
 def print_report(r: dict[str, Any]) -> None:
     print(f"machine: {r['machine']}")
-    print(f"{'variant':<18} {'XADD p50/p99 ms':>16} {'publish p50/p99 ms':>19} {'XADD/s':>9} {'publish/s':>10} "
+    print(f"{'variant':<22} {'XADD p50/p99 ms':>16} {'publish p50/p99 ms':>19} {'XADD/s':>9} {'publish/s':>10} "
           f"{'batched ev/s':>13}")
     for name, v in r["variants"].items():
-        print(f"{name:<18} {v['xadd_p50_ms']:>7} / {v['xadd_p99_ms']:<7} {v['publish_p50_ms']:>8} / "
+        print(f"{name:<22} {v['xadd_p50_ms']:>7} / {v['xadd_p99_ms']:<7} {v['publish_p50_ms']:>8} / "
               f"{v['publish_p99_ms']:<8} {v['xadd_per_s']:>9} {v['publish_per_s']:>10} "
               f"{v['publish_many_events_per_s']:>13}")
     first = next(iter(r["variants"].values()), None)

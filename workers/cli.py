@@ -922,9 +922,10 @@ def bench_publish(n: Annotated[int, typer.Option(help="Publishes one at a time, 
                   threads: Annotated[int, typer.Option(help="Publishers at once, for the rates.")] = 8,
                   batch: Annotated[int, typer.Option(help="Events per publish_many.")] = 100,
                   seconds: Annotated[float, typer.Option(help="Time spent on each figure, at most.")] = 5.0,
-                  variants: Annotated[str, typer.Option(help="everysec, always, always+waitaof, "
-                                                        "everysec+waitaof.")] = "everysec,always,always+waitaof,"
-                                                                                "everysec+waitaof",
+                  variants: Annotated[str, typer.Option(help="Any of everysec, always, always+waitaof, "
+                                                        "everysec+waitaof, everysec+waitaof+hz100, "
+                                                        "everysec+waitaof+hz500.")] = (
+                      "everysec,always,always+waitaof,everysec+waitaof,everysec+waitaof+hz100,everysec+waitaof+hz500"),
                   as_json: JsonFlag = False) -> None:
     """Publish latency and throughput with an fsynced acknowledgement (appendfsync, WAITAOF), next to bare XADD."""
     from memflow.bench.publish import run_cli

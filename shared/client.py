@@ -41,7 +41,7 @@ from memflow.shared import feed as feed_pages
 from memflow.shared import pending, transfer
 from memflow.shared.codec import encode
 from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
-from memflow.shared.durability import warn_if_weaker
+from memflow.shared.durability import fsync_timeout_ms
 from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.keys import FIELD, STAGES, check_partitions
 from memflow.shared.rpc import (
@@ -167,8 +167,7 @@ class MemoryClient:
         """WAITAOF's timeout when the server can answer it and the settings want it, else None (a server
         without AOF or WAITAOF: warned about once, as what an acknowledgement then survives)."""
         r = self.settings.redis
-        found = warn_if_weaker(self.redis, r.wait_aof, safe_url(self.settings))
-        return r.wait_aof_timeout_ms if found.waits_for_fsync(r.wait_aof) else None
+        return fsync_timeout_ms(self.redis, safe_url(self.settings), r.wait_aof, r.wait_aof_timeout_ms)
 
     def write(self, subject: str, content: str, *, session_id: str = "api", external_ref: str | None = None,
               ts: datetime | None = None, event_id: str | None = None) -> str:

@@ -93,6 +93,16 @@ def _per_node(client: redis.Redis | RedisCluster, ask: Any) -> list[dict[str, An
 
 
 _warned: set[str] = set()
+# Per server (its URL), whether writes there can be waited on to reach the disk: asked once per process.
+_waits: dict[str, bool] = {}
+
+
+def fsync_timeout_ms(client: redis.Redis | RedisCluster, url: str, wanted: bool, timeout_ms: int) -> int | None:
+    """WAITAOF's timeout for writes to the server at `url` (its password left out), or None when they cannot
+    be waited on (MEMFLOW_REDIS_WAIT_AOF off, no AOF, no WAITAOF: warned about once)."""
+    if url not in _waits:
+        _waits[url] = warn_if_weaker(client, wanted, url).waits_for_fsync(wanted)
+    return timeout_ms if _waits[url] else None
 
 
 def warn_if_weaker(client: redis.Redis | RedisCluster, wanted: bool, where: str) -> Durability:

@@ -27,6 +27,8 @@ from memflow.pipeline.writes import content_hash, mutation
 from memflow.shared import pending as pending_layer
 from memflow.shared.applier import Applier
 from memflow.shared.buffers import SessionBuffers
+from memflow.shared.connections import NotDurable, safe_url
+from memflow.shared.durability import fsync_timeout_ms
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import STAGES, Keys
 from memflow.shared.store import MemoryFilter, Store
@@ -48,10 +50,16 @@ class Places:
     client: redis.Redis
     keys: Keys
     buffers: SessionBuffers
+    # WAITAOF's timeout for the tombstones (keep_receipts), None when the server cannot be waited on.
+    fsync_timeout_ms: int | None = None
 
     @classmethod
     def of(cls, ctx: Context) -> Places:
-        return cls(ctx.client, ctx.keys, buffers(ctx))
+        r = ctx.settings.redis
+        # A cluster's pipeline spans nodes, and WAITAOF answers for one: there, the nodes' own fsync policy.
+        timeout_ms = None if r.cluster else fsync_timeout_ms(ctx.client, safe_url(ctx.settings), r.wait_aof,
+                                                             r.wait_aof_timeout_ms)
+        return cls(ctx.client, ctx.keys, buffers(ctx), timeout_ms)
 
 
 def forget(applier: Applier, places: Places, subject: str, memory_ids: list[str] | None, contains: str | None,
@@ -67,7 +75,8 @@ def forget(applier: Applier, places: Places, subject: str, memory_ids: list[str]
     with applier.holding(subject) as held:
         targets = _forget_targets(applier.store, subject, memory_ids, contains)
         said = _pending_targets(client, keys, subject, memory_ids, contains)
-        keep_receipts(client, keys, subject, targets, events=[s.turn.event_id for s in said], at=now)
+        keep_receipts(client, keys, subject, targets, events=[s.turn.event_id for s in said], at=now,
+                      fsync_timeout_ms=places.fsync_timeout_ms)
         deleted = {"status": Status.deleted.value}
         ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
                                    for m in targets), *(DeleteOp(id=m.id) for m in targets),
@@ -169,11 +178,13 @@ def receipt(memory: Memory) -> dict[str, Any]:
 
 
 def keep_receipts(client: redis.Redis, keys: Keys, subject: str, memories: Iterable[Memory],
-                  events: Iterable[str] = (), *, at: datetime) -> None:
+                  events: Iterable[str] = (), *, at: datetime, fsync_timeout_ms: int | None = None) -> None:
     """A receipt per memory, and the tombstones every later write reads (pipeline/writes.py Tombstones): its
     source events (and `events`: pending ones) marked forgotten, and its words (by hash) forgotten `at`. A
     write still in flight that carries them (a session's end being extracted, a redelivered upsert, a batch
-    decided before the forget) must not write the memory back."""
+    decided before the forget) must not write the memory back. With `fsync_timeout_ms`, it returns once the
+    server's AOF holds them on disk (WAITAOF): before the store deletes what they guard, so that a kill -9 of
+    the server cannot take them back while the deletion stays (NotDurable past the timeout: nothing deleted)."""
     memories = list(memories)
     mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
     events = {e for m in memories for e in m.source_event_ids} | set(events)
@@ -186,7 +197,12 @@ def keep_receipts(client: redis.Redis, keys: Keys, subject: str, memories: Itera
                   mapping={content_hash(m.content): at.isoformat() for m in memories})
     if events:
         pipe.sadd(keys.forgotten_events(subject), *events)
-    pipe.execute()
+    if fsync_timeout_ms is not None:
+        pipe.waitaof(1, 0, fsync_timeout_ms)
+    replies = pipe.execute()
+    if fsync_timeout_ms is not None and replies[-1][0] < 1:
+        raise NotDurable(f"the server did not fsync {subject}'s forget tombstones within {fsync_timeout_ms} ms "
+                         "(MEMFLOW_REDIS_WAIT_AOF_TIMEOUT_MS): nothing was deleted; forget again")
 
 
 def unforgotten(client: redis.Redis, keys: Keys, candidates: Sequence[Candidate]) -> list[bool]:

@@ -181,3 +181,31 @@ def test_a_batch_waits_for_the_disk_once(settings: Settings, tmp_path: Path, res
     assert calls() - before == 1
     assert len(ids) == 40 and all(ids) and stored_event_ids(client) == {f"b{i}" for i in range(40)}
     assert client.publish_many([]) == []
+
+
+def test_forget_tombstones_wait_for_the_disk_before_anything_is_deleted(settings: Settings, tmp_path: Path,
+                                                                        restartable: list[RedisServer]) -> None:
+    """The tombstones keep every later write from putting a forgotten memory back: lost to a kill -9 of the
+    server after the store deleted it, a redelivered write would. On a server at everysec they are waited on
+    (WAITAOF) before forget goes on to delete."""
+    from datetime import UTC, datetime
+
+    from memflow.workers.forgetting import Places, keep_receipts
+    from memflow.workers.runtime import Context
+
+    restartable.append(start_redis(tmp_path / "own-redis", binary=settings.redis.server,
+                                   extra_args=("--appendfsync", "everysec")))
+    raw = connect(restartable[-1].url)
+    if not durability(raw).waitaof:
+        pytest.skip("a server without WAITAOF (Redis 7.0): nothing to wait on")
+    ctx = Context.from_settings(settings.replace(redis_url=restartable[-1].url))
+    try:
+        places = Places.of(ctx)
+        calls = lambda: int(raw.info("commandstats").get("cmdstat_waitaof", {}).get("calls", 0))  # noqa: E731
+        before = calls()
+        keep_receipts(places.client, places.keys, "s", [], events=["e1"], at=datetime(2026, 5, 1, tzinfo=UTC),
+                      fsync_timeout_ms=places.fsync_timeout_ms)
+        assert calls() - before == 1
+        assert raw.sismember(places.keys.forgotten_events("s"), "e1")
+    finally:
+        ctx.close()

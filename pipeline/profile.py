@@ -30,6 +30,13 @@ RULES = (MType.rule, MType.decision)
 ABOUT_PEOPLE = (MType.fact, MType.preference, MType.rule, MType.decision)
 # What a profile may show of another person: the kinds above, and an episode nothing was distilled from.
 SHOWN = (*ABOUT_PEOPLE, MType.episode)
+# A profile opens a conversation: a page, not a dump of every standing fact (at 10k memories a long-lived user's
+# mix held 4,000 items, 1 MB, a read 10 ms p95 and its prompt text 100 ms to build). Past these bounds the
+# strongest are kept (`strength`: what uses and restatements keep up and decay brings down), then the most
+# recently updated; the rest is counted in `omitted`, and a search finds it.
+MAX_SECTION = 100
+MAX_PEOPLE = 30
+MAX_KNOWN = 10  # of each person
 
 
 class Item(Wire):
@@ -67,6 +74,9 @@ class Profile(Wire):
     people: list[PersonProfile] = Field(default_factory=list)
     # The contests still open, each side flagged where it stands above too.
     contested: list[Item] = Field(default_factory=list)
+    omitted: dict[str, int] = Field(
+        default_factory=dict,
+        description="By section, how many items hold now but are past the profile's bounds (a search finds them)")
 
 
 class SinceRevision(Wire):
@@ -108,23 +118,41 @@ def assemble(subject: str, revision: str, memories: Iterable[Memory], now: datet
     ones that no longer hold), as they hold at `now`."""
     memories = list(memories)
     verbatim = undistilled(memories, forgotten_events)
-    held = sorted((m for m in memories if holds(m, now) and m.mtype in SHOWN
-                   and (m.mtype is not MType.episode or (m.about != SELF and m.id in verbatim))),
-                  key=lambda m: (m.key, m.created_at, m.id))
+    held = [m for m in memories if holds(m, now) and m.mtype in SHOWN
+            and (m.mtype is not MType.episode or (m.about != SELF and m.id in verbatim))]
     own = [m for m in held if m.about == SELF]
     others: dict[str, list[Memory]] = {}
     for m in held:
         if m.about != SELF:
             others.setdefault(m.about, []).append(m)
+    omitted: dict[str, int] = {}
+
+    def section(name: str, of: list[Memory], cap: int = MAX_SECTION) -> list[Item]:
+        kept = strongest(of, cap)
+        if len(kept) < len(of):
+            omitted[name] = omitted.get(name, 0) + len(of) - len(kept)
+        return [item(m) for m in kept]
+
+    ranked = sorted(others.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     people = [PersonProfile(about=who, relation=Person.of(who).relation, name=Person.of(who).name,
-                            known=[item(m) for m in known])
-              for who, known in sorted(others.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+                            known=section("people", known, MAX_KNOWN))
+              for who, known in ranked[:MAX_PEOPLE]]
+    if beyond := sum(len(known) for _, known in ranked[MAX_PEOPLE:]):
+        omitted["people"] = omitted.get("people", 0) + beyond
     return Profile(subject=subject, revision=revision,
-                   identity=[item(m) for m in own if m.mtype in IDENTITY],
-                   preferences=[item(m) for m in own if m.mtype in PREFERENCES],
-                   rules=[item(m) for m in own if m.mtype in RULES],
+                   identity=section("identity", [m for m in own if m.mtype in IDENTITY]),
+                   preferences=section("preferences", [m for m in own if m.mtype in PREFERENCES]),
+                   rules=section("rules", [m for m in own if m.mtype in RULES]),
                    people=people,
-                   contested=[item(m) for m in held if m.status is Status.contested])
+                   contested=section("contested", [m for m in held if m.status is Status.contested]),
+                   omitted=omitted)
+
+
+def strongest(memories: list[Memory], cap: int) -> list[Memory]:
+    """At most `cap` of `memories`: the strongest, then the surest, then the most recently updated; shown in the
+    order of their keys (two reads of an unchanged subject are the same)."""
+    kept = sorted(memories, key=lambda m: (-m.strength, -m.confidence, -m.updated_at.timestamp(), m.id))[:cap]
+    return sorted(kept, key=lambda m: (m.key, m.created_at, m.id))
 
 
 def item(m: Memory) -> Item:

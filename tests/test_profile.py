@@ -216,3 +216,22 @@ def test_a_turn_about_a_person_nothing_was_distilled_from_is_shown_as_said_the_u
         "husband": ["My husband works at Bosch in Stuttgart."], "wife": ["My wife is on a keto diet"]}
     assert found.identity == [] and found.contested == []
     assert undistilled(memories, ["e5"]) == {"m1", "m2"}
+
+
+def test_a_profile_stays_a_page_the_strongest_kept_and_what_is_past_its_bounds_counted() -> None:
+    """Pure: a long-lived user's standing facts past the bounds (`MAX_SECTION`, `MAX_PEOPLE`, `MAX_KNOWN`): the
+    strongest of each section are shown in key order, the rest counted in `omitted`, nothing shown twice."""
+    from memflow.pipeline import profile as assembly
+    over = assembly.MAX_SECTION + 7
+    facts = [memory(n, f"fact {n}", MType.fact).model_copy(update={"strength": n / over}) for n in range(over)]
+    people = [memory(1000 + n, f"person {n} fact", MType.fact, f":p{n:03d}") for n in range(assembly.MAX_PEOPLE + 3)]
+    talked_of = [memory(2000 + n, f"anna {n}", MType.fact, "sister:anna") for n in range(assembly.MAX_KNOWN + 4)]
+    found = assemble("s", "0-0", [*facts, *people, *talked_of], NOW)
+    shown = [i.content for i in found.identity]
+    assert len(shown) == assembly.MAX_SECTION and "fact 0" not in shown and f"fact {over - 1}" in shown
+    assert [i.key for i in found.identity] == sorted(i.key for i in found.identity)  # key order, as before
+    assert found.people[0].about == "sister:anna" and len(found.people[0].known) == assembly.MAX_KNOWN
+    assert len(found.people) == assembly.MAX_PEOPLE
+    assert found.omitted == {"identity": 7, "people": 4 + 4}  # anna's 4 beyond MAX_KNOWN, 4 people beyond MAX_PEOPLE
+    small = assemble("s", "0-0", facts[:3], NOW)
+    assert small.omitted == {} and len(small.identity) == 3

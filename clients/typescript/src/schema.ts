@@ -396,6 +396,8 @@ export type ProfileReply = {
   rules?: Item[];
   people?: PersonProfile[];
   contested?: Item[];
+  /** By section, how many items hold now but are past the profile's bounds (a search finds them) */
+  omitted?: Record<string, number>;
   prompt?: string | null;
   changes?: SinceRevision | null;
 };

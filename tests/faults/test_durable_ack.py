@@ -34,8 +34,10 @@ from memflow.workers.process import say_durability
 
 pytestmark = pytest.mark.faults
 BLOB = os.urandom(4 << 20)
-BLOBS = 8  # at most this many 4 MB writes to get a background fsync running (32 MB: a fraction of a second)
-ROUNDS, BURST = 4, 10  # tries at the window; events published in each
+# 4 MB writes: at least DIRTY (the next background fsync has them all to flush: long enough to publish
+# into), then until one runs, at most BLOBS.
+DIRTY, BLOBS = 16, 64
+ROUNDS, BURST = 5, 5  # tries at the window; events published in each
 
 
 def kill9(server: RedisServer) -> None:
@@ -61,11 +63,13 @@ def persistence(raw: redis.Redis) -> dict[str, Any]:
 
 
 def make_the_disk_busy(raw: redis.Redis, round_: int) -> bool:
-    """Large writes until the server runs a background fsync (everysec); True if it does. A server that
-    fsyncs before it replies (always) runs none: it is then left after BLOBS writes."""
+    """Large writes until the server runs a background fsync of them (everysec); True if it does. A server
+    that fsyncs before it replies (always) runs none, and has no window to open."""
+    if raw.config_get("appendfsync").get("appendfsync") == "always":
+        return False
     for i in range(BLOBS):
         raw.set(f"blob:{round_}:{i}", BLOB)
-        if persistence(raw)["aof_pending_bio_fsync"]:
+        if i >= DIRTY and persistence(raw)["aof_pending_bio_fsync"]:
             return True
     return False
 

@@ -6,6 +6,7 @@ process for the module; each test writes under subjects of its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -56,25 +57,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(settings: Settings, *args: str) -> tuple[str, subprocess.Popen[str]]:
+def start_serve(settings: Settings, *args: str, attempts: int = 3) -> tuple[str, subprocess.Popen[str]]:
     """`memflow serve` on a free port, its output in `serve.log` of the data dir (a pipe nobody reads
-    would stop the server once full)."""
-    port = free_port()
-    env = {**os.environ, **to_env(settings)}
-    log = (settings.store.data_dir / "serve.log").open("a")
-    process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port), *args],
-                               env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
-    process.log_path = Path(log.name)  # type: ignore[attr-defined]
-    url = f"http://127.0.0.1:{port}"
+    would stop the server once full). A port found free can be taken before the server binds it (seen under
+    load: "address already in use"): the server is then started again on another."""
+    for attempt in range(attempts):
+        port = free_port()
+        env = {**os.environ, **to_env(settings)}
+        log = (settings.store.data_dir / "serve.log").open("a")
+        process = subprocess.Popen([sys.executable, "-m", "memflow.workers.cli", "serve", "--port", str(port), *args],
+                                   env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        process.log_path = Path(log.name)  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}"
+        said = log.tell()
+        wait_for(functools.partial(_listening_or_ended, process, url), 60, "memflow serve to listen")
+        if process.poll() is None:
+            return url, process
+        output = process.log_path.read_text()[said:]  # type: ignore[attr-defined]
+        if "address already in use" not in output or attempt == attempts - 1:
+            raise AssertionError(f"memflow serve stopped: {output}")
+    raise AssertionError("unreachable")
 
-    def up() -> bool:
-        assert process.poll() is None, process.log_path.read_text()  # type: ignore[attr-defined]
-        try:
-            return httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-    wait_for(up, 60, "memflow serve to listen")
-    return url, process
+
+def _listening_or_ended(process: subprocess.Popen[str], url: str) -> bool:
+    if process.poll() is not None:
+        return True  # ended: start_serve tells why
+    try:
+        return httpx.get(f"{url}/openapi.json", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def stop(process: subprocess.Popen[str]) -> str:

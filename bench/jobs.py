@@ -32,7 +32,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, on_fresh_system, pct_ms, say
+from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, emit, on_fresh_system, pct_ms, say
 from memflow.scheduler.firings import Entry, enqueue_firing
 from memflow.shared.edge_store import STEP_LOG
 from memflow.shared.settings import Settings
@@ -238,8 +238,4 @@ def run_cli(*, size: int, rate: float, idle_s: float, as_json: bool, settings: S
             jobs: Sequence[str] = JOBS) -> int:
     report = on_fresh_system(settings, "jobs",
                              lambda system: measure(system, size=size, rate=rate, idle_s=idle_s, jobs=jobs))
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import orjson
-
 from memflow.bench.perf import (
     AT,
     DAYS,
@@ -43,6 +41,7 @@ from memflow.bench.perf import (
     _search_in_process,
     _size_label,
     bulk_load,
+    emit,
     loaded,
     machine,
     message,
@@ -322,11 +321,7 @@ def measure(system: Embedded, *, sizes: Sequence[int], queries: int, burst: int)
 def run_cli(*, sizes: list[int], queries: int, burst: int, as_json: bool, settings: Settings) -> int:
     report = on_fresh_system(settings, "pending",
                              lambda system: measure(system, sizes=sizes, queries=queries, burst=burst))
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)
 
 
 def print_report(r: dict[str, Any]) -> None:

@@ -287,11 +287,7 @@ def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: li
         say(f"search over {AGENTS} subjects of {MILLION // AGENTS} memories ...")
         report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = said(on_fresh_system(
             settings, "perf", lambda system: bench_many_subjects(system, AGENTS, MILLION // AGENTS, queries)))
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)
 
 
 def run_embedded(settings: Settings, name: str, measure: Callable[[Embedded], dict[str, Any]],
@@ -299,11 +295,7 @@ def run_embedded(settings: Settings, name: str, measure: Callable[[Embedded], di
     """Measure on a fresh embedded system in a temp dir (its own Redis and store), then print the report:
     JSON, or for a person."""
     report = on_fresh_system(settings, name, measure)
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)
 
 
 def on_fresh_system(settings: Settings, name: str, measure: Callable[[Embedded], dict[str, Any]]) -> dict[str, Any]:
@@ -335,6 +327,15 @@ def _size_label(size: int) -> str:
     if size % 1_000_000 == 0:
         return f"{size // 1_000_000}m"
     return f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def emit(report: dict[str, Any], as_json: bool, print_report: Callable[[dict[str, Any]], None]) -> int:
+    """A bench's report on stdout: one JSON line, or its table; the command's exit status."""
+    if as_json:
+        print(orjson.dumps(report).decode())
+    else:
+        print_report(report)
+    return 0
 
 
 def machine() -> dict[str, Any]:

@@ -35,11 +35,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
 import redis.asyncio
 
 from memflow.bench.api import serving
-from memflow.bench.perf import AT, DAYS, NAMES, NOUNS, machine, on_fresh_system, pct_ms, say
+from memflow.bench.perf import AT, DAYS, NAMES, NOUNS, emit, machine, on_fresh_system, pct_ms, say
 from memflow.pipeline import profile as assembly
 from memflow.pipeline.models import SEARCHABLE_STATUSES, Dir, Memory, MType, Source, Status
 from memflow.shared import profiles
@@ -256,8 +255,4 @@ def print_report(r: dict[str, Any]) -> None:
 def run_cli(*, size: int, reads: int, writes: int, as_json: bool, settings: Settings) -> int:
     report = on_fresh_system(settings, "profile", lambda system: measure(system, size=size, reads=reads,
                                                                           writes=writes))
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)

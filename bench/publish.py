@@ -23,9 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from memflow.bench.perf import AT, machine, message, pct_ms, say
+from memflow.bench.perf import AT, emit, machine, message, pct_ms, say
 from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
 from memflow.shared.connections import connect
@@ -125,11 +123,7 @@ def run_cli(*, n: int, threads: int, batch: int, budget_s: float, variants: list
             say(f"publish on {' '.join(args)}{', WAITAOF' if wait_aof else ''} ...")
             report["variants"][name] = run_variant(settings, args, wait_aof, n=n, threads=threads, batch=batch,
                                                    budget_s=budget_s)
-    if as_json:
-        print(orjson.dumps(report).decode())
-    else:
-        print_report(report)
-    return 0
+    return emit(report, as_json, print_report)
 
 
 def print_report(r: dict[str, Any]) -> None:

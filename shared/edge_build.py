@@ -116,6 +116,24 @@ def commit(path: Path) -> Path:
     return retired
 
 
+def warm(directory: Path, chunk: int = 1 << 20) -> int:
+    """Read every file of a built shard into the page cache; the bytes read. The engine's load faults the files'
+    pages in holding the interpreter lock, and the child's close leaves them out of the cache: a 12k-point shard
+    loaded in 0.075 s cold, 0.035 s warm (measured, 0.9.0). Reading here lets go of the lock at each read, so
+    searches run meanwhile, and the load under the lock finds the pages in memory."""
+    buffer = bytearray(chunk)
+    read = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb", buffering=0) as file:
+                    while got := file.readinto(buffer):
+                        read += got
+            except OSError:
+                continue  # best effort: the load reads what this did not
+    return read
+
+
 def write_back(directory: Path) -> None:
     """fsync every file of a shard about to be closed. Closing flushes the shard (its mapped pages to disk), holding
     the interpreter lock: 0.25 s at 20k points never flushed, measured. os.fsync lets go of it, so the pages are
@@ -150,6 +168,12 @@ def main(directory: str) -> None:
     shard = qe.EdgeShard.load(directory)
     started = time.perf_counter()
     built = shard.optimize()
+    if built:
+        # Every load replays the WAL's last entry again (the engine's flush acknowledges all but the last
+        # operation: measured with 0.9.0, `ack_index` stays one behind). Left as it is, that entry is the last
+        # write before the copy, e.g. a put of 2,000 points, replayed by the serving process under the interpreter
+        # lock: 0.17 s of a 12k-point shard's load against 0.075 s with this empty delete as the last entry.
+        shard.update(qe.UpdateOperation.delete_points([]))
     shard.flush()
     shard.close()
     print(f"{'built' if built else 'unchanged'} in {time.perf_counter() - started:.1f} s", flush=True)

@@ -268,6 +268,8 @@ class EdgeStore:
 
     def _hand_over(self, built: Path, between: Callable[[], object], steps: _Steps) -> None:
         """Serve the built shard, with every write made since its copy (shared/edge_build.py, step 3)."""
+        edge_build.warm(built)
+        steps.done("warm the page cache")
         between()
         steps.done("step aside")
         with self._writing:

@@ -124,6 +124,7 @@ def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore, c
         searcher.join()
     assert foreground.stepped_aside == 2  # before the load, before the close
     steps = [r.args[1] for r in caplog.records if r.msg == STEP_LOG and isinstance(r.args, tuple)]
-    assert steps == ["copy (writes held)", "build (child process)", "step aside", "load and replay (lock held)",
+    assert steps == ["copy (writes held)", "build (child process)", "warm the page cache", "step aside",
+                     "load and replay (lock held)",
                      "write back the retired shard", "step aside", "close (lock held)", "drop the copy"]
     shard.close()

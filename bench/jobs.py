@@ -44,6 +44,8 @@ JOB_TIMEOUT_S = 3600.0
 # A collection shorter than this is not worth naming as what a slow search met.
 GC_NOTED_S = 0.005
 STORE_LOGGER = "memflow.shared.edge_store"
+# The Redis server's moments at least this slow are noted (its latency monitor), to name what a slow search met.
+REDIS_SLOW_MS = 20
 
 
 class LeaseLosses(logging.Handler):
@@ -83,6 +85,23 @@ class Timeline(logging.Handler):
             return
         shard, step, took = record.args
         self._add(record.created - float(took), record.created, f"{step} of {shard}")  # type: ignore[arg-type]
+
+    def collected(self, start: float, end: float) -> dict[str, Any]:
+        """The collections noted in [start, end]: how many, and the longest, in ms (a collection holds the
+        interpreter lock: each one delays every search due meanwhile)."""
+        with self._spans_lock:
+            took = [e - s for s, e, what in self.spans if what.startswith("gc ") and start <= s <= end]
+        return {"noted": len(took), "max_ms": round(max(took, default=0.0) * 1000, 1)}
+
+    def redis_stalls(self, client: Any) -> None:
+        """The Redis server's own slow moments since the last call (its latency monitor: an fsync of the AOF, a
+        command, a fork), as spans: a search is a few Redis round trips, and the server's event loop waits for
+        each fsync (`appendfsync always`)."""
+        for event, *_ in client.execute_command("LATENCY", "LATEST"):
+            name = event.decode() if isinstance(event, bytes) else str(event)
+            for at, ms in client.execute_command("LATENCY", "HISTORY", name):
+                self._add(int(at) - int(ms) / 1000, int(at) + 1.0, f"redis {name} {int(ms)} ms")
+        client.execute_command("LATENCY", "RESET")
 
     def during(self, start: float, end: float) -> list[str]:
         """What overlapped [start, end], longest first."""
@@ -139,13 +158,17 @@ class Searches:
             due += self.every_s
 
 
-def searched_idle(system: Embedded, subjects: list[str], rate: float, seconds: float) -> dict[str, Any]:
+def searched_idle(system: Embedded, subjects: list[str], rate: float, seconds: float,
+                  timeline: Timeline) -> dict[str, Any]:
     searches = Searches(system, subjects, rate)
-    ends = time.perf_counter() + seconds
+    began, ends = time.time(), time.perf_counter() + seconds
     searches.run_while(lambda: time.perf_counter() < ends)
-    return {"p99_ms": pct_ms(searches.latencies, 0.99), "p50_ms": pct_ms(searches.latencies, 0.5),
+    timeline.redis_stalls(system.ctx.client)
+    p50 = pct_ms(searches.latencies, 0.5)
+    return {"p99_ms": pct_ms(searches.latencies, 0.99), "p50_ms": p50,
             "max_ms": pct_ms(searches.latencies, 1.0), "searches": len(searches.latencies),
-            "failed": searches.failed}
+            "failed": searches.failed, "gc": timeline.collected(began, time.time()),
+            "stalls": stalls(searches, 2 * p50 / 1000, timeline, "idle")}
 
 
 def stalls(searches: Searches, slow_s: float, timeline: Timeline, job: str) -> list[dict[str, Any]]:
@@ -163,14 +186,15 @@ def searched_during(system: Embedded, subjects: list[str], rate: float, job: str
     """Searches while `job` runs on the jobs worker (enqueued as the scheduler does), what the job took, and the
     searches slower than `slow_s` with what ran meanwhile."""
     searches = Searches(system, subjects, rate, seed=hash(job) % 1000)
-    lost_before, started = losses.count, time.perf_counter()
+    lost_before, started, began = losses.count, time.perf_counter(), time.time()
     fired = enqueue_as_scheduled(system, job)
     searches.run_while(lambda: not _ended(fired))
     seconds = time.perf_counter() - started
     if fired.get_status() != JobStatus.FINISHED:
         raise RuntimeError(f"{job} ended {fired.get_status()}: {fired.latest_result()}")
+    timeline.redis_stalls(system.ctx.client)
     detail = {"p50_ms": pct_ms(searches.latencies, 0.5), "max_ms": pct_ms(searches.latencies, 1.0),
-              "searches": len(searches.latencies)}
+              "searches": len(searches.latencies), "gc": timeline.collected(began, time.time())}
     say(f"{job}: {orjson.dumps(detail).decode()}")
     return {"seconds": round(seconds, 1), "p99_ms": pct_ms(searches.latencies, 0.99), "failed": searches.failed,
             "partitions_lost": losses.count - lost_before, "stalls": stalls(searches, slow_s, timeline, job)}
@@ -204,11 +228,13 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
     leases = logging.getLogger("memflow.shared.leases")
     leases.addHandler(losses)
     timeline.start()
+    system.ctx.client.config_set("latency-monitor-threshold", REDIS_SLOW_MS)
+    system.ctx.client.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
     try:
         for subject in subjects:  # steady state: a subject's first search is not what a job could slow down
             system.client.search(subject, "warming up")
         say(f"searches at {rate:g}/s, idle, for {idle_s:g} s ...")
-        idle = searched_idle(system, subjects, rate, idle_s)
+        idle = searched_idle(system, subjects, rate, idle_s, timeline)
         say(f"idle: {orjson.dumps(idle).decode()}")
         during = {}
         for job in jobs:
@@ -216,14 +242,18 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
             during[job] = searched_during(system, subjects, rate, job, losses, 2 * idle["p99_ms"] / 1000, timeline)
             say(f"{job}: {orjson.dumps(during[job]).decode()}")
     finally:
+        system.ctx.client.config_set("latency-monitor-threshold", 0)
         timeline.stop()
         leases.removeHandler(losses)
-    return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"]}, "jobs": during}
+    return {"size": len(subjects) * each, "idle": {"p99_ms": idle["p99_ms"], "stalls": idle["stalls"]},
+            "jobs": during}
 
 
 def print_report(report: dict[str, Any]) -> None:
     idle = report["idle"]["p99_ms"]
     print(f"jobs beside searches @ {report['size']} memories: idle search p99 {idle:.1f} ms")
+    for stall in report["idle"]["stalls"]:
+        print(f"    {stall['ms']:>9.1f} ms during {stall['during']}")
     for job, figures in report["jobs"].items():
         verdict = "ok" if (figures["p99_ms"] <= 2 * idle and not figures["failed"]
                            and not figures["partitions_lost"]) else "MISSED"

@@ -8,6 +8,7 @@ import logging
 import time
 
 import pytest
+import redis
 
 from memflow.bench.jobs import STORE_LOGGER, LeaseLosses, Searches, Timeline, measure, print_report, stalls
 from memflow.shared.edge_store import STEP_LOG
@@ -24,7 +25,7 @@ def test_the_bench_reports_search_p99_idle_and_during_each_job(settings: Setting
         report = measure(system, size=300, rate=20, idle_s=1.0)
 
     assert set(report) == {"size", "idle", "jobs"} and report["size"] == 300
-    assert set(report["idle"]) == {"p99_ms"} and report["idle"]["p99_ms"] > 0
+    assert set(report["idle"]) == {"p99_ms", "stalls"} and report["idle"]["p99_ms"] > 0
     assert set(report["jobs"]) == {"index", "consolidate"}
     for figures in report["jobs"].values():
         assert set(figures) == FIGURES
@@ -69,3 +70,25 @@ def test_a_slow_search_is_matched_to_the_index_build_step_or_collection_that_ran
     assert found[1] == {"ms": 300.0, "during": "index: no step recorded"}
     assert len(found) == 2 and logging.getLogger(STORE_LOGGER).level == logging.NOTSET
     assert any(what.startswith("gc generation 2") for _, _, what in timeline.spans)
+
+
+def test_the_redis_servers_slow_moments_are_named(client: redis.Redis) -> None:
+    """A search is a few Redis round trips: a moment the server itself was slow (its latency monitor) is a span
+    a slow search can be matched to."""
+    timeline = Timeline()
+    client.config_set("latency-monitor-threshold", 10)
+    try:
+        client.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
+        busy = client.register_script("local n = 0 for i = 1, 1e7 do n = n + i end return 1")
+        busy()
+        timeline.redis_stalls(client)
+    finally:
+        client.config_set("latency-monitor-threshold", 0)
+    assert any(what.startswith("redis ") for _, _, what in timeline.spans), timeline.spans
+    start, end, what = next(span for span in timeline.spans if span[2].startswith("redis "))
+    assert end - start >= 0.01 and abs(end - time.time()) < 60
+    searches = Searches.__new__(Searches)
+    searches.latencies, searches.answered = [0.3], [end - 0.5]
+    assert stalls(searches, 0.2, timeline, "idle")[0]["during"] == what
+    timeline.redis_stalls(client)  # read once: the server's history was reset
+    assert sum(w.startswith("redis ") for _, _, w in timeline.spans) == 1

@@ -18,7 +18,7 @@ from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared import rpc
 from memflow.shared.client import MemoryClient
 from memflow.shared.embedder import Embedder
-from memflow.shared.foreground import Foreground, freezers
+from memflow.shared.foreground import FULL_AFTER, Foreground, freezers
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter, Store
 from memflow.workers import jobs
@@ -180,11 +180,12 @@ def test_the_heap_loaded_at_start_is_out_of_the_collectors_way_while_the_workers
         wait_for(lambda: gc.get_freeze_count() > 100_000, timeout_s=5, what="the heap frozen")  # the model and more
         collected = timed_collection()
         assert collected < 0.1, f"a full collection took {collected:.3f} s"
+        assert gc.get_threshold()[2] >= FULL_AFTER  # and the rest walked less often
     finally:
         runner.shutdown()
         ctx.close()
     # Given back to the collector, unless a worker of another test is still stopping (it holds the heap frozen too).
-    assert gc.get_freeze_count() == 0 or freezers() > 0
+    assert (gc.get_freeze_count() == 0 and gc.get_threshold()[2] < FULL_AFTER) or freezers() > 0
 
 
 def timed_collection() -> float:

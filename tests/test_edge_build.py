@@ -4,6 +4,7 @@ answered while it builds, writes made meanwhile are in its result, and a crash m
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -128,3 +129,16 @@ def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore, c
                      "load and replay (lock held)",
                      "write back the retired shard", "step aside", "close (lock held)", "drop the copy"]
     shard.close()
+
+
+def test_warming_reads_every_file_of_a_built_shard(tmp_path: Path) -> None:
+    """The load under the interpreter lock finds the built shard's pages in memory only if every file was read:
+    the bytes read are the bytes on disk, nested folders included."""
+    built = tmp_path / "part-00.build"
+    (built / "segments" / "a").mkdir(parents=True)
+    (built / "wal").mkdir()
+    sizes = {built / "segments" / "a" / "vectors": 3 << 20, built / "wal" / "open-1": 12345, built / "config": 7}
+    for path, size in sizes.items():
+        path.write_bytes(os.urandom(size))
+
+    assert edge_build.warm(built, chunk=1 << 16) == sum(sizes.values())

@@ -11,8 +11,10 @@ load a copy of it, and the same `UpdateOperation` can be applied to two shards. 
 1. copy: with writes held (the copy is of one instant: no write halfway through), the shard's directory is
    copied beside it (`<shard>.build`), and from then on every write to the shard is also kept in a journal;
 2. build: a child process (`python -m memflow.shared.edge_build <dir>`, niced, so searches come first for the
-   CPU) loads the copy, optimizes it, flushes and closes it. This process only waits;
-3. hand over: with writes held again, the shard's directory is renamed `<shard>.old`, the build takes its name and
+   CPU) loads the copy, optimizes it, ends on an empty write (see `main`), flushes and closes it. This process
+   only waits;
+3. hand over: the build's files are read into the page cache (`warm`, without the lock); with writes held
+   again, the shard's directory is renamed `<shard>.old`, the build takes its name and
    is loaded, the journal replayed on it, and `<shard>.old` renamed `<shard>.retired` (the commit point) before
    the serving shard is swapped for the new one and the retired one deleted. Searches read the old shard until
    the swap (a renamed directory stays readable: its files are open).

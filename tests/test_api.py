@@ -28,7 +28,7 @@ from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings, to_env
-from memflow.workers.front import host_names, host_refusal, sdk_hosts
+from memflow.workers.front import authorities, host_names, host_refusal, sdk_hosts
 from memflow.workers.mcp import SUBJECT_HEADER
 from tests.conftest import System, start_system, wait_for
 
@@ -584,9 +584,12 @@ def test_a_page_of_another_site_gets_nothing_with_or_without_keys(served: Served
         for route, reply in rebinding_probe(url, {"Origin": "http://attacker.example"}).items():
             assert reply.status_code == 403 and error_of(reply)["field"] == "Origin", (route, reply.text)
         assert rebinding_probe(url, {"Origin": "null"})["write"].status_code == 403  # a sandboxed page
-        # Its own names, any port: localhost, 127.0.0.1, [::1], and the ones the setting adds.
-        for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}", "memory.example.org", f"lan-box:{port}"):
-            for route, reply in rebinding_probe(url, {"Host": host, "Origin": f"https://{host}"}).items():
+        # Its own names on its own port (a Host without one came through a proxy's): localhost, 127.0.0.1, [::1],
+        # and the ones the setting adds; the Origin of a page of its own (tests/test_door_origin.py: of no other).
+        own = url.rsplit(":", 1)[1]
+        for host, name in ((f"localhost:{own}", "localhost"), ("127.0.0.1", "127.0.0.1"), (f"[::1]:{own}", "[::1]"),
+                           ("memory.example.org", "memory.example.org"), (f"lan-box:{own}", "lan-box")):
+            for route, reply in rebinding_probe(url, {"Host": host, "Origin": f"http://{name}:{own}"}).items():
                 assert reply.status_code in (200, 202), (host, route, reply.status_code, reply.text)
     finally:
         stop(process)
@@ -596,14 +599,14 @@ def test_the_host_names_a_server_answers_to() -> None:
     assert host_names("0.0.0.0", [""]) == {"localhost", "127.0.0.1", "::1"}
     assert host_names("10.0.0.5", ["Memory.Example.org.", " lan "]) == {"localhost", "127.0.0.1", "::1", "10.0.0.5",
                                                                         "memory.example.org", "lan"}
-    names = host_names("127.0.0.1", [])
-    for host, origin, refused in [("localhost:8765", None, None), ("LOCALHOST.:1", "http://127.0.0.1:9", None),
+    names = authorities("127.0.0.1", [])
+    for host, origin, refused in [("localhost:8765", None, None), ("LOCALHOST.:8765", "http://127.0.0.1:8765", None),
                                   ("[::1]:8765", "http://[::1]:8765", None), (None, None, None),
                                   ("attacker.example:8765", None, "Host"), ("127.0.0.1.nip.io", None, "Host"),
                                   ("localhost", "http://attacker.example", "Origin"), ("localhost", "null", "Origin")]:
-        refusal = host_refusal(names, host, origin)
+        refusal = host_refusal(names, host, origin, port=8765)
         assert (refusal.field if refusal else None) == refused, (host, origin)
-    assert host_refusal(host_names("0.0.0.0", ["*"]), "anything", "http://else") is None
+    assert host_refusal(authorities("0.0.0.0", ["*"]), "anything", "http://else", port=8765) is None
     hosts, origins = sdk_hosts(frozenset({"localhost", "::1"}))
     assert hosts == ["[::1]", "[::1]:*", "localhost", "localhost:*"]
     assert "http://localhost:*" in origins and "https://[::1]" in origins

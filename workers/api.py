@@ -77,6 +77,7 @@ from memflow.workers.front import (
     HostCheck,
     allowed,
     authenticate_async,
+    authorities,
     bearer,
     error_line,
     host_names,
@@ -263,7 +264,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "The key may not touch this subject, or is read-only (`forbidden`)."),
         (404, "No such memory for this key (`not_found`)."),
         (421, "The Host header names no host this server answers to (`forbidden`, field `Host`): see "
-              "MEMFLOW_HTTP_ALLOWED_HOSTS. An Origin of another site is refused 403 (field `Origin`)."),
+              "MEMFLOW_HTTP_ALLOWED_HOSTS, on the server's port. An Origin of another site, port or scheme is "
+              "refused 403 (field `Origin`)."),
         (413, "The body is over the limit, or a batch too long (`invalid_input`)."),
         (422, "A field is invalid (`invalid_input`, naming the field)."),
         (429, "The key is past its share: requests in flight or per second (`rate_limited`, with Retry-After)."),
@@ -708,7 +710,8 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
     app.include_router(pages)
     app.add_middleware(BodyLimit, max_bytes=settings.http.max_body_bytes,
                        per_path={IMPORT_PATH: settings.http.max_import_bytes})  # an export is bigger
-    app.add_middleware(HostCheck, names=hosts)  # the outermost: a page of another site gets nothing read
+    # The outermost: a page of another site, or of another port, gets nothing read.
+    app.add_middleware(HostCheck, allowed=authorities(settings.http.host, settings.http.allowed_hosts.split(",")))
     _document_events(app)
     document_transfer(app)
     return app

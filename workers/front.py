@@ -8,6 +8,7 @@ refused by the next one), and it may touch only the subjects its patterns allow.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -119,19 +120,84 @@ def forget_proven(client: MemoryClient, subject: str, memory_ids: Sequence[str] 
 # machine as the same origin and reads what it answers (every subject, under --no-auth). The browser
 # still names the page's host in Host and Origin, so a server that answers only to its own names is out
 # of the page's reach, key or no key.
+#
+# A page of another port of this machine (http://127.0.0.1:9999, any local dev server) names an allowed
+# host too: its Origin differs from the server's own in the port alone, and a `Content-Type: text/plain`
+# post skips the browser's preflight. So an Origin is compared whole: scheme, host and port (issue 38).
 
 # The names a server answers to wherever it listens; `*` among the allowed names turns the check off.
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 ANY_HOST = "*"
 # Addresses that mean "every interface": no name a client uses.
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
+# The port a URL of each scheme means when it names none (an Origin names its port only when it is another).
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def host_names(bind: str, extra: Iterable[str]) -> frozenset[str]:
     """The host names a server bound to `bind` answers to: the local ones, the bind address (unless it is a
-    wildcard), and `extra` (MEMFLOW_HTTP_ALLOWED_HOSTS: the names it is reached by through a proxy or DNS)."""
+    wildcard), and `extra` (MEMFLOW_HTTP_ALLOWED_HOSTS: the names it is reached by through a proxy or DNS),
+    whatever port an entry names."""
     names = {host_name(n) for n in (*LOCAL_NAMES, bind, *extra)}
     return frozenset(names - set(WILDCARD_BINDS))
+
+
+@dataclass(frozen=True)
+class Authorities:
+    """Where a server is reached: `names` on its own port and scheme; `proxied`, a name on a port of its own
+    (a MEMFLOW_HTTP_ALLOWED_HOSTS entry `name:port`: a proxy in front, which decides the scheme); `anything`
+    (`*`): no check at all."""
+
+    names: frozenset[str]
+    proxied: frozenset[tuple[str, int]] = frozenset()
+    anything: bool = False
+
+    def host(self, value: str, own_port: int | None) -> bool:
+        """Whether a Host header names this server. One without a port names the scheme's default: it reaches
+        this port only through something that forwards it here (a proxy), never from a page of another port,
+        whose browser names that port. An own port of None (a Unix socket: a proxy in front) is not compared."""
+        name, port = authority(value)
+        if port is None:
+            return name in self.names or any(name == n for n, _ in self.proxied)
+        return (name in self.names and own_port in (port, None)) or (name, port) in self.proxied
+
+    def origin(self, value: str, own_scheme: str, own_port: int | None) -> bool:
+        """Whether an Origin header names a page of this server: the same scheme, host and port."""
+        try:
+            parts = urlsplit(value)
+            port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+        except ValueError:  # a port that is no number, or out of range
+            return False
+        name = (parts.hostname or "").rstrip(".")
+        if port is None or not name:  # `null` (a sandboxed page or a file), a scheme of no web page
+            return False
+        return (name in self.names and parts.scheme == own_scheme and own_port in (port, None)) \
+            or (name, port) in self.proxied
+
+
+def authorities(bind: str, extra: Iterable[str]) -> Authorities:
+    """Where a server bound to `bind` is reached: `host_names` on its own port, and the entries of `extra` that
+    name a port of their own (`memory.example.org:443`) on that port."""
+    entries = [authority(e) for e in extra if e.strip()]
+    proxied = frozenset((name, port) for name, port in entries if port is not None)
+    own = [n for n, port in entries if port is None]
+    return Authorities(host_names(bind, own), proxied, ANY_HOST in host_names(bind, extra))
+
+
+def authority(value: str) -> tuple[str, int | None]:
+    """The host and port of a Host header or an allowed-hosts entry (`name`, `name:port`, `[v6]:port`, a bare
+    IPv6 address); a port that is no number is -1, which no server listens on."""
+    value = value.strip()
+    if value.startswith("["):
+        _, _, port = value.partition("]")
+        port = port.removeprefix(":")
+    elif value.count(":") == 1:  # more than one: a bare IPv6 address, no port
+        port = value.partition(":")[2]
+    else:
+        port = ""
+    if not port:
+        return host_name(value), None
+    return host_name(value), int(port) if port.isdigit() and int(port) <= 65535 else -1
 
 
 def host_name(authority: str) -> str:
@@ -145,33 +211,39 @@ def host_name(authority: str) -> str:
     return value.rstrip(".")
 
 
-def host_refusal(names: frozenset[str], host: str | None, origin: str | None) -> ApiError | None:
-    """Why a request with these Host and Origin headers is refused, or None. No Host at all passes: a
-    browser always sends one, so its absence is no rebinding (and HTTP/1.0 tools send none)."""
-    if ANY_HOST in names:
+def host_refusal(allowed: Authorities, host: str | None, origin: str | None, *, scheme: str = "http",
+                 port: int | None) -> ApiError | None:
+    """Why a request with these Host and Origin headers, come to a server at `port` over `scheme`, is refused,
+    or None. No Host at all passes: a browser always sends one, so its absence is no rebinding (and HTTP/1.0
+    tools send none); no Origin passes too (curl, the SDKs: no page)."""
+    if allowed.anything:
         return None
-    if host is not None and host_name(host) not in names:
-        return ApiError(421, "forbidden", f"this server does not answer to the host {host_name(host)!r} (a page "
-                        "of another site may be calling it): if that name is this server's, add it to "
-                        "MEMFLOW_HTTP_ALLOWED_HOSTS", "Host")
-    if origin is not None and (urlsplit(origin).hostname or "").rstrip(".") not in names:
-        return ApiError(403, "forbidden", f"requests from pages of {origin!r} are refused: a page of another site "
-                        "may not call this server (add its host to MEMFLOW_HTTP_ALLOWED_HOSTS if it is yours)",
-                        "Origin")
+    if host is not None and not allowed.host(host, port):
+        return ApiError(421, "forbidden", f"this server does not answer to the host {host.strip().lower()!r} (a "
+                        "page of another site may be calling it): if that name is this server's, add it to "
+                        "MEMFLOW_HTTP_ALLOWED_HOSTS (`name:port` for a port other than its own)", "Host")
+    if origin is not None and not allowed.origin(origin, scheme, port):
+        return ApiError(403, "forbidden", f"requests from pages of {origin!r} are refused: only a page of this "
+                        "server (its scheme, host and port) may call it (add the page's host to "
+                        "MEMFLOW_HTTP_ALLOWED_HOSTS, as `name:port`, if it is yours)", "Origin")
     return None
 
 
 class HostCheck:
     """In front of every route of `serve` (the API, /mcp, the inspector, /healthz): a request naming a host
-    or origin the server does not answer to is refused before anything reads it, with or without keys."""
+    or origin the server does not answer to is refused before anything reads it, with or without keys. The
+    server's own port and scheme are the connection's (uvicorn's: whatever `--port` says, TLS or a trusted
+    proxy's X-Forwarded-Proto)."""
 
-    def __init__(self, app: ASGIApp, names: frozenset[str]) -> None:
-        self.app, self.names = app, names
+    def __init__(self, app: ASGIApp, allowed: Authorities) -> None:
+        self.app, self.allowed = app, allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = Headers(scope=scope)
-            refusal = host_refusal(self.names, headers.get("host"), headers.get("origin"))
+            server = scope.get("server") or (None, None)
+            refusal = host_refusal(self.allowed, headers.get("host"), headers.get("origin"),
+                                   scheme=scope.get("scheme", "http"), port=server[1])
             if refusal is not None:
                 return await refusal.response()(scope, receive, send)
         await self.app(scope, receive, send)

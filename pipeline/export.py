@@ -7,13 +7,14 @@ state and the revisions that are its history), and optionally its dense vector.
 
 An import is a set of puts through the one write path (shared/applier.py): a point the target lacks is
 written as it was exported, one it already holds stays as it is there, and one whose events or words were
-forgotten there is not written back (the applier reads forget's tombstones for every put).
+forgotten there is not written back (the applier reads forget's tombstones for every put). Ids are the target's
+to give: a record keeps its id only where the target would give it that id in that subject (`named`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
@@ -22,6 +23,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 
 from memflow.pipeline.gate import gate, redact_secrets
+from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import (
     DeleteOp,
     Memory,
@@ -245,18 +247,76 @@ def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
         raise FormatError(number, "vector", f"{len(record.vector)} numbers, the header says dim {head.dim}")
 
 
+# Fields whose type leaves no room for words (a UUID, a subject, a date, a number, one of a few names): the model
+# checked them. Every other string of a record, nested ones included, is stored or shown somewhere (the point's
+# payload, the changes feed, the inspector's history page), so it passes the gate like the content does.
+_TYPED = frozenset({"id", "subject", "dir", "mtype", "source", "status", "tier", "created_at", "updated_at",
+                    "last_accessed_at", "strength_at", "expires_at", "valid_from", "valid_to", "extractor",
+                    "about", "supersedes", "superseded_by", "conflicts_with", "last_op", "last_count"})
+# Names (a key, a uri, the ids a client chose for events and sessions; an episode's key holds its event's id): a
+# long run of digits there is an id (a snowflake), not a card number.
+_NAMES = frozenset({"key", "uri", "source_event_ids", "context_event_ids", "session_ids"})
+_NUMBERS = frozenset({"bank_card", "ssn", "id_card", "passport"})
+
+
 def check_words(memory: Memory, number: int) -> None:
     """An import writes what a file says, past the gate that every other way in passes
     (docs/write-path.md#gate): what the gate never lets become memory — an injected instruction, a secret — is
-    refused here, naming the line, so that a file cannot plant what a conversation could not."""
-    for name in ("content", "context", "evidence"):
-        text = getattr(memory, name)
-        if text and gate(text, Role.user).reason == "injection":
-            raise FormatError(number, f"memory.{name}", "an injected instruction: memflow never stores one")
-        kinds = redact_secrets(text)[1] if text else []
+    refused here, naming the line and the field, in every field that is stored or shown (not only the content),
+    so that a file cannot plant what a conversation could not."""
+    for where, text in _texts(memory.model_dump(mode="json", exclude=set(_TYPED)), "memory"):
+        if gate(text, Role.user).reason == "injection":
+            raise FormatError(number, where, "an injected instruction: memflow never stores one")
+        kinds = [k for k in redact_secrets(text)[1]
+                 if not (k in _NUMBERS and where.split(".")[1] in _NAMES)]
         if kinds:
-            raise FormatError(number, f"memory.{name}",
-                              f"holds a secret ({', '.join(kinds)}): memflow never stores one")
+            raise FormatError(number, where, f"holds a secret ({', '.join(kinds)}): memflow never stores one")
+
+
+def _texts(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """Every non-empty string inside `value` (a record's JSON), with its path ("memory.revisions.0.why")."""
+    if isinstance(value, str):
+        if value.strip():
+            yield where, value
+    elif isinstance(value, dict):
+        for name, inner in value.items():
+            yield from _texts(inner, f"{where}.{name}")
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            yield from _texts(inner, f"{where}.{i}")
+
+
+def named_ids(records: Iterable[Record]) -> list[str]:
+    """Every id the records name: their own and those they point at (what `named` asks the store about)."""
+    return list(dict.fromkeys(i for r in records for i in (r.memory.id, *_references(r.memory))))
+
+
+def named(space: IdSpace, subject: str, records: Sequence[Record], held: Collection[str]) -> list[Record]:
+    """The records as this store names them in `subject` (docs/write-path.md#ids-belong-to-their-subject).
+
+    An id is kept where it is the one `space` gives that record in that subject (`IdSpace.record_id`: an export of
+    this store), or where a point of the subject already bears it (`held`: the subject's own, named before the
+    secret or before its events grew); every other id is minted (`IdSpace.minted`, bound to the subject), and so is
+    every reference to it (supersedes, superseded_by, conflicts_with). A file therefore never puts an id that
+    another subject holds or will be given, and the same file imported again names its records alike."""
+    keep = set(held) | {r.memory.id for r in records if r.memory.id == space.record_id(r.memory)}
+
+    def name(memory_id: str) -> str:
+        return memory_id if memory_id in keep else space.minted(subject, memory_id)
+
+    return [r.model_copy(update={"memory": _renamed(r.memory, name)}) for r in records]
+
+
+def _references(memory: Memory) -> list[str]:
+    return [i for i in (memory.supersedes, memory.superseded_by, *memory.conflicts_with) if i is not None]
+
+
+def _renamed(memory: Memory, name: Callable[[str], str]) -> Memory:
+    return memory.model_copy(update={
+        "id": name(memory.id),
+        "supersedes": None if memory.supersedes is None else name(memory.supersedes),
+        "superseded_by": None if memory.superseded_by is None else name(memory.superseded_by),
+        "conflicts_with": [name(i) for i in memory.conflicts_with]})
 
 
 def mutations(subject: str, records: Sequence[Record], exported_at: datetime) -> list[Mutation]:

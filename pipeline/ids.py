@@ -3,12 +3,22 @@
 A redelivered write therefore rewrites its point instead of adding one. Keyed memories
 (one live version per topic) are named by subject + key + version; the others
 (episodes, events, skills — many per key) by subject + key + the events they came from.
+
+Deterministic is not predictable: ids are named in a deployment's `IdSpace`, a keyed hash (HMAC-SHA256) under
+a secret the deployment keeps (shared/keys.py `id_space`). Another tenant knows the subject, the key and the events of a
+memory it wants to plant or touch, never the secret, so it cannot name the id this store will give it
+(docs/write-path.md#ids-belong-to-their-subject). `PUBLIC` is the old, secret-free naming (uuid5 of the public
+inputs): what stores made before the secret named their memories, and what pure tests use.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from memflow.pipeline.models import Candidate, Memory, MType, Source, Status, Tier
 from memflow.pipeline.topics import normalize_key
@@ -27,12 +37,69 @@ _LONG_TERM_SOURCES = frozenset({Source.explicit, Source.explicit_correction})
 _SHORT_LIVED = frozenset({MType.episode, MType.event, MType.session_context, MType.task_state, MType.temp_preference})
 
 
+# Secrets shorter than this are refused: 16 bytes (128 bits) is past any guessing.
+MIN_SECRET_BYTES = 16
+
+
+@dataclass(frozen=True)
+class IdSpace:
+    """How one deployment names its memories: `secret` keys the hash (None: the public naming, `PUBLIC`)."""
+
+    secret: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.secret is not None and len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"an id secret has at least {MIN_SECRET_BYTES} bytes")
+
+    def __repr__(self) -> str:  # never the secret itself: it would reach logs and tracebacks
+        return "IdSpace(PUBLIC)" if self.secret is None else "IdSpace(<secret>)"
+
+    def name(self, *parts: str) -> str:
+        """The id of these parts: a UUID, the same for the same parts in this space, unrelated in any other."""
+        text = _SEP.join(parts)
+        if self.secret is None:
+            return str(uuid.uuid5(NAMESPACE, text))
+        digest = hmac.new(self.secret, text.encode(), hashlib.sha256).digest()
+        return str(uuid.UUID(bytes=digest[:16], version=4))  # a random-looking UUID: it is one to anyone else
+
+    def memory_id(self, subject: str, key: str, version: int) -> str:
+        return self.name("keyed", subject, key, str(version))
+
+    def event_memory_id(self, subject: str, key: str, source_event_ids: Sequence[str]) -> str:
+        return self.name("events", subject, key, *sorted(set(source_event_ids)))
+
+    def episode_id(self, subject: str, event_id: str) -> str:
+        """The id of the episode that recorded `event_id`."""
+        return self.event_memory_id(subject, episode_key(event_id), [event_id])
+
+    def candidate_id(self, candidate: Candidate, version: int = 1) -> str:
+        if is_keyed(candidate.mtype):
+            return self.memory_id(candidate.subject, candidate.key, version)
+        return self.event_memory_id(candidate.subject, candidate.key, candidate.source_event_ids)
+
+    def record_id(self, memory: Memory) -> str:
+        """The id this space gives `memory` in its subject, from what it holds (key and version, or key and
+        events): what an import checks a record's id against (pipeline/export.py)."""
+        if is_keyed(memory.mtype):
+            return self.memory_id(memory.subject, memory.key, memory.version)
+        return self.event_memory_id(memory.subject, memory.key, memory.source_event_ids)
+
+    def minted(self, subject: str, foreign_id: str) -> str:
+        """The id an imported record whose id this space would not give gets instead: bound to `subject`, and the
+        same for the same file imported again (a re-import stays idempotent)."""
+        return self.name("imported", subject, foreign_id)
+
+
+PUBLIC = IdSpace()
+
+
 def memory_id(subject: str, key: str, version: int) -> str:
-    return str(uuid.uuid5(NAMESPACE, _SEP.join(("keyed", subject, key, str(version)))))
+    """A keyed memory's id in the public naming (`PUBLIC.memory_id`)."""
+    return PUBLIC.memory_id(subject, key, version)
 
 
 def event_memory_id(subject: str, key: str, source_event_ids: Sequence[str]) -> str:
-    return str(uuid.uuid5(NAMESPACE, _SEP.join(("events", subject, key, *sorted(set(source_event_ids))))))
+    return PUBLIC.event_memory_id(subject, key, source_event_ids)
 
 
 def episode_key(event_id: str) -> str:
@@ -41,8 +108,8 @@ def episode_key(event_id: str) -> str:
 
 
 def episode_id(subject: str, event_id: str) -> str:
-    """The id of the episode that recorded `event_id`: resolve finds it without a search."""
-    return event_memory_id(subject, episode_key(event_id), [event_id])
+    """The public id of the episode that recorded `event_id` (resolve finds episodes by key, not by id)."""
+    return PUBLIC.episode_id(subject, event_id)
 
 
 def is_keyed(mtype: MType) -> bool:
@@ -50,10 +117,8 @@ def is_keyed(mtype: MType) -> bool:
     return mtype not in _UNKEYED
 
 
-def candidate_id(candidate: Candidate, version: int = 1) -> str:
-    if is_keyed(candidate.mtype):
-        return memory_id(candidate.subject, candidate.key, version)
-    return event_memory_id(candidate.subject, candidate.key, candidate.source_event_ids)
+def candidate_id(candidate: Candidate, version: int = 1, space: IdSpace = PUBLIC) -> str:
+    return space.candidate_id(candidate, version)
 
 
 def starting_tier(c: Candidate) -> Tier:
@@ -68,11 +133,12 @@ def new_memory(
     supersedes: str | None = None,
     status: Status = Status.active,
     conflicts_with: Sequence[str] = (),
+    space: IdSpace = PUBLIC,
 ) -> Memory:
-    """The store payload a candidate becomes, stamped with the candidate's event time."""
+    """The store payload a candidate becomes, stamped with the candidate's event time, named in `space`."""
     c = candidate
     return Memory(
-        id=candidate_id(c, version),
+        id=space.candidate_id(c, version),
         subject=c.subject,
         uri=f"mem://{c.subject}/{c.dir.value}/{c.key}",
         dir=c.dir,
@@ -103,3 +169,18 @@ def new_memory(
         context=c.context,
         context_event_ids=list(c.context_event_ids),
     )
+
+
+@dataclass(frozen=True)
+class NextVersion:
+    """The version a candidate's new memory takes on its key, and the space its id is named in (resolve)."""
+
+    number: int
+    space: IdSpace = PUBLIC
+
+    def first(self) -> NextVersion:
+        """Version 1 of a key of the candidate's own, in the same space."""
+        return NextVersion(1, self.space)
+
+    def memory(self, candidate: Candidate, **fields: Any) -> Memory:
+        return new_memory(candidate, version=self.number, space=self.space, **fields)

@@ -24,7 +24,7 @@ from typing import Any
 
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
 from memflow.pipeline.extract import extract
-from memflow.pipeline.ids import is_keyed, memory_id
+from memflow.pipeline.ids import PUBLIC, IdSpace, is_keyed
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Candidate,
@@ -220,11 +220,12 @@ def plan_promotions(memories: Sequence[Memory], policy: Policy) -> list[Step]:
     return steps
 
 
-def plan_patterns(memories: Sequence[Memory], now: datetime, policy: Policy) -> list[Memory]:
+def plan_patterns(memories: Sequence[Memory], now: datetime, policy: Policy, space: IdSpace = PUBLIC) -> list[Memory]:
     """Topics that keep coming back: a key stated in enough sessions within the window.
 
-    One pattern memory per topic, made the first time it qualifies (its id is fixed, so a
-    re-run writes nothing new); it then decays like any pattern. Superseded memories do not
+    One pattern memory per topic (named in `space`), made the first time it qualifies (found by its key, and its
+    id is fixed, so a re-run writes nothing new, whatever space named the one made before); it then decays like
+    any pattern. Superseded memories do not
     count (frequency says what recurs, not what is right: docs/write-path.md#consolidation).
     """
     since = now - timedelta(days=policy.pattern_days)
@@ -233,24 +234,23 @@ def plan_patterns(memories: Sequence[Memory], now: datetime, policy: Policy) -> 
         if (m.status in SEARCHABLE_STATUSES and is_keyed(m.mtype) and m.mtype is not MType.pattern
                 and since < m.created_at <= now):
             recent[m.key].append(m)
-    existing = {m.id for m in memories}
+    existing = {m.key for m in memories if m.mtype is MType.pattern}
     found = []
     for key, group in sorted(recent.items()):
         sessions = {s for m in group for s in m.session_ids}
         if len(sessions) < policy.pattern_sessions:
             continue
-        pattern = _pattern(key, group, len(sessions), now, policy)
-        if pattern.id not in existing:
-            found.append(pattern)
+        if f"pattern.{key}" not in existing:
+            found.append(_pattern(key, group, len(sessions), now, policy, space))
     return found
 
 
-def _pattern(key: str, group: list[Memory], sessions: int, now: datetime, policy: Policy) -> Memory:
+def _pattern(key: str, group: list[Memory], sessions: int, now: datetime, policy: Policy, space: IdSpace) -> Memory:
     latest = max(group, key=lambda m: (m.created_at, m.id))
     pattern_key = f"pattern.{key}"
     content = f"{latest.content} (recurring: {sessions} sessions in the {policy.pattern_days} days to {now.date()})"
     return Memory(
-        id=memory_id(latest.subject, pattern_key, 1), subject=latest.subject,
+        id=space.memory_id(latest.subject, pattern_key, 1), subject=latest.subject,
         uri=f"mem://{latest.subject}/{Dir.patterns.value}/{pattern_key}", dir=Dir.patterns, mtype=MType.pattern,
         key=pattern_key, content=content, confidence=REPEATED_CONFIDENCE, importance=latest.importance,
         source=Source.derived, created_at=now, updated_at=now, valid_from=now,
@@ -423,8 +423,8 @@ class Rollback:
     steps: list[Step]
 
 
-def plan_rollback(versions: Sequence[Memory], to_version: int, now: datetime) -> Rollback:
-    """Bring back version `to_version` of a keyed memory as a new version on top.
+def plan_rollback(versions: Sequence[Memory], to_version: int, now: datetime, space: IdSpace = PUBLIC) -> Rollback:
+    """Bring back version `to_version` of a keyed memory as a new version on top (named in `space`).
 
     Nothing is rewritten: the live versions are superseded by the new one, which carries
     the old content and says where it came from. Rolling back to what is already current
@@ -441,7 +441,7 @@ def plan_rollback(versions: Sequence[Memory], to_version: int, now: datetime) ->
     version = 1 + max(m.version for m in versions)
     newest = max(versions, key=lambda m: m.version)
     restored = target.model_copy(update={
-        "id": memory_id(target.subject, target.key, version), "version": version, "rev": 1,
+        "id": space.memory_id(target.subject, target.key, version), "version": version, "rev": 1,
         "status": Status.active, "tier": target.tier if target.tier is not Tier.archive else Tier.short_term,
         "created_at": now, "updated_at": now, "valid_from": now, "valid_to": None, "supersedes": newest.id,
         "superseded_by": None, "conflicts_with": [], "strength": 1.0, "strength_at": None, "revisions": [],

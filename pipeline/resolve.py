@@ -21,7 +21,7 @@ from typing import Any
 
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
 from memflow.pipeline.gate import untrusted_directive
-from memflow.pipeline.ids import is_keyed, new_memory, starting_tier
+from memflow.pipeline.ids import PUBLIC, IdSpace, NextVersion, is_keyed, starting_tier
 from memflow.pipeline.lifecycle import MAX_REVISIONS, provenance, retires_record, superseded, support
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import (
@@ -80,8 +80,9 @@ class Neighbour:
 
 
 def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92,
-           records: Sequence[Memory] = (), judge: Judge | None = None) -> WriteBatch:
-    """The write batch for one candidate (vector left None: the worker attaches it).
+           records: Sequence[Memory] = (), judge: Judge | None = None, space: IdSpace = PUBLIC) -> WriteBatch:
+    """The write batch for one candidate (vector left None: the worker attaches it), its new memories named in
+    `space` (the deployment's: shared/keys.py `id_space`).
 
     `records` are the episodes of the events the same-key rivals came from (see `retire_records`).
     `judge` is asked about each memory the rules cannot place (an LLM, through the resolve worker);
@@ -99,7 +100,7 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
         return _duplicate(candidate, same, "same key and same content")
     if _collides(candidate, mine):
         candidate = own_key(candidate)
-    version = 1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0)
+    version = NextVersion(1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0), space)
     rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
     if rivals:
         return retire_records(_settle(candidate, rivals, version, judge), rivals, records)
@@ -247,7 +248,7 @@ def _guarded(m: Memory) -> bool:
     return m.pinned or m.dir is Dir.system or m.mtype is MType.rule
 
 
-def _settle(c: Candidate, rivals: list[Memory], version: int, judge: Judge | None = None) -> WriteBatch:
+def _settle(c: Candidate, rivals: list[Memory], version: NextVersion, judge: Judge | None = None) -> WriteBatch:
     """Same key, other content: sit beside, arrive too late, correct, hold for review, or weigh."""
     old = max(rivals, key=lambda m: (m.version, m.updated_at))
     if c.source is Source.tool and old.source is not Source.tool:
@@ -265,12 +266,12 @@ def _settle(c: Candidate, rivals: list[Memory], version: int, judge: Judge | Non
     return _weigh(c, old, rivals, version)
 
 
-def _by_verdict(c: Candidate, old: Memory, rivals: list[Memory], version: int, verdict: Verdict) -> WriteBatch:
+def _by_verdict(c: Candidate, old: Memory, rivals: list[Memory], version: NextVersion, verdict: Verdict) -> WriteBatch:
     """Same key, the judge's reading: a newer version (the newest wins, unless protected), another
     aspect (both stand: the newcomer under a key of its own) or a contradiction (both contested)."""
     why = f"judged {verdict}"
     if verdict == "complementary":
-        return _put(_aside(c), Action.complement, why, 1)
+        return _put(_aside(c), Action.complement, why, version.first())
     if verdict == "contradiction":
         return _contest(c, rivals, version, why)
     if old.access_count > PROTECTED_USES:
@@ -287,7 +288,7 @@ def _aside(c: Candidate) -> Candidate:
     return c.model_copy(update={"key": _suffixed(normalize_key(f"{c.key}.{words}"), c.content)})
 
 
-def _judged(c: Candidate, mine: Sequence[Neighbour], version: int, judge: Judge | None) -> WriteBatch | None:
+def _judged(c: Candidate, mine: Sequence[Neighbour], version: NextVersion, judge: Judge | None) -> WriteBatch | None:
     """A close statement under another key, as the judge reads it: a newer version supersedes it, a
     contradiction contests it; complementary (or no judge) adds the newcomer beside it."""
     if judge is None or c.mtype not in JUDGED_NEARBY or c.source in (Source.explicit_correction, Source.tool):
@@ -313,7 +314,7 @@ def _judgeable(c: Candidate, n: Neighbour) -> bool:
             and m.created_at <= c.ts and m.source is not Source.tool)
 
 
-def _weigh(c: Candidate, old: Memory, rivals: list[Memory], version: int) -> WriteBatch:
+def _weigh(c: Candidate, old: Memory, rivals: list[Memory], version: NextVersion) -> WriteBatch:
     if old.access_count > PROTECTED_USES:
         return _contest(c, rivals, version, f"used {old.access_count} times: only an explicit correction replaces it")
     if c.source is Source.inferred and old.source is not Source.inferred:
@@ -352,28 +353,28 @@ def _reactivate(c: Candidate, m: Memory) -> WriteBatch:
     return _batch(c, Action.reactivate, why, [op])
 
 
-def _supersede(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
+def _supersede(c: Candidate, rivals: list[Memory], version: NextVersion, why: str) -> WriteBatch:
     newest = max(rivals, key=lambda m: (m.version, m.updated_at))
-    new = new_memory(c, version=version, supersedes=newest.id)
+    new = version.memory(c, supersedes=newest.id)
     retire = superseded(new.id, c.ts)
     patches = [PatchOp(id=m.id, expected_rev=m.rev, set=retire, why=why) for m in rivals]
     return _batch(c, Action.supersede, why, [PutOp(memory=new), *patches])
 
 
-def _late(c: Candidate, newer: Memory, version: int) -> WriteBatch:
+def _late(c: Candidate, newer: Memory, version: NextVersion) -> WriteBatch:
     """A statement that arrives after a newer one on its key (a session's end is processed after a
     realtime correction made later): it is history at once, never the current value. Event time, not
     arrival order, decides what is current."""
-    old = new_memory(c, version=version, status=Status.superseded)
+    old = version.memory(c, status=Status.superseded)
     old = old.model_copy(update={"superseded_by": newer.id, "valid_to": newer.created_at})
     return _batch(c, Action.supersede, f"older than the current memory ({newer.created_at.isoformat()})",
                   [PutOp(memory=old)])
 
 
-def _contest(c: Candidate, rivals: list[Memory], version: int, why: str) -> WriteBatch:
+def _contest(c: Candidate, rivals: list[Memory], version: NextVersion, why: str) -> WriteBatch:
     """Both stand, both flagged: neither is served as a settled fact until review, which weighs
     the support each gathers from now on (what each has now is noted)."""
-    new = new_memory(c, version=version, status=Status.contested, conflicts_with=[m.id for m in rivals])
+    new = version.memory(c, status=Status.contested, conflicts_with=[m.id for m in rivals])
     new = new.model_copy(update={"contested_support": support(new)})
     patches = [
         PatchOp(
@@ -388,13 +389,13 @@ def _contest(c: Candidate, rivals: list[Memory], version: int, why: str) -> Writ
     return _batch(c, Action.contest, why, [PutOp(memory=new), *patches])
 
 
-def _review(c: Candidate, against: list[Memory], version: int, why: str) -> WriteBatch:
-    new = new_memory(c, version=version, status=Status.pending_review, conflicts_with=[m.id for m in against])
+def _review(c: Candidate, against: list[Memory], version: NextVersion, why: str) -> WriteBatch:
+    new = version.memory(c, status=Status.pending_review, conflicts_with=[m.id for m in against])
     return _batch(c, Action.review, why, [PutOp(memory=new)])
 
 
-def _put(c: Candidate, action: Action, why: str, version: int) -> WriteBatch:
-    return _batch(c, action, why, [PutOp(memory=new_memory(c, version=version))])
+def _put(c: Candidate, action: Action, why: str, version: NextVersion) -> WriteBatch:
+    return _batch(c, action, why, [PutOp(memory=version.memory(c))])
 
 
 def _batch(c: Candidate, action: Action, why: str, ops: list[WriteOp]) -> WriteBatch:

@@ -193,12 +193,12 @@ class Held:
         for w in todo:
             if w.fields:
                 self.renew()
-                store.set_fields(w.memory_id, w.fields, if_rev=at_rev.get(w.memory_id, w.at_rev))
+                store.set_fields(self.subject, w.memory_id, w.fields, if_rev=at_rev.get(w.memory_id, w.at_rev))
                 at_rev[w.memory_id] = w.fields.get("rev", at_rev.get(w.memory_id, w.at_rev))
         purged = [w.memory_id for w in todo if w.kind == "delete"]
         if purged:
             self.renew()
-            store.delete(purged)
+            store.delete(self.subject, purged)
         self._check(todo)
 
     def _check(self, written: Sequence[writes.Write]) -> None:
@@ -228,11 +228,16 @@ def copy_points(dest: Store, memories: Sequence[Memory], vectors: Sequence[Seque
     dest.put(memories, vectors)
 
 
-def copy_fields(dest: Store, memory_id: str, fields: dict[str, Any]) -> None:
+def copy_fields(dest: Store, memory: Memory, fields: dict[str, Any]) -> None:
     """Bring a copied point's payload up to date in an index being built (reindex's catch-up)."""
-    dest.set_fields(memory_id, fields)
+    dest.set_fields(memory.subject, memory.id, fields)
 
 
-def drop_points(dest: Store, memory_ids: Sequence[str]) -> None:
-    """Remove from an index being built the points gone from the one it copies (reindex's catch-up)."""
-    dest.delete(memory_ids)
+def drop_points(dest: Store, points: Mapping[str, str]) -> None:
+    """Remove from an index being built the points gone from the one it copies (reindex's catch-up), given as
+    point id → subject."""
+    by_subject: dict[str, list[str]] = {}
+    for memory_id, subject in points.items():
+        by_subject.setdefault(subject, []).append(memory_id)
+    for subject, memory_ids in by_subject.items():
+        dest.delete(subject, memory_ids)

@@ -9,9 +9,9 @@ only the writes of that shard's subjects.
 Routing. Every search, `get` and write of a memory names its subject, and a subject lives in exactly one shard
 (`shard_of`: a stable hash, not Python's salted `hash`), so it reads or writes one shard. What names no subject fans
 out: `count()`, `subjects()`, `changed_since_optimize()` add up or merge; `page` merges the shards' pages in id
-order, so its offset is a point id as before (a reindex's saved progress resumes across the change);
-`set_fields`/`delete` by id first ask the shards which holds the point (a subject never changes, so a point never
-moves shard).
+order, so its offset is a point id as before (a reindex's saved progress resumes across the change). A write by id
+names the point's subject too (`set_fields`, `delete`, `vectors`): it goes to that subject's shard and touches only
+a point of that subject there, so an id another subject holds, in any shard, is never reached through it.
 
 Layout and identity. `<index>/shards.json` records the count, `<index>/part-NN/` are the shards. The count is part
 of the index: it is read from the record, never from the setting, once the index exists (another count would route
@@ -26,7 +26,7 @@ import hashlib
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +131,8 @@ class ShardedStore:
         for k, (some, their_vectors) in grouped.items():
             self.parts[k].put(some, their_vectors, new_only=new_only)
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
-        for part in self._holding([memory_id]):
-            part.set_fields(memory_id, fields, if_rev=if_rev)
-            return
-        if if_rev is None:
-            raise KeyError(f"No point with id {memory_id} found")
-        # conditional: no point at that revision, nothing written (as one shard does)
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        self.part_of(subject).set_fields(subject, memory_id, fields, if_rev=if_rev)
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         return self.part_of(flt.subject).get(flt, between=between)
@@ -159,15 +154,8 @@ class ShardedStore:
                 answers[i] = answer
         return answers
 
-    def delete(self, memory_ids: Sequence[str]) -> None:
-        remaining = list(dict.fromkeys(memory_ids))
-        for part in self.parts:
-            if not remaining:
-                return
-            held = part.holds(remaining)
-            if held:
-                part.delete([m for m in remaining if m in held])
-                remaining = [m for m in remaining if m not in held]
+    def delete(self, subject: str, memory_ids: Sequence[str]) -> None:
+        self.part_of(subject).delete(subject, memory_ids)
 
     def count(self, subject: str | None = None) -> int:
         if subject is not None:
@@ -207,15 +195,8 @@ class ShardedStore:
     def close(self) -> None:
         _each(self.parts, EdgeStore.close)
 
-    def holds(self, memory_ids: Sequence[str]) -> set[str]:
-        """Those of `memory_ids` with a point in any shard."""
-        return {i for part in self.parts for i in part.holds(memory_ids)}
-
-    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
-        return {i: v for part in self.parts for i, v in part.vectors(memory_ids).items()}
-
-    def _holding(self, memory_ids: Sequence[str]) -> Iterable[EdgeStore]:
-        return (part for part in self.parts if part.holds(memory_ids))
+    def vectors(self, subject: str, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        return self.part_of(subject).vectors(subject, memory_ids)
 
 
 def _id_order(memory: Memory) -> str:

@@ -109,23 +109,28 @@ class EdgeStore:
                 self._update(qe.UpdateOperation.create_field_index(name, _index_schema(name)))
 
     def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
-        """Upsert whole points (`new_only`: insert only). Durable against a process crash once it returns."""
-        points = [_point(m, v) for m, v in zip(memories, vectors, strict=True)]
-        if points:
+        """Upsert whole points (`new_only`: insert only). Durable against a process crash once it returns. A point
+        of another subject under the same id is left as it is (the engine's conditional upsert: only a point of
+        the memory's own subject is replaced), so no write crosses tenants whatever id it carries."""
+        by_subject: dict[str, list[qe.Point]] = {}
+        for m, v in zip(memories, vectors, strict=True):
+            by_subject.setdefault(m.subject, []).append(_point(m, v))
+        for subject, points in by_subject.items():
             mode = qe.UpdateMode.InsertOnly if new_only else None
-            self._update(qe.UpdateOperation.upsert_points(points, update_mode=mode))
+            owned = qe.Filter(must=[_subject(subject)])
+            self._update(qe.UpdateOperation.upsert_points(points, condition=owned, update_mode=mode))
             self._count(len(points))
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
-        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing (unconditional
-        writes only: a conditional one that finds no point at `if_rev` writes nothing)."""
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields of `subject`'s point, keeping the vectors. KeyError if the subject has no
+        such point (unconditional writes only: a conditional one that finds no point at `if_rev` writes
+        nothing). Either way the engine writes only where the point's subject is `subject`."""
         payload = patch_payload(fields)
-        if if_rev is None:
-            self._update(qe.UpdateOperation.set_payload([memory_id], payload))
-        else:
-            at_rev = qe.Filter(must=[qe.HasIdCondition({memory_id}),
-                                     qe.FieldCondition("rev", match=qe.MatchValue(if_rev))])
-            self._update(qe.UpdateOperation.set_payload_by_filter(at_rev, payload))
+        if if_rev is None and memory_id not in self._owned(subject, [memory_id]):
+            raise KeyError(f"{_MISSING_POINT} {memory_id} of {subject}")
+        rev = [] if if_rev is None else [qe.FieldCondition("rev", match=qe.MatchValue(if_rev))]
+        target = qe.Filter(must=[_subject(subject), qe.HasIdCondition({memory_id}), *rev])
+        self._update(qe.UpdateOperation.set_payload_by_filter(target, payload))
         self._count(1)  # a point patched in an indexed segment moves to the appendable one
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
@@ -163,9 +168,11 @@ class EdgeStore:
             answers = self._shard.query_batch(batch)
         return [[Scored(self._recent.memory(p), p.score) for p in points] for points in answers]
 
-    def delete(self, memory_ids: Sequence[str]) -> None:
+    def delete(self, subject: str, memory_ids: Sequence[str]) -> None:
+        """Remove `subject`'s points of these ids; a point of another subject under one of them stays."""
         if memory_ids:
-            self._update(qe.UpdateOperation.delete_points(list(memory_ids)))
+            owned = qe.Filter(must=[_subject(subject), qe.HasIdCondition(set(memory_ids))])
+            self._update(qe.UpdateOperation.delete_points_by_filter(owned))
             self._count(len(memory_ids))
 
     def count(self, subject: str | None = None) -> int:
@@ -187,21 +194,20 @@ class EdgeStore:
     def changed_since_optimize(self) -> int:
         return self._changed
 
-    def holds(self, memory_ids: Sequence[str]) -> set[str]:
-        """Those of `memory_ids` with a point here (a sharded store finds a point's shard by asking)."""
-        if not memory_ids:
-            return set()
-        with self._readers.reading(), _engine_errors("retrieve"):
-            records = self._shard.retrieve(list(memory_ids), False, False)
-        return {str(r.id) for r in records}
+    def vectors(self, subject: str, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` that is a point of `subject`, as stored (cosine: normalised)."""
+        return {str(r.id): _dense_of(r.vector) for r in self._retrieve(subject, memory_ids, with_vectors=True)}
 
-    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
-        """The dense vector of each of `memory_ids` held here, as stored (cosine: normalised)."""
+    def _owned(self, subject: str, memory_ids: Sequence[str]) -> set[str]:
+        return {str(r.id) for r in self._retrieve(subject, memory_ids, with_vectors=False)}
+
+    def _retrieve(self, subject: str, memory_ids: Sequence[str], *, with_vectors: bool) -> list[qe.Record]:
+        """The points of these ids that are `subject`'s: retrieved by id, kept by the subject their payload names."""
         if not memory_ids:
-            return {}
+            return []
         with self._readers.reading(), _engine_errors("retrieve"):
-            records = self._shard.retrieve(list(memory_ids), False, True)
-        return {str(r.id): _dense_of(r.vector) for r in records}
+            records = self._shard.retrieve(list(dict.fromkeys(memory_ids)), True, with_vectors)
+        return [r for r in records if isinstance(r.payload, dict) and r.payload.get("subject") == subject]
 
     def page_records(self, offset: str | None, limit: int) -> list[Memory]:
         """`page` without its next offset: up to `limit` points in id order from `offset`."""

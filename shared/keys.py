@@ -20,11 +20,13 @@ refuses another (`check_partitions`). It changes only drained, through `memflow 
 
 from __future__ import annotations
 
+import secrets
 import zlib
 from dataclasses import dataclass
 
 import redis
 
+from memflow.pipeline.ids import IdSpace
 from memflow.shared.errors import MemflowError
 
 STAGES = ("trigger", "extract", "resolve", "upsert")
@@ -100,6 +102,11 @@ class Keys:
     def partition_count(self) -> str:
         """String: how many partitions this deployment's streams are split into, recorded at first start."""
         return f"{self.prefix}partitions"
+
+    @property
+    def id_secret(self) -> str:
+        """String: the secret this deployment names its memories' ids with (`id_space`), made at first start."""
+        return f"{self.prefix}id-secret"
 
     def consumers(self, stage: str) -> str:
         """Sorted set: the live consumers of `stage` by their last heartbeat (server time, ms)."""
@@ -255,6 +262,17 @@ if now and now ~= ARGV[1] then return now end
 redis.call('SET', KEYS[1], ARGV[2])
 return ARGV[2]
 """
+
+
+def id_space(client: redis.Redis, keys: Keys) -> IdSpace:
+    """The deployment's id space (pipeline/ids.py): named with a secret of 32 random bytes that the first process
+    records (SET NX) and every later one reads, so that every process names a memory alike and no tenant can
+    name one of another's. A store made before the secret keeps the ids it gave (docs/write-path.md#migration)."""
+    client.set(keys.id_secret, secrets.token_hex(32), nx=True)
+    recorded = client.get(keys.id_secret)
+    if recorded is None:  # deleted between the two calls: a second try records it again
+        return id_space(client, keys)
+    return IdSpace(bytes.fromhex(recorded.decode() if isinstance(recorded, bytes) else str(recorded)))
 
 
 def recorded_partitions(client: redis.Redis, keys: Keys) -> int | None:

@@ -166,17 +166,20 @@ class _Run:
 
     def catch_up(self, phase: Phase) -> None:
         """Make the new index hold what the old one holds now, point by point."""
-        held = {memory.id: _digest(memory) for memory in _every(self.dest, self.batch)}
+        held: dict[str, bytes] = {}
+        owners: dict[str, str] = {}  # a point's subject: a write by id names it (shared/store.py)
+        for memory in _every(self.dest, self.batch):
+            held[memory.id], owners[memory.id] = _digest(memory), memory.subject
         total, seen = self.source.count(), 0
         for memories in _pages(self.source, self.batch):
             reworded, changed = _stale(memories, held)
             self._write(reworded)
             for memory in changed:
-                copy_fields(self.dest, memory.id, _patch(memory))
+                copy_fields(self.dest, memory, _patch(memory))
             self.report.refreshed += len(reworded) + len(changed)
             seen += len(memories)
             self.on_step(Step(phase, seen, max(total, seen)))
-        drop_points(self.dest, list(held))  # left in `held`: gone from the old index since they were copied
+        drop_points(self.dest, {i: owners[i] for i in held})  # left in `held`: gone from the old index since copied
         self.report.removed += len(held)
 
     def _write(self, memories: list[Memory]) -> None:

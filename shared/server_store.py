@@ -90,23 +90,27 @@ class ServerStore:
 
     def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
         """Upsert whole points (`new_only`: insert only); returns once the server holds them (wait=True)."""
-        points = [_point(m, v) for m, v in zip(memories, vectors, strict=True)]
-        if points:
-            mode = models.UpdateMode.INSERT_ONLY if new_only else None
+        by_subject: dict[str, list[models.PointStruct]] = {}
+        for m, v in zip(memories, vectors, strict=True):
+            by_subject.setdefault(m.subject, []).append(_point(m, v))
+        mode = models.UpdateMode.INSERT_ONLY if new_only else None
+        for subject, points in by_subject.items():  # a point of another subject under the same id stays as it is
             with _server_errors("upsert"):
-                self._client.upsert(self._collection, points, wait=True, update_mode=mode)
+                self._client.upsert(self._collection, points, wait=True, update_mode=mode,
+                                    update_filter=models.Filter(must=[_subject(subject)]))
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
-        """Overwrite some payload fields, keeping the vectors. KeyError if the point is missing (unconditional
-        writes only: a conditional one that finds no point at `if_rev` writes nothing)."""
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields of `subject`'s point, keeping the vectors. KeyError if the subject has no
+        such point (unconditional writes only: a conditional one that finds no point at `if_rev` writes nothing).
+        Either way the server writes only where the point's subject is `subject`."""
         payload = patch_payload(fields)
-        points: Any = [memory_id]
-        if if_rev is not None:
-            points = models.FilterSelector(filter=models.Filter(must=[
-                models.HasIdCondition(has_id=[memory_id]),
-                models.FieldCondition(key="rev", match=models.MatchValue(value=if_rev))]))
+        if if_rev is None and memory_id not in self._owned(subject, [memory_id]):
+            raise KeyError(f"no point {memory_id} of {subject}")
+        rev = [] if if_rev is None else [models.FieldCondition(key="rev", match=models.MatchValue(value=if_rev))]
+        target = models.FilterSelector(filter=models.Filter(must=[
+            _subject(subject), models.HasIdCondition(has_id=[memory_id]), *rev]))
         with _server_errors("set_payload"):
-            self._client.set_payload(self._collection, payload, points=points, wait=True)
+            self._client.set_payload(self._collection, payload, points=target, wait=True)
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         found: list[Memory] = []
@@ -151,27 +155,30 @@ class ServerStore:
         read: dict[str, Memory] = {}  # a point in several answers is validated once
         return [[Scored(_read(p, read), p.score) for p in response.points] for response in responses]
 
-    def delete(self, memory_ids: Sequence[str]) -> None:
+    def delete(self, subject: str, memory_ids: Sequence[str]) -> None:
+        """Remove `subject`'s points of these ids; a point of another subject under one of them stays."""
         if memory_ids:
-            selector = models.PointIdsList(points=list(memory_ids))
+            selector = models.FilterSelector(filter=models.Filter(must=[
+                _subject(subject), models.HasIdCondition(has_id=list(memory_ids))]))
             with _server_errors("delete"):
                 self._client.delete(self._collection, points_selector=selector, wait=True)
 
-    def holds(self, memory_ids: Sequence[str]) -> set[str]:
-        """Those of `memory_ids` with a point in the collection (any subject)."""
-        if not memory_ids:
-            return set()
-        with _server_errors("retrieve"):
-            records = self._client.retrieve(self._reads, list(memory_ids), with_payload=False, with_vectors=False)
-        return {str(r.id) for r in records}
+    def vectors(self, subject: str, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` that is a point of `subject`, as stored (cosine: normalised)."""
+        return {str(r.id): list(cast(dict[str, list[float]], r.vector)[DENSE])
+                for r in self._retrieve(subject, memory_ids, with_vectors=True)}
 
-    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
-        """The dense vector of each of `memory_ids` held here, as stored (cosine: normalised)."""
+    def _owned(self, subject: str, memory_ids: Sequence[str]) -> set[str]:
+        return {str(r.id) for r in self._retrieve(subject, memory_ids, with_vectors=False)}
+
+    def _retrieve(self, subject: str, memory_ids: Sequence[str], *, with_vectors: bool) -> list[models.Record]:
+        """The points of these ids that are `subject`'s (retrieved by id, kept by the subject their payload names)."""
         if not memory_ids:
-            return {}
+            return []
         with _server_errors("retrieve"):
-            records = self._client.retrieve(self._reads, list(memory_ids), with_payload=False, with_vectors=[DENSE])
-        return {str(r.id): list(cast(dict[str, list[float]], r.vector)[DENSE]) for r in records}
+            records = self._client.retrieve(self._reads, list(dict.fromkeys(memory_ids)), with_payload=["subject"],
+                                            with_vectors=[DENSE] if with_vectors else False)
+        return [r for r in records if (r.payload or {}).get("subject") == subject]
 
     def count(self, subject: str | None = None) -> int:
         flt = None if subject is None else models.Filter(must=[_subject(subject)])

@@ -80,13 +80,16 @@ class Store(Protocol):
     def put(self, memories: Sequence[Memory], vectors: Sequence[Sequence[float]], *, new_only: bool = False) -> None:
         """Write whole points (payload + dense vector; the BM25 vector is made from content).
 
-        Same id twice is one point: the second write replaces the first. `new_only`: a conditional insert,
-        the engine leaves a point already there as it is (the applier's compare-and-write, docs/write-path.md).
+        Same id twice is one point: the second write replaces the first, but only a point of the memory's own
+        subject (checked by the engine in the same step): one of another subject under that id stays as it is.
+        `new_only`: a conditional insert, the engine leaves a point already there as it is (the applier's
+        compare-and-write, docs/write-path.md).
         """
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
-        """Overwrite some payload fields of one point, keeping its vectors. `if_rev`: only if the point is at
-        that revision, checked by the engine in the same step (compare-and-write; otherwise nothing is written)."""
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+        """Overwrite some payload fields of `subject`'s point `memory_id`, keeping its vectors. `if_rev`: only if
+        the point is at that revision. Both conditions are checked by the engine in the same step as the write
+        (compare-and-write; otherwise nothing is written): an id never reaches a point of another subject."""
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         """Every point matching the filter (scrolls through all pages). `between`: called before each page after
@@ -103,8 +106,8 @@ class Store(Protocol):
         batch as a whole (one pass over the segments), and a point found by several queries is read once."""
         ...
 
-    def delete(self, memory_ids: Sequence[str]) -> None:
-        """Remove points from the index for good (the purge after a soft delete)."""
+    def delete(self, subject: str, memory_ids: Sequence[str]) -> None:
+        """Remove `subject`'s points of these ids from the index for good (the purge after a soft delete)."""
 
     def count(self, subject: str | None = None) -> int:
         """Number of points, of one subject or in all."""
@@ -141,15 +144,11 @@ class Optimizable(Protocol):
 
 @runtime_checkable
 class PointLookup(Protocol):
-    """A store that answers by point id across subjects (every engine here): an import checks that no id it
-    puts belongs to another subject, an export with vectors reads them (workers/transfer.py)."""
+    """A store that reads a subject's points' vectors by id (every engine here): an export with vectors
+    (workers/transfer.py)."""
 
-    def holds(self, memory_ids: Sequence[str]) -> set[str]:
-        """Those of `memory_ids` with a point, of any subject."""
-        ...
-
-    def vectors(self, memory_ids: Sequence[str]) -> dict[str, list[float]]:
-        """The dense vector of each of `memory_ids` held, as stored."""
+    def vectors(self, subject: str, memory_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The dense vector of each of `memory_ids` that is a point of `subject`, as stored."""
         ...
 
 

@@ -21,6 +21,9 @@ A stage supplies `(stage name, input model, handler)`. The loop:
 - sends an entry that can never succeed (bad JSON, failed validation, a `Permanent`
   error) to its partition's `dlq:<stage>` at once, and one that keeps failing there after
   `max_deliveries` deliveries — again in one script with the XACK;
+- retries in place, with backoff, an entry that met a write it could not reconcile (`StaleVersion`), at most
+  `max_deliveries` rounds, then dead-letters it with its reason: a conflict that never resolves never holds
+  the partition (and every subject's writes behind it);
 - retries in place, with backoff, an entry that failed because a dependency is down
   (`Retryable`: Qdrant unavailable), so an outage never spends a message's budget (past
   MEMFLOW_MAX_BATCH_S the partitions go to another consumer, shared/leases.py: the entry's error hash
@@ -56,7 +59,7 @@ from redis.cluster import RedisCluster
 from memflow.shared import pending
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import replicated
-from memflow.shared.errors import DecodeError, MemflowError, Permanent, Retryable
+from memflow.shared.errors import DecodeError, MemflowError, Permanent, Retryable, StaleVersion
 from memflow.shared.keys import FIELD, STAGES, Keys, check_partitions, recorded_partitions, swap_partitions
 from memflow.shared.leases import LeaseLost, Leases, live_consumers
 from memflow.shared.settings import Settings
@@ -67,6 +70,8 @@ log = logging.getLogger(__name__)
 # handovers between consumers (shared/leases.py gives partitions up after MEMFLOW_MAX_BATCH_S without progress),
 # which do not spend its budget.
 OUTAGE = "outage: "
+# How a dead letter that kept meeting a conflicting write says so (`_conflicted`).
+CONFLICT = "conflict that did not resolve in "
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -451,27 +456,41 @@ class StreamConsumer(Generic[M]):
         done: list[tuple[Entry, list[Emit]]] = []
         failed: list[tuple[Entry, BaseException]] = []
         todo, rounds = decoded, 0
+        conflicts: dict[str, int] = {}  # by entry id: the rounds it met a write it could not reconcile
         while todo:
-            retry, why = [], ""
+            retry, why, outage = [], "", []
             for pair, outcome in zip(todo, self._outcomes(todo), strict=True):
                 if not isinstance(outcome, BaseException):
                     done.append((pair[0], outcome))
                 elif isinstance(outcome, LeaseLost) or not self.leases.holds(pair[0].partition):
                     continue  # the partition has another owner (or soon will): its entry is that one's
+                elif isinstance(outcome, StaleVersion) and self._conflicted(conflicts, pair[0]):
+                    failed.append((pair[0], Permanent(f"{CONFLICT}{conflicts[pair[0].id] - 1} rounds: "
+                                                      f"{type(outcome).__name__}: {outcome}")))
                 elif isinstance(outcome, Retryable) and not self._stop.is_set():
                     retry.append(pair)
                     why = f"{type(outcome).__name__}: {outcome}"
+                    if not isinstance(outcome, StaleVersion):
+                        outage.append(pair[0])
                 else:
                     failed.append((pair[0], outcome))
             if retry:
-                if rounds == 0:
-                    self._record_outage([entry for entry, _ in retry], why)
+                if outage and rounds == 0:
+                    self._record_outage(outage, why)
                 rounds += 1
                 log.warning("stage %s: %d entries wait out an outage (round %d; %s)", self.stage, len(retry), rounds,
                             why[:300])
                 retry = self._wait_holding(retry, backoff_s(rounds, self.config.retry_base_s, self.config.retry_max_s))
             todo = retry
         return done, failed
+
+    def _conflicted(self, conflicts: dict[str, int], entry: Entry) -> bool:
+        """Count a round in which `entry` met a write it could not reconcile (StaleVersion); True once it met one
+        in more than `max_deliveries` rounds. A conflict is retried in place, like an outage (another writer's
+        lease runs out, a stalled one stops), but not for ever: one that never resolves (a point under its id
+        that is not its subject's) would hold its partition, and every subject's writes behind it, for good."""
+        conflicts[entry.id] = conflicts.get(entry.id, 0) + 1
+        return conflicts[entry.id] > self.config.max_deliveries
 
     def _wait_holding(self, held: list[tuple[Entry, M]], wait_s: float) -> list[tuple[Entry, M]]:
         """Wait `wait_s` (or until stopped) keeping the claim on the entries held; the ones still ours.

@@ -75,8 +75,8 @@ def test_writes_made_during_the_build_are_in_what_it_hands_over(shard: EdgeStore
     while not (tmp_path / "shard.build").exists():  # the copy is made: what follows is journaled
         time.sleep(0.01)
     shard.put(late, units(3, seed=7))
-    shard.set_fields(first[0].id, {"content": "patched during the build"})
-    shard.delete([first[1].id])
+    shard.set_fields(first[0].subject, first[0].id, {"content": "patched during the build"})
+    shard.delete(first[1].subject, [first[1].id])
     builder.join()
 
     assert sorted(m.id for m in shard.get(MemoryFilter("late"))) == sorted(m.id for m in late)

@@ -96,14 +96,15 @@ def test_reads_that_name_no_subject_fan_out_and_merge(sharded: ShardedStore) -> 
     answers = sharded.query_many(queries)
     assert [{a.memory.subject for a in answer} for answer in answers] == [{subjects[3]}, {subjects[0]}, {subjects[7]}]
 
-    target, doomed = written[subjects[5]][0], [written[subjects[2]][0].id, written[subjects[9]][1].id]
-    sharded.set_fields(target.id, {"content": "patched"}, if_rev=None)
-    sharded.set_fields(target.id, {"content": "not at that rev"}, if_rev=99)
+    target, doomed = written[subjects[5]][0], [written[subjects[2]][0], written[subjects[9]][1]]
+    sharded.set_fields(subjects[5], target.id, {"content": "patched"}, if_rev=None)
+    sharded.set_fields(subjects[5], target.id, {"content": "not at that rev"}, if_rev=99)
     assert [m.content for m in sharded.get(MemoryFilter(subjects[5], ids=[target.id]))] == ["patched"]
-    sharded.delete(doomed + [str(uuid.uuid4())])  # an id held nowhere is no error
+    for m in doomed:
+        sharded.delete(m.subject, [m.id, str(uuid.uuid4())])  # an id held nowhere is no error
     assert sharded.count() == len(everyone) - 2
     with pytest.raises(KeyError):
-        sharded.set_fields(str(uuid.uuid4()), {"content": "nobody"})
+        sharded.set_fields(subjects[5], str(uuid.uuid4()), {"content": "nobody"})
     sharded.close()
 
 

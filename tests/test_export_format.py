@@ -203,13 +203,13 @@ def test_random_stores_round_trip_and_a_second_import_changes_nothing(pair: tupl
     parsed = export.read(lines)
     request = ImportRequest(subject=subject, exported_at=T0, model=parsed.header.model, dim=parsed.header.dim,
                             records=parsed.subjects[subject])
-    first = transfer.import_subject(target.applier, target.embedder, request)
+    first = transfer.import_subject(target.applier, target.embedder, target.id_space, request)
     assert (first["written"], first["reembedded"]) == (len(written), 0 if with_vectors else len(written))
     assert stored(target, subject) == stored(source, subject)
     if with_vectors:  # else encoded again from the content: another vector than the random one written
         ids = [m.id for m in written]
         assert target.store.vectors(ids) == source.store.vectors(ids)  # type: ignore[attr-defined]
     feed = target.client.xlen(target.keys.changes)
-    again = transfer.import_subject(target.applier, target.embedder, request)
+    again = transfer.import_subject(target.applier, target.embedder, target.id_space, request)
     assert (again["written"], again["already"]) == (0, len(written))
     assert stored(target, subject) == stored(source, subject) and target.client.xlen(target.keys.changes) == feed

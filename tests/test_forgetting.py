@@ -120,7 +120,7 @@ def test_verify_finds_a_record_still_quoting_a_forgotten_turn(system: System) ->
     assert system.client.forget("hal", [secret.id]) == 1
     assert system.client.verify_forgotten("hal", [secret.id]).verified
     # A store written before forget took turns out of their neighbours' context (issue 14's wider window).
-    system.ctx.store.set_fields(neighbour.id, {"context": secret.content})
+    system.ctx.store.set_fields(neighbour.subject, neighbour.id, {"context": secret.content})
     proof = system.client.verify_forgotten("hal", [secret.id])
     assert not proof.verified and proof.residue == {"record_context": 1}
 

@@ -59,9 +59,9 @@ class Hooked:
         self._stall()
         self.inner.put(memories, vectors, **conditions)
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], **conditions: Any) -> None:
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], **conditions: Any) -> None:
         self._stall()
-        self.inner.set_fields(memory_id, fields, **conditions)
+        self.inner.set_fields(subject, memory_id, fields, **conditions)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -313,7 +313,7 @@ def test_no_interleaving_resurrects_loses_or_reorders(ctx: Context, steps: list[
     update is lost, and `changes` is in revision order per memory."""
     for key in ctx.client.scan_iter(f"{ctx.keys.prefix}*"):
         ctx.client.delete(key)
-    ctx.store.delete([m.id for m in ctx.store.get(MemoryFilter(SUBJECT))])
+    ctx.store.delete(SUBJECT, [m.id for m in ctx.store.get(MemoryFilter(SUBJECT))])
     world = Interleaving(ctx, hooked(ctx), steps)
     for step in steps:
         world.run(*step)

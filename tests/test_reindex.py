@@ -206,8 +206,8 @@ def test_writes_during_the_reindex_are_carried_over(engine: Engine, embedder: Em
     def write_meanwhile(step: Step) -> None:
         if step.phase == "copy" and step.done == 16:  # after the first page, before the second
             live.put(added, old_model.encode_passages([m.content for m in added]))
-            live.set_fields(early[0].id, {"status": "superseded", "access_count": 7})
-            live.delete([early[1].id])  # forgotten: must not come back
+            live.set_fields(early[0].subject, early[0].id, {"status": "superseded", "access_count": 7})
+            live.delete(early[1].subject, [early[1].id])  # forgotten: must not come back
             live.put([reworded], old_model.encode_passages([reworded.content]))
 
     report = reindex(catalog, embedder, batch=16, on_step=write_meanwhile)

@@ -210,7 +210,7 @@ def test_query_many_answers_each_query_as_query_does(store: Store) -> None:
 def test_set_fields_changes_payload_and_keeps_vectors(store: Store) -> None:
     old = memory(content="我不喜欢冗长的解释")
     store.put([old], [axis(3)])
-    store.set_fields(old.id, {"status": Status.superseded, "superseded_by": "x", "rev": 2,
+    store.set_fields("alice", old.id, {"status": Status.superseded, "superseded_by": "x", "rev": 2,
                               "last_accessed_at": "2026-03-03T10:00:00+00:00"})
     [changed] = store.get(MemoryFilter("alice"))
     assert changed == old.model_copy(update={
@@ -226,20 +226,45 @@ def test_set_fields_refuses_what_would_break_the_payload(store: Store) -> None:
     store.put([kept], [axis(0)])
     for bad in ({"colour": "red"}, {"subject": "bob"}, {"status": "gone"}, {"confidence": 2.0}):
         with pytest.raises(ValueError):
-            store.set_fields(kept.id, bad)
+            store.set_fields("alice", kept.id, bad)
     assert store.get(MemoryFilter("alice")) == [kept]
 
 
 def test_set_fields_on_a_missing_point_is_a_key_error(store: Store) -> None:
     with pytest.raises(KeyError):
-        store.set_fields(str(uuid.uuid4()), {"rev": 2})
+        store.set_fields("alice", str(uuid.uuid4()), {"rev": 2})
+
+
+def test_an_id_another_subject_holds_is_never_reached_through_a_write_naming_this_subject(store: Store) -> None:
+    """Issue 38: a point is addressed by subject and id everywhere. Another subject's point under the same id is
+    neither replaced by a put (plain or insert-only), nor patched, deleted or read (vectors) through a call that
+    names this subject; where the engine keeps both (two shards), each call reaches its own subject's alone."""
+    for victim, planter in (("alice", "mallory"), ("mallory", "alice")):
+        theirs = memory(victim, f"{victim}'s own words", key=f"k.{planter}")
+        store.put([theirs], [axis(0)])
+        planted = memory(planter, "planted words", key=f"k.{planter}").model_copy(update={"id": theirs.id})
+        store.put([planted], [axis(1)])
+        store.put([planted], [axis(1)], new_only=True)
+        held = store.get(MemoryFilter(planter, ids=[theirs.id]))
+        assert held in ([], [planted])  # one point per id in a shard: the victim's stays; two shards: both
+        if not held:
+            with pytest.raises(KeyError):
+                store.set_fields(planter, theirs.id, {"content": "patched"})
+            assert store.vectors(planter, [theirs.id]) == {}  # type: ignore[attr-defined]
+        store.set_fields(planter, theirs.id, {"content": "patched at rev 1"}, if_rev=1)
+        store.delete(planter, [theirs.id])
+        assert store.get(MemoryFilter(victim)) == [theirs]
+        [kept] = store.vectors(victim, [theirs.id]).values()  # type: ignore[attr-defined]
+        assert kept == pytest.approx(axis(0))
+        assert store.get(MemoryFilter(planter, ids=[theirs.id])) == []
+        store.delete(victim, [theirs.id])
 
 
 def test_delete_removes_points(store: Store) -> None:
     gone, kept = memory(), memory()
     store.put([gone, kept], [axis(0), axis(1)])
-    store.delete([gone.id])
-    store.delete([])
+    store.delete("alice", [gone.id])
+    store.delete("alice", [])
     assert ids(store.get(MemoryFilter("alice"))) == [kept.id]
     assert ids(store.query(MemoryFilter("alice"), mode="dense", limit=5, dense=axis(0))) == [kept.id]
 
@@ -328,8 +353,8 @@ def test_edge_counts_what_changed_until_an_optimize_builds_it(tmp_path: Path) ->
     assert shard.changed_since_optimize() == 0
     kept, gone = memory(), memory()
     shard.put([kept, gone, memory()], [axis(0), axis(1), axis(2)])
-    shard.set_fields(kept.id, {"rev": 2})
-    shard.delete([gone.id])
+    shard.set_fields("alice", kept.id, {"rev": 2})
+    shard.delete("alice", [gone.id])
     assert shard.changed_since_optimize() == 5
     assert shard.optimize() in (True, False) and shard.changed_since_optimize() == 0
     assert ids(shard.query(MemoryFilter("alice"), mode="dense", limit=1, dense=axis(0))) == [kept.id]
@@ -348,7 +373,7 @@ def test_edge_reads_a_point_found_again_once_and_a_changed_one_again(tmp_path: P
     shard.put([kept, patched], [axis(0), blend(0.9)])
     ask = [Query(MemoryFilter("alice"), "dense", 5, dense=axis(0))]
     [first] = shard.query_many(ask)
-    shard.set_fields(patched.id, {"content": "用户住在北京", "rev": 2})
+    shard.set_fields("alice", patched.id, {"content": "用户住在北京", "rev": 2})
     [second] = shard.query_many(ask)
     assert second[0].memory is first[0].memory and second[0].memory == kept
     assert second[1].memory.content == "用户住在北京" and second[1].memory.rev == 2

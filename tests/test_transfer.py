@@ -266,7 +266,7 @@ def worker_call(ctx: Context, before_write: Any = None) -> Any:
     def call(**fields: Any) -> Imported:
         if fields.get("step", "write") == "write" and before_write is not None:
             before_write(fields)
-        return Imported.model_validate(worker_transfer.import_subject(ctx.applier, ctx.embedder, ImportRequest(**fields)))
+        return Imported.model_validate(worker_transfer.import_subject(ctx.applier, ctx.embedder, ctx.id_space, ImportRequest(**fields)))
     return call
 
 
@@ -329,17 +329,17 @@ def test_an_import_cut_between_its_write_and_its_announcement_is_announced_when_
                             records=parsed.subjects["ka"])
     bare.client.set(bare.keys.changes, "not a stream")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        worker_transfer.import_subject(bare.applier, bare.embedder, request)
+        worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, request)
     written = {m.id for m in bare.store.get(MemoryFilter("ka"))}
     assert written, "the first mutation was written before its announcement failed"
     bare.client.delete(bare.keys.changes)
     bare.client.set(bare.keys.profile("ka"), "a profile made before the import")
-    again = worker_transfer.import_subject(bare.applier, bare.embedder, request)
+    again = worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, request)
     assert (again["written"], again["already"]) == (3 - len(written), len(written))
     assert sorted(i for _, i in fed(bare, "ka")) == sorted(r.memory.id for r in parsed.subjects["ka"])
     assert {a for a, _ in fed(bare, "ka")} == {"import"}
     assert not bare.client.exists(bare.keys.profile("ka"))
-    worker_transfer.import_subject(bare.applier, bare.embedder, request)
+    worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, request)
     assert len(fed(bare, "ka")) == 3
 
 
@@ -347,11 +347,11 @@ def test_a_memory_held_before_the_import_is_not_announced_by_it(bare: Context) -
     """An import's put meeting a point it did not write (another file's import, or the store it came from) says
     nothing: the feed hears of what an import changed, not of what it found."""
     parsed = made(bare, "la", 2)
-    worker_transfer.import_subject(bare.applier, bare.embedder, ImportRequest(subject="la", exported_at=NOW, records=parsed.subjects["la"],
+    worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, ImportRequest(subject="la", exported_at=NOW, records=parsed.subjects["la"],
                                                        model=parsed.header.model, dim=parsed.header.dim))
     other = ImportRequest(subject="la", exported_at=NOW + timedelta(days=1), records=parsed.subjects["la"],
                           model=parsed.header.model, dim=parsed.header.dim)  # another export: other mutations
-    assert worker_transfer.import_subject(bare.applier, bare.embedder, other)["already"] == 2
+    assert worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, other)["already"] == 2
     assert len(fed(bare, "la")) == 2
 
 
@@ -362,9 +362,9 @@ def test_a_slice_that_comes_after_its_runs_undo_writes_nothing(bare: Context) ->
     parsed = made(bare, "ma", 3)
     late = ImportRequest(subject="ma", exported_at=NOW, model=parsed.header.model, dim=parsed.header.dim,
                          records=parsed.subjects["ma"], attempt=uuid.uuid4().hex)
-    worker_transfer.import_subject(bare.applier, bare.embedder, late.model_copy(update={"step": "undo", "at": NOW}))
+    worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, late.model_copy(update={"step": "undo", "at": NOW}))
     with pytest.raises(Permanent, match="taken back before this slice came"):
-        worker_transfer.import_subject(bare.applier, bare.embedder, late)
+        worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, late)
     assert bare.store.get(MemoryFilter("ma")) == []
-    again = worker_transfer.import_subject(bare.applier, bare.embedder, late.model_copy(update={"attempt": uuid.uuid4().hex}))
+    again = worker_transfer.import_subject(bare.applier, bare.embedder, bare.id_space, late.model_copy(update={"attempt": uuid.uuid4().hex}))
     assert again["written"] == 3

@@ -133,11 +133,11 @@ class FailingStore:
     def __init__(self, inner: Store, fail_at: int) -> None:
         self.inner, self.fail_at, self.calls = inner, fail_at, 0
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
         self.calls += 1
         if self.calls == self.fail_at:
             raise StoreUnavailable("injected: the store went away between two writes")
-        self.inner.set_fields(memory_id, fields, if_rev=if_rev)
+        self.inner.set_fields(subject, memory_id, fields, if_rev=if_rev)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

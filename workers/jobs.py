@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from memflow.pipeline.ids import PUBLIC, IdSpace
 from memflow.pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
 from memflow.pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
 from memflow.pipeline.tagging import TAG_VERSION, retag
@@ -49,25 +50,29 @@ class Plan:
     undecided: list[Memory] = field(default_factory=list)
 
 
-Planner = Callable[[list[Memory], datetime, Policy, Tier | None], Plan]
+Planner = Callable[[list[Memory], datetime, Policy, Tier | None, IdSpace], Plan]
 
 
-def plan_retag(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+def plan_retag(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None,
+               space: IdSpace = PUBLIC) -> Plan:
     """Memories placed by older tagging rules, with their new dir and tag_version."""
     why = f"re-tagged with the rules of tag_version {TAG_VERSION}"
     return Plan(steps=[Step(m, fields, why) for m in memories if (fields := retag(m, TAG_VERSION)) is not None])
 
 
-def plan_decay_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+def plan_decay_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None,
+                   space: IdSpace = PUBLIC) -> Plan:
     return Plan(steps=plan_decay(memories, now, policy, tier))
 
 
-def plan_consolidate(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
-    return Plan(steps=plan_promotions(memories, policy), new=plan_patterns(memories, now, policy),
+def plan_consolidate(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None,
+                     space: IdSpace = PUBLIC) -> Plan:
+    return Plan(steps=plan_promotions(memories, policy), new=plan_patterns(memories, now, policy, space),
                 candidates=reread(memories, now))
 
 
-def plan_review_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None) -> Plan:
+def plan_review_job(memories: list[Memory], now: datetime, policy: Policy, tier: Tier | None,
+                    space: IdSpace = PUBLIC) -> Plan:
     verdict = plan_review(memories, now, policy)
     return Plan(steps=verdict.steps, undecided=verdict.undecided)
 
@@ -134,7 +139,7 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
         memories = ctx.store.get(MemoryFilter(s), between=aside)  # a page at a time
         report["examined"] += len(memories)
         aside()
-        plan = JOBS[name](memories, now, policy, only)
+        plan = JOBS[name](memories, now, policy, only, ctx.id_space)
         _report(report, s, plan)
         if not dry_run:
             aside()

@@ -17,7 +17,7 @@ import redis
 from redis.client import Pipeline
 
 from memflow.pipeline.holders import Person, people
-from memflow.pipeline.ids import is_keyed
+from memflow.pipeline.ids import IdSpace, is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from memflow.pipeline.score import strength
@@ -62,12 +62,12 @@ def history(store: Store, memory_id: str, subject: str | None) -> dict[str, Any]
 
 
 def rollback(applier: Applier, embedder: Embedder, memory_id: str, to_version: int, subject: str | None,
-             at: datetime) -> dict[str, Any]:
-    """Restore version `to_version` as a new version (its words encoded by `embedder`); the live ones are
-    superseded by it."""
+             at: datetime, space: IdSpace) -> dict[str, Any]:
+    """Restore version `to_version` as a new version (its words encoded by `embedder`, its id named in `space`); the
+    live ones are superseded by it."""
     memory = locate(applier.store, memory_id, subject)
     try:
-        plan = plan_rollback(versions(applier.store, memory), to_version, at)
+        plan = plan_rollback(versions(applier.store, memory), to_version, at, space)
     except ValueError as exc:
         raise MemflowError(str(exc)) from exc
     restored = plan.restored

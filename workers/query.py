@@ -664,7 +664,7 @@ def history(ctx: Context, req: HistoryRequest) -> History:
 
 def rollback(ctx: Context, req: RollbackRequest) -> RollbackReport:
     report = ops.rollback(ctx.applier, ctx.embedder, req.memory_id, req.to_version, req.subject,
-                          req.at or datetime.now(UTC))
+                          req.at or datetime.now(UTC), ctx.id_space)
     return RollbackReport.model_validate(report)
 
 
@@ -705,7 +705,7 @@ def export(ctx: Context, req: ExportRequest) -> ExportedSubject:
 
 def import_subject(ctx: Context, req: ImportRequest) -> Imported:
     """Write what a subject lacks of an export, through the applier (workers/transfer.py)."""
-    return Imported.model_validate(transfer.import_subject(ctx.applier, ctx.embedder, req))
+    return Imported.model_validate(transfer.import_subject(ctx.applier, ctx.embedder, ctx.id_space, req))
 
 
 # -- the worker ----------------------------------------------------------------

@@ -14,9 +14,9 @@ from functools import partial
 import redis
 
 from memflow.pipeline import llm_judge
-from memflow.pipeline.ids import episode_id, is_keyed
+from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
-from memflow.pipeline.models import Candidate, Memory, Status
+from memflow.pipeline.models import Candidate, Memory, MType, Status
 from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
 from memflow.shared import pending
 from memflow.shared.embedder import Embedder
@@ -49,11 +49,12 @@ class Resolver:
     embedder: Embedder
     write: WriteSettings
     judge: LLM | None
+    space: IdSpace  # how new memories are named (pipeline/ids.py)
 
     @classmethod
     def of(cls, ctx: Context) -> Resolver:
         return cls(ctx.client, ctx.keys, ctx.store, ctx.embedder, ctx.settings.write,
-                   ctx.llm if ctx.settings.llm.judge else None)
+                   ctx.llm if ctx.settings.llm.judge else None, ctx.id_space)
 
 
 def build(ctx: Context) -> StreamConsumer[Candidate]:
@@ -147,7 +148,7 @@ def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
     judging = stage.judge is not None
     records = find_records(stage.store, candidate, neighbours, nearby=judging)
     place = partial(decide, candidate, neighbours, duplicate_threshold=stage.write.duplicate_threshold,
-                    records=records)
+                    records=records, space=stage.space)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
     unsure: list[Memory] = []
     batch = place(judge=lambda m: unsure.append(m)) if judging else place()
@@ -212,5 +213,6 @@ def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighb
     rivals = [n.memory for n in neighbours if (nearby or n.memory.key == candidate.key) and n.memory.status in LIVE]
     if not rivals or not is_keyed(candidate.mtype):
         return []
-    ids = [episode_id(candidate.subject, e) for e in record_sources(rivals)]
-    return store.get(MemoryFilter(candidate.subject, ids=ids))
+    # By key, not id: an episode recorded before the deployment's id secret has an id of the old naming.
+    keys = [episode_key(e) for e in record_sources(rivals)]
+    return [m for m in store.get(MemoryFilter(candidate.subject, keys=keys)) if m.mtype is MType.episode]

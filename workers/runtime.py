@@ -18,6 +18,7 @@ import numpy as np
 import redis
 from numpy.typing import NDArray
 
+from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import LLMTrace, Memory, Trace
 from memflow.pipeline.score import UNRELATED
 from memflow.shared.applier import Applier
@@ -25,7 +26,7 @@ from memflow.shared.connections import connect_queue, connect_streams, stage_soc
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.foreground import Foreground
 from memflow.shared.judge import Judge
-from memflow.shared.keys import Keys
+from memflow.shared.keys import Keys, id_space
 from memflow.shared.llm import LLM
 from memflow.shared.settings import Settings
 from memflow.shared.status import Traces
@@ -66,6 +67,11 @@ class Context:
             if self._embedder is None:
                 self._embedder = build_embedder(self.settings)
             return self._embedder
+
+    @cached_property
+    def id_space(self) -> IdSpace:
+        """How this deployment names its memories (pipeline/ids.py): the secret every process reads from Redis."""
+        return id_space(self.client, self.keys)
 
     @cached_property
     def judge(self) -> Judge | None:

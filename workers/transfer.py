@@ -17,6 +17,7 @@ from typing import Any
 
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError, Record
+from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import Memory, Status
 from memflow.shared.applier import Applier
 from memflow.shared.embedder import Embedder
@@ -43,18 +44,19 @@ def export_subject(store: Store, embedder: Embedder, subject: str, with_vectors:
     except ValueError as exc:
         raise InvalidInput("after", str(exc)) from None
     if with_vectors and shown:
-        vectors = _lookup(store).vectors([r.memory.id for r in shown])
+        vectors = _lookup(store).vectors(subject, [r.memory.id for r in shown])
         shown = [r.model_copy(update={"vector": vectors.get(r.memory.id)}) for r in shown]
     model, dim = (embedder.model_id, embedder.dim) if with_vectors else (None, None)
     return {"subject": subject, "model": model, "dim": dim, "records": shown, "next": following}
 
 
-def import_subject(applier: Applier, embedder: Embedder, req: ImportRequest) -> dict[str, Any]:
+def import_subject(applier: Applier, embedder: Embedder, space: IdSpace, req: ImportRequest) -> dict[str, Any]:
     """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject (through
-    `applier`; the vectors a file lacks encoded by `embedder`)."""
+    `applier`; the vectors a file lacks encoded by `embedder`; their ids as this store names them in `space`)."""
+    _refuse_other_subjects(req.subject, req.records)
+    req = req.model_copy(update={"records": _named(applier.store, space, req.subject, req.records)})
     if req.step == "undo":  # touches only points of the subject that bear this import's op keys
         return _undo(applier, req)
-    _refuse_other_subjects(applier.store, req.subject, req.records)
     if req.step == "check":
         return _report(req, {}, written=0, forgotten=[], reembedded=set())
     return _write(applier, embedder, req)
@@ -106,10 +108,9 @@ def _report(req: ImportRequest, held: dict[str, Memory], written: int, forgotten
             "kept": len(held) - already, "forgotten": len(forgotten), "reembedded": len(reembedded)}
 
 
-def _refuse_other_subjects(store: Store, subject: str, records: Sequence[Record]) -> None:
-    """An id is a point of one subject: a put of another subject's id (ids are derived from public inputs,
-    pipeline/ids.py) would write a second point with that id, in another shard. Refused, naming the record; and
-    a record the gate would never store (export.check_words)."""
+def _refuse_other_subjects(subject: str, records: Sequence[Record]) -> None:
+    """A record of another subject, and one the gate would never store (export.check_words), refused, naming the
+    record. Nothing here looks at another subject's points: what is refused says nothing of them."""
     for i, record in enumerate(records):
         if record.memory.subject != subject:
             raise InvalidInput(f"records.{i}.memory.subject", f"{record.memory.subject!r} in an import of {subject!r}")
@@ -117,11 +118,14 @@ def _refuse_other_subjects(store: Store, subject: str, records: Sequence[Record]
             export.check_words(record.memory, i)
         except FormatError as exc:
             raise InvalidInput(f"records.{i}.{exc.field}", exc.reason) from None
-    ids = [r.memory.id for r in records]
-    elsewhere = _lookup(store).holds(ids) - set(_held(store, subject, records))
-    if elsewhere:
-        i = next(i for i, memory_id in enumerate(ids) if memory_id in elsewhere)
-        raise InvalidInput(f"records.{i}.memory.id", f"{ids[i]} is the id of a memory of another subject")
+
+
+def _named(store: Store, space: IdSpace, subject: str, records: Sequence[Record]) -> list[Record]:
+    """The records with this store's ids for them in `subject` (`export.named`): each step of an import, and each
+    run of the same file, names them alike, so the puts, their op keys and an undo agree."""
+    wanted = export.named_ids(records)
+    held = {m.id for m in store.get(MemoryFilter(subject, ids=wanted))} if wanted else set()
+    return export.named(space, subject, records, held)
 
 
 def _lookup(store: Store) -> PointLookup:

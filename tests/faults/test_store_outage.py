@@ -48,9 +48,9 @@ class Unplugged:
         self._check()
         self.store.put(memories, vectors, new_only=new_only)
 
-    def set_fields(self, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
+    def set_fields(self, subject: str, memory_id: str, fields: dict[str, Any], *, if_rev: int | None = None) -> None:
         self._check()
-        self.store.set_fields(memory_id, fields, if_rev=if_rev)
+        self.store.set_fields(subject, memory_id, fields, if_rev=if_rev)
 
     def get(self, flt: MemoryFilter) -> list[Memory]:
         self._check()
@@ -65,9 +65,9 @@ class Unplugged:
         self._check()
         return self.store.query_many(queries)
 
-    def delete(self, memory_ids: Sequence[str]) -> None:
+    def delete(self, subject: str, memory_ids: Sequence[str]) -> None:
         self._check()
-        self.store.delete(memory_ids)
+        self.store.delete(subject, memory_ids)
 
     def count(self, subject: str | None = None) -> int:
         self._check()

@@ -6,7 +6,11 @@ An entry of the stream carries the memory's words before and after; an entry of 
 mirrors the feed by fetching what it is allowed to read (`history`, `inspect`), and a forgotten memory's words
 are not kept anywhere by a feed reader that stored them. The cursor is the stream id: a reader resumes after the
 last id it saw (`after`, or SSE's `Last-Event-ID`), and sees nothing twice and misses nothing the stream still
-holds; `gap` says when the stream was trimmed (MEMFLOW_CHANGES_MAXLEN) past the cursor."""
+holds; `gap` says when the stream was trimmed (MEMFLOW_CHANGES_MAXLEN) past the cursor.
+
+A stream tells its reader the ids of its own entries only: never one of another key's entries, never when one
+was made (an entry it may not see changes nothing it sends, nor when). Where it has none to give (a stream
+opened from now), its cursor is a moment of the stream's clock (`since`): after every entry made before it."""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from memflow.pipeline.models import Subject, Wire, aware
 CURSOR_PATTERN = r"^[0-9]{1,19}(-[0-9]{1,19})?$"
 _CURSOR = re.compile(CURSOR_PATTERN)
 START = "0-0"
+# The highest sequence number a cursor's pattern lets through (19 digits, under 2^64): `since`'s.
+_LAST_SEQ = 10**19 - 1
 # The most entries one page holds, and the default.
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -61,6 +67,12 @@ def cursor(text: str) -> str:
     if not _CURSOR.match(text):
         raise ValueError(f"a cursor is a stream id such as 1767225600000-0 (an entry's `id`), or 0; not {text!r}")
     return text if "-" in text else f"{text}-0"
+
+
+def since(now_ms: int) -> str:
+    """The cursor of the moment `now_ms` of the stream's clock: past every id made before that millisecond,
+    before every one made from it on. It names no entry, so it says nothing of who wrote when."""
+    return f"{max(0, now_ms - 1)}-{_LAST_SEQ}"
 
 
 def order(stream_id: str) -> tuple[int, int]:
@@ -112,10 +124,10 @@ def sse_event(found: FeedEntry) -> bytes:
     return f"id: {found.id}\nevent: change\ndata: {found.model_dump_json()}\n\n".encode()
 
 
-def sse_cursor(stream_id: str) -> bytes:
-    """An `id:` alone: the reader's last event id moves past entries it may not see, with no event dispatched,
-    so a reconnect does not read them again."""
-    return f"id: {stream_id}\n\n".encode()
+def sse_opening(cursor: str | None) -> bytes:
+    """A stream's first line, a keep-alive: with `id:` the cursor it starts from (`since` its opening) when the
+    reader gave none, so a reader that reconnects before any change of its own resumes from there."""
+    return KEEP_ALIVE if cursor is None else f"id: {cursor}\n{KEEP_ALIVE.decode()}".encode()
 
 
 def sse_gap(after: str) -> bytes:

@@ -5,15 +5,22 @@ Events that follow the stream as it grows. Both resume after the last id seen (`
 A page is one request like any other (a place among the requests and the key's share). A stream is not: it
 lives as long as its reader, so it holds no place among the requests and no thread — it waits on the event loop
 in a blocking read of its own Redis connection, MEMFLOW_HTTP_STREAM_KEEPALIVE_S at a time, writing a keep-alive
-comment when nothing came — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process (its connections),
+comment on its own clock — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process (its connections),
 _PER_KEY per key across every server process (a place in Redis, shared/shares.py, renewed by the stream's loop
-and lapsing STREAM_LEASE_KEEPALIVES keep-alives after its last renewal if its process died). Between reads it
-checks its key is still valid and renews its place: a revoked key's stream ends within a keep-alive, and so does
-one whose place was counted away as lapsed (it stalled past its lease)."""
+and lapsing STREAM_LEASE_KEEPALIVES keep-alives after its last renewal if its process died). Before each
+keep-alive it checks its key is still valid and renews its place, and no read outlasts the next keep-alive: a
+revoked key's stream ends within a keep-alive, and so does one whose place was counted away as lapsed (it stalled
+past its lease).
+
+What a stream sends depends on its key's subjects and its own clock only. Another subject's entry wakes its read
+and moves its read position, nothing else: no line, no `id:`, no keep-alive sooner or later. So its `id:`s are its
+own entries' (and, opened from now, the moment it opened: `feed.since`), and a reader that resumes after one reads
+past the others' entries again, on the server, rather than be told where they were."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,7 +40,7 @@ from memflow.pipeline.feed import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE, Change
 from memflow.pipeline.models import Subject
 from memflow.shared.apikeys import ApiKey
 from memflow.shared.connections import connect_async, require_url
-from memflow.shared.feed import SCAN_BATCH, decoded, ends_async, page_async
+from memflow.shared.feed import SCAN_BATCH, decoded, opening_async, page_async
 from memflow.shared.keys import Keys
 from memflow.shared.settings import Settings
 from memflow.shared.shares import KeyShares, Place
@@ -46,14 +53,15 @@ log = logging.getLogger(__name__)
 changes_routes = APIRouter(prefix="/v1", responses=ERRORS, tags=["read"])
 
 _EVENTS = {"description": "With `Accept: text/event-stream`: Server-Sent Events. Each change is an event `change` "
-                          "whose `id:` is the entry's id and whose data is a `FeedEntry`; `id:` alone moves the "
-                          "cursor past entries this key may not see; an event `gap` says the stream was trimmed "
-                          "past the cursor; a comment line is a keep-alive.",
+                          "whose `id:` is the entry's id and whose data is a `FeedEntry`; an event `gap` says the "
+                          "stream was trimmed past the cursor; a comment line is a keep-alive, every "
+                          "MEMFLOW_HTTP_STREAM_KEEPALIVE_S; the first, opened from now, carries the cursor of the "
+                          "opening as its `id:`.",
            "content": {SSE: {"schema": {"type": "string"}}}}
 
 
 # A stream's place in Redis lapses this many keep-alives after its last renewal. Its loop renews it once a
-# keep-alive at most, and one pass of the loop is a read of up to a keep-alive and the writes after it: four
+# keep-alive, and one pass of the loop is a read of up to a keep-alive and the writes after it: four
 # leave a slow reader's stream room, and free a dead process's places within a minute (15 s keep-alives).
 STREAM_LEASE_KEEPALIVES = 4
 
@@ -204,9 +212,10 @@ def wants_events(accept: str | None) -> bool:
 
 async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[[str], bool],
                   after: str | None) -> Response:
-    ends = await ends_async(state.redis, state.keys)
+    ends, opened = await opening_async(state.redis, state.keys)
     start = feed.cursor(after) if after else ends.last
     gap = after is not None and ends.gap(start)
+    opening = feed.sse_opening(None if after else opened)  # the stream's last id would date another's write
     held = await hold(request, key, state)
     secret = bearer(request.headers.get("authorization")) or request.cookies.get("memflow_key")
 
@@ -218,36 +227,42 @@ async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[
         except ApiError:
             return False
         return True
-    events = _events(state, start, visible, gap, still_valid, held.renew)
+    events = _events(state, start, visible, opening, gap, still_valid, held.renew)
     return EventStream(events, held.give_back, media_type=SSE,
                        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-async def _events(state: Feed, start: str, visible: Callable[[str], bool], gap: bool,
+async def _events(state: Feed, start: str, visible: Callable[[str], bool], opening: bytes, gap: bool,
                   still_valid: Callable[[], Awaitable[bool]], renew: Callable[[], Awaitable[bool]]
                   ) -> AsyncIterator[bytes]:
-    """The stream's entries after `start` as they come, keep-alives between; ends when the key is revoked or the
-    stream's place is gone (`renew`: once a keep-alive, by this loop, so a stream that stalls stops renewing)."""
-    yield feed.KEEP_ALIVE  # the reader knows the stream is open before anything changes
+    """The stream's visible entries after `start` as they come; a keep-alive every keep-alive on the stream's own
+    clock, after checking the key is still valid and renewing the place (`renew`: by this loop, so a stream that
+    stalls stops renewing); ends at the first keep-alive the key is revoked or the place is gone by.
+
+    A read blocks until the next keep-alive at most, and an entry the key may not see only moves the read on:
+    it sends nothing and moves no keep-alive, so the stream's lines and their timing are the key's alone."""
+    yield opening  # the reader knows the stream is open (and its cursor) before anything changes
     if gap:
         yield feed.sse_gap(start)
-    cursor, checked = start, time.monotonic()
+    cursor, due = start, time.monotonic() + state.keepalive_s
     while True:
-        if time.monotonic() - checked >= state.keepalive_s:
+        left = due - time.monotonic()
+        if left <= 0:
             if not await still_valid() or not await renew():
                 return
-            checked = time.monotonic()
-        read = await state.redis.xread({state.keys.changes: cursor}, count=SCAN_BATCH,
-                                       block=max(1, int(state.keepalive_s * 1000)))
-        if not read:
             yield feed.KEEP_ALIVE
+            due += state.keepalive_s
+            if due <= time.monotonic():  # a reader too slow for a keep-alive: the clock starts again, no burst
+                due = time.monotonic() + state.keepalive_s
+            continue
+        read = await state.redis.xread({state.keys.changes: cursor}, count=SCAN_BATCH,
+                                       block=max(1, math.ceil(left * 1000)))
+        if not read:
             continue
         raw = _entries(read)
         found, last, _ = feed.take(decoded(raw), visible, len(raw))
         for entry in found:
             yield feed.sse_event(entry)
-        if last is not None and (not found or found[-1].id != last):
-            yield feed.sse_cursor(last)
         cursor = last or cursor
 
 

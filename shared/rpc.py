@@ -40,7 +40,11 @@ from memflow.pipeline.models import (
     event_time,
 )
 from memflow.pipeline.profile import ProfileReply
+from memflow.shared import tokenizer
 from memflow.shared.errors import InvalidInput
+
+# A query is counted in e5's positions by its tokenizer, in every process that takes one (pipeline/tokens.py).
+tokenizer.install()
 
 # The module RQ jobs of the query worker are named in: `workers.query.search`, `workers.query.run_job`...
 WORKERS_MODULE = "memflow.workers.query"

@@ -6,6 +6,7 @@ other body with a clear 415, since `Content-Type: text/plain` is how a page post
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -111,3 +112,54 @@ def test_the_origin_is_compared_whole() -> None:
                                     ("null", "http", "Origin")]:
         refusal = host_refusal(allowed, "127.0.0.1:8765", origin, scheme=scheme, port=8765)
         assert (refusal.field if refusal else None) == refused, (origin, scheme)
+
+
+def bodies(subj: str) -> dict[tuple[str, str], bytes]:
+    """A body each route that reads one would take, as JSON text (an import: an empty export's lines)."""
+    some_id = str(uuid.uuid4())
+    return {("POST", "/v1/events"): json.dumps(event(subj)).encode(),
+            ("POST", "/v1/memories"): json.dumps({"subject": subj, "content": "I like green tea."}).encode(),
+            ("POST", "/v1/search"): json.dumps({"subject": subj, "query": "tea"}).encode(),
+            ("POST", "/v1/pack"): json.dumps({"subject": subj, "query": "tea"}).encode(),
+            ("POST", "/v1/feedback"): json.dumps({"subject": subj, "memory_ids": [some_id]}).encode(),
+            ("DELETE", f"/v1/subjects/{subj}/memories"): json.dumps({"memory_ids": [some_id]}).encode()}
+
+
+def test_a_route_that_reads_json_refuses_another_body_415(served: Served) -> None:
+    # text/plain (a page's post without a preflight), a form, or no Content-Type at all: each got pydantic's
+    # "Input should be a valid dictionary", or was read as the event it spells.
+    subj = subject()
+    with served.http(served.admin) as http:
+        for (method, path), body in bodies(subj).items():
+            for sent in ("text/plain", "application/x-www-form-urlencoded", "text/plain; charset=utf-8", None):
+                headers = {"Content-Type": sent} if sent else {}
+                reply = http.request(method, path, content=body, headers=headers)
+                assert reply.status_code == 415, (path, sent, reply.status_code, reply.text)
+                error = error_of(reply)
+                assert error["code"] == "invalid_input" and error["field"] == "Content-Type", error
+                assert "application/json" in error["message"], error
+            for sent in ("application/json", "application/json; charset=utf-8", "Application/JSON",
+                         "application/vnd.memflow+json"):
+                reply = http.request(method, path, content=body, headers={"Content-Type": sent})
+                assert reply.status_code in (200, 202), (path, sent, reply.status_code, reply.text)
+        assert http.get(f"/v1/subjects/{subj}/memories").status_code == 200  # no body: none asked for
+        forgotten = http.delete(f"/v1/subjects/{subj}/memories", params={"contains": "nothing like it"})
+        assert forgotten.status_code == 200, forgotten.text
+
+
+def test_an_import_reads_json_lines_only(served: Served) -> None:
+    lines = export_of(served, subject())
+    with served.http(served.admin) as http:
+        for sent in ("text/plain", "application/json", None):
+            reply = http.post("/v1/import", content=lines, headers={"Content-Type": sent} if sent else {})
+            assert reply.status_code == 415, (sent, reply.status_code, reply.text)
+            assert error_of(reply)["field"] == "Content-Type" and "application/x-ndjson" in error_of(reply)["message"]
+        reply = http.post("/v1/import", content=lines, headers={"Content-Type": "application/x-ndjson"})
+        assert reply.status_code == 200, reply.text
+
+
+def export_of(served: Served, subj: str) -> bytes:
+    with served.http(served.admin) as http:
+        reply = http.get(f"/v1/subjects/{subj}/export")
+        assert reply.status_code == 200, reply.text
+        return reply.content

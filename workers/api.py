@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -41,6 +41,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -311,7 +312,55 @@ def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
     shares.release_when_done(place, request.app.state.client, sent)
 
 
-v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)])
+# The media type every route that reads a body reads, unless its document names others (an import: JSON Lines).
+JSON = "application/json"
+UNSUPPORTED_MEDIA = {"model": ErrorReply, "description": (
+    "The body is sent as a media type the route does not read (`invalid_input`, field `Content-Type`): JSON is "
+    "`application/json` or `application/*+json`; an import is `application/x-ndjson`.")}
+
+
+class BodyRoute(APIRoute):
+    """A route that reads a body refuses one of another media type, or of none, with 415 before reading it.
+    `Content-Type: text/plain` is how a page of another origin posts without the browser's preflight; and
+    FastAPI reads a body it does not take for JSON as bytes, answered with pydantic's "a valid dictionary"."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
+        super().__init__(path, endpoint, **options)
+        if self.media_types():
+            self.responses = {**self.responses, 415: UNSUPPORTED_MEDIA}
+
+    def media_types(self) -> tuple[str, ...]:
+        """What the route reads: the media types its document names for the body, else JSON if it has one."""
+        documented = ((self.openapi_extra or {}).get("requestBody") or {}).get("content")
+        return tuple(documented) if documented else (JSON,) if self.body_field is not None else ()
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler, media_types = super().get_route_handler(), self.media_types()
+        if not media_types:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            refuse_unless_media(request, media_types)
+            return await handler(request)
+        return checked
+
+
+def refuse_unless_media(request: Request, media_types: tuple[str, ...]) -> None:
+    """415 when the request carries a body whose Content-Type is none of `media_types` (JSON: with any parameters,
+    and `application/*+json` too); no body (a DELETE naming its ids in the query) is not asked for one."""
+    if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
+        return
+    sent = request.headers.get("content-type", "")
+    media = sent.partition(";")[0].strip().lower()
+    if media in media_types or (JSON in media_types and media.startswith("application/") and media.endswith("+json")):
+        return
+    raise ApiError(415, "invalid_input", f"this route reads {' or '.join(media_types)}: send the body with "
+                   f"`Content-Type: {media_types[0]}` (it came {f'as {sent!r}' if sent else 'with no Content-Type'})",
+                   "Content-Type")
+
+
+v1 = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)],
+               route_class=BodyRoute)
 
 
 @v1.post("/events", status_code=202, response_model=Published, tags=["write"],

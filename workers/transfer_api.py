@@ -1,15 +1,19 @@
 """Export and import over HTTP (docs/export-format.md), under the key's scopes: `GET /v1/subjects/{s}/export`
 streams a subject's export as JSON Lines; `POST /v1/import` takes one (MEMFLOW_HTTP_MAX_IMPORT_BYTES at most),
-reads and checks all of it, refuses it whole if the key may not write one of its subjects, then imports
-subject by subject through the query worker, as `memflow import` does."""
+reads and checks all of it as it arrives (refused at its first bad line, the rest unread), refuses it whole if the
+key may not write one of its subjects, then imports subject by subject through the query worker, as `memflow
+import` does. Reading an import costs the server at most a few seconds of one thread: an import lane per process,
+beside the threads the other routes use (docs/export-format.md#what-the-door-bounds)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar, cast
 
+import anyio
+from anyio import to_thread
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -17,18 +21,26 @@ from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
 from memflow.pipeline.models import Subject
 from memflow.shared import rpc
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Steps, import_steps, imported_before, page_size
-from memflow.workers.api import ERRORS, Caller, admitted, ask, blocking, fair_share
+from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
+from memflow.workers.api import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
 from memflow.workers.front import ApiError, allowed
 
+T = TypeVar("T")
 IMPORT_PATH = "/v1/import"
 NDJSON = "application/x-ndjson"
-# Memories one import request may carry: reading and checking them holds a thread of the server (~40 µs a
-# memory); a bigger export is posted in parts (each part whole subjects: a subject is never split by a door).
+# Memories one import request may carry, and characters in their strings: the gate reads those at ~2.5 µs each
+# (measured), so reading an import takes at most ~5 s of one thread, refused or not. A bigger export is posted in
+# parts (each part whole subjects: a subject is never split by a door).
 MAX_IMPORT_MEMORIES = 20_000
+MAX_IMPORT_CHARS = 2_000_000
+# The longest line: a memory with a 3,072-dim vector is ~70 KB.
+MAX_LINE_BYTES = 1_048_576
+# Threads of one server process reading imports (the import lane), beside the MEMFLOW_HTTP_THREADS of the routes:
+# however many imports arrive, their reading holds at most these, and no other route waits for them.
+IMPORT_THREADS = 1
 
 transfer_routes = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[Depends(admitted), Depends(fair_share)],
-                            tags=["transfer"])
+                            tags=["transfer"], route_class=BodyRoute)  # an import's body: NDJSON, as documented
 
 _LINES = {"description": "JSON Lines: an `ExportHeader` line, one `ExportRecord` line per stored point, and an "
                          "`ExportEnd` line counting them (docs/export-format.md).",
@@ -75,7 +87,7 @@ async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
     same file twice changes nothing; a memory forgotten here is not brought back."""
     if key.read_only:
         allowed(key, "", write=True)
-    parsed = await blocking(request, partial(_read, await request.body()))
+    parsed = await _read(request)
     for subject in parsed.subjects:
         allowed(key, subject, write=True, field="memory.subject")
     at, done = datetime.now(UTC), []
@@ -104,11 +116,36 @@ async def _run(request: Request, steps: Steps) -> rpc.Imported:
         return stop.value  # type: ignore[no-any-return]
 
 
-def _read(body: bytes) -> Parsed:
+async def _read(request: Request) -> Parsed:
+    """The body framed chunk by chunk as it arrives, then its words checked (`Framing`), all in the import lane."""
+    framing = Framing(MAX_IMPORT_MEMORIES, MAX_LINE_BYTES, MAX_IMPORT_CHARS)
     try:
-        return export.read(body.splitlines(), max_records=MAX_IMPORT_MEMORIES)
+        async for chunk in request.stream():
+            await _in_lane(request, partial(framing.feed, chunk))
+        lines = await _in_lane(request, framing.close)
+        return await _in_lane(request, partial(export.read, lines, max_records=MAX_IMPORT_MEMORIES))
     except FormatError as exc:
         raise ApiError(422, "invalid_input", str(exc), exc.field) from None
+
+
+async def _in_lane(request: Request, work: Callable[[], T]) -> T:
+    """`work` in the import lane (one of IMPORT_THREADS threads of this process, made on first use); 503 `busy`
+    when none frees within MEMFLOW_HTTP_THREAD_WAIT_S, as for the routes' threads."""
+    state, edge = request.app.state, cast(Edge, request.app.state.edge)
+    if getattr(state, "import_lane", None) is None:  # on the event loop: no other task runs in between
+        state.import_lane = (anyio.CapacityLimiter(IMPORT_THREADS), anyio.CapacityLimiter(IMPORT_THREADS))
+    tickets, threads = state.import_lane
+    ticket, held = object(), False
+    with anyio.move_on_after(edge.thread_wait_s):
+        await tickets.acquire_on_behalf_of(ticket)
+        held = True
+    if not held:
+        raise ApiError(503, "busy", f"the server is at its bound (the import lane: no thread free within "
+                       f"{edge.thread_wait_s} s): try again shortly", retry_after_s=RETRY_AFTER_S)
+    try:
+        return await to_thread.run_sync(work, limiter=threads)
+    finally:
+        tickets.release_on_behalf_of(ticket)
 
 
 def document_transfer(app: FastAPI) -> None:

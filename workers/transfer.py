@@ -53,10 +53,10 @@ def export_subject(store: Store, embedder: Embedder, subject: str, with_vectors:
 def import_subject(applier: Applier, embedder: Embedder, space: IdSpace, req: ImportRequest) -> dict[str, Any]:
     """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject (through
     `applier`; the vectors a file lacks encoded by `embedder`; their ids as this store names them in `space`)."""
-    _refuse_other_subjects(req.subject, req.records)
-    req = req.model_copy(update={"records": _named(applier.store, space, req.subject, req.records)})
     if req.step == "undo":  # touches only points of the subject that bear this import's op keys
-        return _undo(applier, req)
+        return _undo(applier, _named(applier.store, space, req))
+    _refuse_other_subjects(req.subject, req.records)
+    req = _named(applier.store, space, req)
     if req.step == "check":
         return _report(req, {}, written=0, forgotten=[], reembedded=set())
     return _write(applier, embedder, req)
@@ -120,12 +120,14 @@ def _refuse_other_subjects(subject: str, records: Sequence[Record]) -> None:
             raise InvalidInput(f"records.{i}.{exc.field}", exc.reason) from None
 
 
-def _named(store: Store, space: IdSpace, subject: str, records: Sequence[Record]) -> list[Record]:
-    """The records with this store's ids for them in `subject` (`export.named`): each step of an import, and each
-    run of the same file, names them alike, so the puts, their op keys and an undo agree."""
+def _named(store: Store, space: IdSpace, req: ImportRequest) -> ImportRequest:
+    """The request with this store's ids for its records in its subject (`export.named`): each step of an import,
+    and each run of the same file, names them alike, so the puts, their op keys and an undo agree. Only records of
+    the subject are named (another subject's is refused by the check, and an undo touches only the subject's)."""
+    records = [r for r in req.records if r.memory.subject == req.subject]
     wanted = export.named_ids(records)
-    held = {m.id for m in store.get(MemoryFilter(subject, ids=wanted))} if wanted else set()
-    return export.named(space, subject, records, held)
+    held = {m.id for m in store.get(MemoryFilter(req.subject, ids=wanted))} if wanted else set()
+    return req.model_copy(update={"records": export.named(space, req.subject, records, held)})
 
 
 def _lookup(store: Store) -> PointLookup:

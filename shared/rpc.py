@@ -12,19 +12,21 @@ Replies keep the field names the callers have always read; times a handler write
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, PlainSerializer, field_validator
+from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
 
 from memflow.pipeline.export import Record
 from memflow.pipeline.feed import CURSOR_PATTERN
 from memflow.pipeline.models import (
+    MEMORY_ID_PATTERN,
     Memory,
-    MemoryId,
     MType,
     PackedPrompt,
     QueryText,
@@ -58,6 +60,25 @@ RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+EXAMPLE_MEMORY_ID = "8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"
+
+
+def canonical_memory_id(value: str) -> str:
+    """A memory id as the store names its points: a UUID, lowercase. Any other text is an input error naming
+    the field, in words (`../../etc/passwd` reached the store, and its engine's error text came back as a 503;
+    the pattern's own message was a regular expression)."""
+    if re.fullmatch(MEMORY_ID_PATTERN, value) is None:
+        raise PydanticCustomError("memory_id", "not a memory id: a memory id is a UUID, such as {example}",
+                                  {"example": EXAMPLE_MEMORY_ID})
+    return value.lower()
+
+
+# Every id a request names, at every door (the HTTP API, /mcp, the inspector, the SDK, the CLI): the client and
+# the worker validate a call's request, and the doors take their ids as this type too. Its document is a UUID's.
+MemoryId = Annotated[str, AfterValidator(canonical_memory_id), WithJsonSchema(
+    {"type": "string", "pattern": MEMORY_ID_PATTERN, "examples": [EXAMPLE_MEMORY_ID]})]
 
 
 Req = TypeVar("Req", bound=BaseModel)

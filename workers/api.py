@@ -52,7 +52,6 @@ from memflow.pipeline.feed import CURSOR_PATTERN
 from memflow.pipeline.models import (
     MAX_META_TEXT,
     ChatEvent,
-    MemoryId,
     PackedPrompt,
     SearchRequest,
     SearchResult,
@@ -67,6 +66,7 @@ from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
 from memflow.shared.errors import InvalidInput, MemflowError, RpcError
+from memflow.shared.rpc import MemoryId
 from memflow.shared.settings import HttpSettings, Settings, get_settings
 from memflow.shared.shares import KeyShares, Place, share_limits
 from memflow.shared.status import recent_traces
@@ -488,7 +488,9 @@ async def traces(request: Request, key: Caller, client: Client, subject: Subject
     return await blocking(request, partial(recent_traces, client.redis, client.keys, allowed(key, subject), count))
 
 
-@v1.get("/memories/{memory_id}/history", response_model=rpc.History, tags=["read"])
+# `:path`: an id with a slash in it (`..%2F..%2Fetc%2Fpasswd`) is answered as a bad id (422 naming it), not as
+# no such route.
+@v1.get("/memories/{memory_id:path}/history", response_model=rpc.History, tags=["read"])
 async def history(request: Request, key: Caller, memory_id: MemoryId,
                   subject: Subject | None = None) -> rpc.History:
     """Every version of a memory and why each changed. A memory of a subject the key may not see is

@@ -39,12 +39,12 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memflow.pipeline.fairness import Refused
-from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MemoryId, MType, Role, SearchResult
+from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MType, Role, SearchResult
 from memflow.pipeline.scopes import single_subject
 from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.rpc import PACK, PROFILE, SEARCH, Rep, Rpc
+from memflow.shared.rpc import PACK, PROFILE, SEARCH, MemoryId, Rep, Rpc
 from memflow.shared.settings import Settings
 from memflow.shared.shares import KeyShares, Place
 from memflow.workers.front import (

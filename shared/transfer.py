@@ -9,10 +9,13 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+from pydantic import ValidationError
 
 from memflow.pipeline import export
-from memflow.pipeline.export import Parsed, Record
+from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
 from memflow.shared.rpc import (
     EXPORT,
     IMPORT,
@@ -30,9 +33,12 @@ if TYPE_CHECKING:
 TRANSFER_TIMEOUT_S = 600.0
 
 
-# Points a page of an export carries: with vectors (~17 KB a point at 768 dims) a tenth as many.
+# Points a page of an export carries, and memories an import call: with vectors (~17 KB a point at 768 dims) at most
+# 50. A page or a call is one JSON document, encoded and decoded each in one call that holds the interpreter of its
+# process: ~75 ms at 50 points with vectors, and the worker's other searches wait as long. At 200, another key's
+# searches took 4× as long as idle while one key exported in a loop; at 50, 1.5× (`memflow bench http`).
 PAGE = MAX_EXPORT_PAGE
-PAGE_WITH_VECTORS = MAX_EXPORT_PAGE // 10
+PAGE_WITH_VECTORS = 50
 
 
 def export_lines(client: MemoryClient, subjects: Sequence[str], with_vectors: bool, now: datetime) -> Iterator[bytes]:
@@ -66,6 +72,106 @@ def page_size(with_vectors: bool) -> int:
 def read(lines: Iterable[bytes | str]) -> Parsed:
     """A whole export, read and checked (export.FormatError naming the line and field)."""
     return export.read(lines)
+
+
+class Framing:
+    """An import read as it arrives (the HTTP door's, docs/export-format.md#what-the-door-bounds): each line is
+    framed as soon as it is whole (JSON, its kind in its place, its model) and the end line's count checked, so a
+    file is refused at its first bad line without reading on. The words are checked after (`export.read`, once the
+    whole file is framed): the gate costs ~2.5 µs a character, 40 times the rest, and a file refused at its last
+    line by its frame never pays it. Bounded: a line at most `max_line_bytes` (refused as soon as it grows past them),
+    `max_records` records, and `max_chars` characters in the strings of their memories: what the gate reads."""
+
+    def __init__(self, max_records: int, max_line_bytes: int, max_chars: int) -> None:
+        self.max_records, self.max_line_bytes, self.max_chars = max_records, max_line_bytes, max_chars
+        self.lines: list[bytes] = []
+        self._rest = b""
+        self._header: Header | None = None
+        self._end: End | None = None
+        self._records = self._chars = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Frame the lines `chunk` completes (FormatError at the first bad one, or a line past its bound)."""
+        *whole, self._rest = (self._rest + chunk).split(b"\n")
+        for line in whole:
+            self._line(line.removesuffix(b"\r"))
+        if len(self._rest) > self.max_line_bytes:
+            raise FormatError(len(self.lines) + 1, "line", f"longer than {self.max_line_bytes} bytes")
+
+    def close(self) -> list[bytes]:
+        """The body ended: its last line framed, and the file's lines (what `export.read` reads, numbered alike)."""
+        if self._rest.strip():
+            self._line(self._rest)
+        if self._header is None:
+            raise FormatError(1, "kind", "an empty file: no header line")
+        if self._end is None:
+            raise FormatError(len(self.lines) + 1, "kind", "no end line: the file was cut short")
+        return self.lines
+
+    def _line(self, raw: bytes) -> None:
+        self.lines.append(raw)
+        number = len(self.lines)
+        if len(raw) > self.max_line_bytes:
+            raise FormatError(number, "line", f"longer than {self.max_line_bytes} bytes")
+        if not raw.strip():
+            return
+        value = _object(raw, number)
+        if self._header is None:
+            self._header = _framed(Header, value, number)
+        elif self._end is not None:
+            raise FormatError(number, "kind", "a line after the end line")
+        elif value.get("kind") == "end":
+            self._end = _framed(End, value, number)
+            if self._end.memories != self._records:
+                raise FormatError(number, "memories", f"the end line counts {self._end.memories} memories, "
+                                                      f"the file holds {self._records}")
+        else:
+            _framed(Record, value, number)
+            self._records += 1
+            self._chars += _chars(value["memory"])
+            if self._records > self.max_records:
+                raise FormatError(number, "memory", f"more than {self.max_records} memories in one import: "
+                                                    "post the file in parts, whole subjects each")
+            if self._chars > self.max_chars:
+                raise FormatError(number, "memory", f"more than {self.max_chars} characters of memories in one "
+                                                    "import: post the file in parts, whole subjects each")
+
+
+def _object(raw: bytes, number: int) -> dict[str, Any]:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise FormatError(number, "line", f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise FormatError(number, "line", f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+L = TypeVar("L", Header, Record, End)
+
+
+def _framed(model: type[L], value: dict[str, Any], number: int) -> L:
+    """`value` as a `model` line, refused as `export.read` refuses it (the line, the field, why)."""
+    expected = {Header: "header", Record: "memory", End: "end"}[model]
+    if value.get("kind") != expected:
+        raise FormatError(number, "kind", f"expected a {expected} line, found {value.get('kind')!r:.40}")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "line"
+        raise FormatError(number, where, str(first.get("msg"))) from None
+
+
+def _chars(value: object) -> int:
+    """The characters of every string in `value` (a line's memory, as JSON), keys aside."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 0
 
 
 def import_parsed(client: MemoryClient, parsed: Parsed, allowed: Callable[[str], object] = lambda subject: None,
@@ -146,12 +252,15 @@ def run(steps: Steps, call: Callable[..., Imported]) -> Imported:
 
 
 def import_calls(parsed: Parsed, subject: str, records: list[Record]) -> list[dict[str, Any]]:
-    """The requests that import `records` of `subject`: at most MAX_IMPORT_RECORDS memories each, the same
-    slices on every run of the same file (what makes a second run meet the first's puts as its own)."""
+    """The requests that import `records` of `subject`: at most MAX_IMPORT_RECORDS memories each (PAGE_WITH_VECTORS
+    when the file carries vectors), the same slices on every run of the same file (what makes a second run meet the
+    first's puts as its own)."""
     head = parsed.header
+    vectors = any(r.vector is not None for r in records)
+    size = min(PAGE_WITH_VECTORS, MAX_IMPORT_RECORDS) if vectors else MAX_IMPORT_RECORDS
     return [{"subject": subject, "exported_at": head.exported_at, "model": head.model, "dim": head.dim,
-             "records": records[start:start + MAX_IMPORT_RECORDS]}
-            for start in range(0, len(records), MAX_IMPORT_RECORDS)]
+             "records": records[start:start + size]}
+            for start in range(0, len(records), size)]
 
 
 def total(subject: str, parts: Sequence[Imported]) -> Imported:

@@ -34,7 +34,18 @@ from typing import Any, cast
 import redis
 import redis.asyncio
 
-from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s, renewed, take_stream
+from memflow.pipeline.fairness import (
+    Admitted,
+    Limits,
+    Refused,
+    Share,
+    admit,
+    fresh,
+    keep_s,
+    refilled,
+    renewed,
+    take_stream,
+)
 from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.keys import Keys
 from memflow.shared.settings import HttpSettings
@@ -116,6 +127,29 @@ class KeyShares:
             except redis.WatchError:
                 return None
 
+    async def spend(self, key_id: str) -> Refused | None:
+        """One more token of `key_id`'s rate for a request that holds its place already and calls a query worker
+        again (an export's next page, an import's next call: each a call, as a search is); None once taken, or when
+        one will be there. No place is taken or checked."""
+        name = self.keys.key_share(key_id)
+        async with self._one_at_a_time(key_id):
+            for attempt in range(ATTEMPTS):
+                async with self.client.pipeline(transaction=True) as pipe:
+                    try:
+                        await pipe.watch(name)
+                        seconds, micros = await pipe.time()
+                        decided = _spent(_share(await pipe.hgetall(name)), self.limits, seconds + micros / 1e6)
+                        if isinstance(decided, Refused):
+                            return decided
+                        cast(Any, pipe).multi()
+                        _write(pipe, name, decided, self.limits)
+                        await pipe.execute()
+                        return None
+                    except redis.WatchError:
+                        pass
+                await asyncio.sleep(backoff_s(attempt, CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S))
+        return Refused(f"this key's requests came too fast to count ({ATTEMPTS} conflicts in a row)", 1)
+
     async def release(self, place: Place) -> None:
         """Give `place` back (nothing if it lapsed meanwhile)."""
         await self.client.hdel(self.keys.key_share(place.key_id), PLACE + place.id)
@@ -194,6 +228,18 @@ def _share(raw: Mapping[Any, Any]) -> Share | None:
         return None
     places = {k.removeprefix(PLACE): until for k, until in fields.items() if k.startswith(PLACE)}
     return Share(tokens=fields["tokens"], at_s=fields["at"], places=places)
+
+
+def _spent(share: Share | None, limits: Limits, now_s: float) -> Share | Refused:
+    """The record with one token taken (its places as they are), or when one will be there (fairness.admit's
+    bucket, without its place)."""
+    share = share or fresh(limits, now_s)
+    current = max(now_s, share.at_s)
+    tokens = refilled(share, limits, current)
+    if tokens < 1.0:
+        wait = (1.0 - tokens) / limits.rate_per_s
+        return Refused(f"this key is over its rate of {limits.rate_per_s:g} requests a second", max(1, math.ceil(wait)))
+    return Share(tokens - 1.0, current, share.places)
 
 
 def _text(value: bytes | str) -> str:

@@ -20,6 +20,7 @@ from memflow.pipeline import export
 from memflow.pipeline.export import End, Record
 from memflow.shared.embedder import Embedder
 from memflow.shared.redis_server import RedisServer
+from memflow.shared.transfer import PAGE_WITH_VECTORS
 from memflow.workers.transfer_api import MAX_IMPORT_CHARS, MAX_LINE_BYTES
 from tests.test_api import Served, serving, subject
 from tests.test_export_format import T0, memory
@@ -34,6 +35,15 @@ def served(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pyte
     else holds it is refused 503 `busy`. One request in flight per key: a second is refused 429."""
     yield from serving(redis_server, embedder, tmp_path_factory.mktemp("transfer-cost"), http_threads=1,
                        http_thread_wait_s=0.5, http_key_concurrency=1)
+
+
+@pytest.fixture(scope="module")
+def metered(redis_server: RedisServer, embedder: Embedder, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Served]:
+    """Each key's bucket holds 4 tokens and (practically) never refills: what each request took shows in what is
+    left of it."""
+    yield from serving(redis_server, embedder, tmp_path_factory.mktemp("transfer-metered"), http_key_burst=4,
+                       http_key_rate_per_s=0.0001)
 
 
 def lines_of(subj: str, contents: list[str], *, end: int | None = None) -> list[bytes]:
@@ -174,3 +184,19 @@ def test_an_import_or_an_export_takes_a_place_in_its_keys_share_as_a_search_does
     assert [r.status_code for r in refused] == [429, 429, 429], [r.text for r in refused]
     assert all(r.json()["error"]["code"] == "rate_limited" and "retry-after" in r.headers for r in refused)
     assert other.status_code == 200, other.text
+
+
+def test_each_page_of_an_export_takes_a_token_of_its_keys_rate_as_a_search_does(metered: Served) -> None:
+    """An export of two pages is two calls of a query worker, and takes two of its key's four tokens, as two
+    searches would: two searches are answered after it, the third is refused 429 (the old door took one token
+    for a whole export, however many pages)."""
+    subj = subject()
+    stored = [memory(subj, f"I like tea number {i}.", uri=f"mem://{subj}/general/k{i}", key=f"k{i}")
+              for i in range(PAGE_WITH_VECTORS + 1)]
+    dim = metered.system.ctx.embedder.dim
+    metered.system.ctx.store.put(stored, [[1.0 if j == i % dim else 0.0 for j in range(dim)] for i in range(len(stored))])
+    with metered.http(metered.key(subj)) as http:
+        exported = http.get(f"/v1/subjects/{subj}/export", params={"with_vectors": True})
+        searches = [http.post("/v1/search", json={"subject": subj, "query": "tea", "k": 5}) for _ in range(3)]
+    assert exported.status_code == 200 and len(exported.content.splitlines()) == len(stored) + 2, exported.text
+    assert [r.status_code for r in searches] == [200, 200, 429], [r.text for r in searches]

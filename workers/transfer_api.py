@@ -19,8 +19,10 @@ from fastapi.responses import StreamingResponse
 
 from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
+from memflow.pipeline.fairness import Refused
 from memflow.pipeline.models import Subject
 from memflow.shared import rpc
+from memflow.shared.shares import KeyShares, Place
 from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
 from memflow.workers.api import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
 from memflow.workers.front import ApiError, allowed
@@ -75,6 +77,7 @@ async def export_subject(request: Request, key: Caller, subject: Subject, with_v
 
 
 async def _page(request: Request, subject: str, with_vectors: bool, after: str | None) -> rpc.ExportedSubject:
+    await _paced(request)
     return await ask(request, rpc.EXPORT, subject=subject, with_vectors=with_vectors, after=after,
                      limit=page_size(with_vectors), timeout_s=TRANSFER_TIMEOUT_S)
 
@@ -107,6 +110,7 @@ async def _run(request: Request, steps: Steps) -> rpc.Imported:
         fields = next(steps)
         while True:
             try:
+                await _paced(request)
                 reply = await ask(request, rpc.IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
             except Exception as exc:
                 fields = steps.throw(exc)
@@ -114,6 +118,19 @@ async def _run(request: Request, steps: Steps) -> rpc.Imported:
             fields = steps.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+async def _paced(request: Request) -> None:
+    """Each call of the query worker after a transfer's first takes a token of its key's rate, as a search does (the
+    first came with its place): past the rate the transfer waits for its token rather than stop halfway."""
+    calls = getattr(request.state, "transfer_calls", 0)
+    request.state.transfer_calls = calls + 1
+    shares: KeyShares | None = request.app.state.shares
+    place: Place | None = getattr(request.state, "share", None)
+    if calls == 0 or shares is None or place is None:
+        return
+    while isinstance(refused := await shares.spend(place.key_id), Refused):
+        await anyio.sleep(refused.retry_after_s)
 
 
 async def _read(request: Request) -> Parsed:

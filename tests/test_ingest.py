@@ -125,14 +125,15 @@ def conversation(subject: str) -> list[ChatEvent]:
     return events
 
 
-def ingest(system: System, subject: str) -> dict[str, tuple[Any, ...]]:
-    """The conversation published whole, then once more (a replay), drained; the memories that came out."""
+def ingest(system: System, subject: str) -> list[tuple[Any, ...]]:
+    """The conversation published whole, then once more (a replay), drained; the memories that came out (without
+    their ids: each deployment names them with its own secret, pipeline/ids.py)."""
     for _ in range(2):
         for event in conversation(subject):
             system.client.publish(event)
         assert system.client.wait_idle(60), "the pipeline did not drain"
-    return {m.id: (m.key, m.status.value, m.version, m.rev, m.content, tuple(m.source_event_ids))
-            for m in system.ctx.store.get(MemoryFilter(subject))}
+    return sorted((m.key, m.status.value, m.version, m.rev, m.content, tuple(m.source_event_ids))
+                  for m in system.ctx.store.get(MemoryFilter(subject)))
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ def test_ingest_encodes_each_passage_once_and_the_same_memories_come_out(cached_
     twice = [text for text, n in counted.passages.items() if n > 1]
     assert not twice, f"encoded more than once: {twice}"
     assert len(with_cache) >= 7
-    # The same conversation on a process without the cache: the same memories, by id, rev and content.
+    # The same conversation on a process without the cache: the same memories, by key, version, rev and content.
     apart = settings.replace(stream_prefix=f"{settings.redis.stream_prefix}plain:", data_dir=settings.store.data_dir / "plain")
     plain = start_system(apart, Counting(embedder))
     try:

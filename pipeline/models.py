@@ -33,9 +33,8 @@ EVENT_YEARS = range(1900, 3000)
 
 Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
 # A memory's id is a UUID (pipeline/ids.py; the store takes no other point id): anything else is
-# refused where it comes in, naming the field, instead of failing in the store.
+# refused where it comes in, naming the field, instead of failing in the store (shared/rpc.py `MemoryId`).
 MEMORY_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-MemoryId = Annotated[str, Field(pattern=MEMORY_ID_PATTERN, examples=["8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"])]
 Extractor = Literal["rules", "llm"]
 # Whom a memory is about (pipeline/holders.py): "self", a relation chain ("wife.sister"), a name (":tom") or both
 # ("friend:小李"). Bounded and free of separators a key or a log line would misread.

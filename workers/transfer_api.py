@@ -7,6 +7,7 @@ beside the threads the other routes use (docs/export-format.md#what-the-door-bou
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -37,6 +38,10 @@ MAX_IMPORT_MEMORIES = 20_000
 MAX_IMPORT_CHARS = 2_000_000
 # The longest line: a memory with a 3,072-dim vector is ~70 KB.
 MAX_LINE_BYTES = 1_048_576
+# Seconds a transfer waits before its next call of a query worker, per second the call before took: a key's export
+# or import holds at most half of one query worker's time (and of the machine's cores), so that another key's search
+# p99 stays within 3× idle while it loops (`memflow bench http`: 3.0-3.3× at full pace, 2.5× paced so).
+PAUSE_PER_CALL = 1.0
 # Threads of one server process reading imports (the import lane), beside the MEMFLOW_HTTP_THREADS of the routes:
 # however many imports arrive, their reading holds at most these, and no other route waits for them.
 IMPORT_THREADS = 1
@@ -77,9 +82,8 @@ async def export_subject(request: Request, key: Caller, subject: Subject, with_v
 
 
 async def _page(request: Request, subject: str, with_vectors: bool, after: str | None) -> rpc.ExportedSubject:
-    await _paced(request)
-    return await ask(request, rpc.EXPORT, subject=subject, with_vectors=with_vectors, after=after,
-                     limit=page_size(with_vectors), timeout_s=TRANSFER_TIMEOUT_S)
+    return await _call(request, rpc.EXPORT, subject=subject, with_vectors=with_vectors, after=after,
+                       limit=page_size(with_vectors))
 
 
 @transfer_routes.post(IMPORT_PATH.removeprefix("/v1"), response_model=rpc.ImportReport,
@@ -110,8 +114,7 @@ async def _run(request: Request, steps: Steps) -> rpc.Imported:
         fields = next(steps)
         while True:
             try:
-                await _paced(request)
-                reply = await ask(request, rpc.IMPORT, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+                reply = await _call(request, rpc.IMPORT, **fields)
             except Exception as exc:
                 fields = steps.throw(exc)
                 continue
@@ -120,16 +123,30 @@ async def _run(request: Request, steps: Steps) -> rpc.Imported:
         return stop.value  # type: ignore[no-any-return]
 
 
+async def _call(request: Request, call: rpc.Rpc[Any, rpc.Rep], **fields: Any) -> rpc.Rep:
+    """One call of a query worker for a transfer (an export's page, an import's check, write or undo), paced: the
+    next waits PAUSE_PER_CALL times as long as this one took, and takes a token of the key's rate (`_paced`)."""
+    await _paced(request)
+    started = time.monotonic()
+    try:
+        return await ask(request, call, timeout_s=TRANSFER_TIMEOUT_S, **fields)
+    finally:
+        request.state.transfer_pause_s = (time.monotonic() - started) * PAUSE_PER_CALL
+
+
 async def _paced(request: Request) -> None:
-    """Each call of the query worker after a transfer's first takes a token of its key's rate, as a search does (the
-    first came with its place): past the rate the transfer waits for its token rather than stop halfway."""
+    """Before each call of the query worker after a transfer's first: the pause the call before earned, then a token
+    of its key's rate, as a search takes (the first came with its place); past the rate the transfer waits for its
+    token rather than stop halfway."""
     calls = getattr(request.state, "transfer_calls", 0)
     request.state.transfer_calls = calls + 1
     shares: KeyShares | None = request.app.state.shares
     place: Place | None = getattr(request.state, "share", None)
-    if calls == 0 or shares is None or place is None:
+    if calls == 0:
         return
-    while isinstance(refused := await shares.spend(place.key_id), Refused):
+    await anyio.sleep(getattr(request.state, "transfer_pause_s", 0.0))
+    while shares is not None and place is not None and isinstance(refused := await shares.spend(place.key_id),
+                                                                   Refused):
         await anyio.sleep(refused.retry_after_s)
 
 

@@ -189,6 +189,9 @@ class Held:
                 raise Permanent(f"no vector for the new memories {missing}")
             self.renew()
             store.put(puts, [vectors[m.id] for m in puts], new_only=True)
+            # Landed before anything is patched: a put the engine skipped (a point under its id that is not the
+            # subject's) must not leave the versions it retires pointing at nothing.
+            self._check([w for w in todo if w.kind == "put"])
         at_rev: dict[str, int | None] = {}  # a point written twice by one plan: the second write expects the first's
         for w in todo:
             if w.fields:
@@ -199,7 +202,7 @@ class Held:
         if purged:
             self.renew()
             store.delete(self.subject, purged)
-        self._check(todo)
+        self._check([w for w in todo if w.kind != "put"])
 
     def _check(self, written: Sequence[writes.Write]) -> None:
         """Each put and revision-moving patch landed: the engine refuses a conditional write silently, so

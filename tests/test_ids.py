@@ -16,11 +16,14 @@ import pytest
 from memflow.pipeline import export
 from memflow.pipeline.ids import PUBLIC, IdSpace
 from memflow.pipeline.models import Change, Dir, Memory, MType, Source, Status
+from memflow.shared.applier import copy_points
 from memflow.shared.codec import decode
+from memflow.shared.edge_shards import shard_of
 from memflow.shared.errors import MemflowError, NotFound
-from memflow.shared.keys import FIELD, id_space
+from memflow.shared.keys import FIELD, id_space, partition_of
 from memflow.shared.store import MemoryFilter
-from tests.conftest import System
+from memflow.shared.streams import CONFLICT
+from tests.conftest import System, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 # The issue's figure is 1,000 operations of the attacker (ATTACK_OPS=1000); the default run does fewer.
@@ -182,3 +185,72 @@ def test_an_attacker_with_the_victims_past_and_future_ids_changes_nothing_of_the
     assert sorted(ours["feed"]) == sorted(theirs["feed"])
     assert not set(names(system, attacker)) & set(names(system, victim))
     assert all(m.status is not Status.deleted for m in system.ctx.store.get(MemoryFilter(victim)))
+
+
+# -- the issue's findings, on a store planted before ids were named with a secret -----------------------------------
+
+
+def beside(subject: str, shards: int, same: bool, partitions: int | None = None) -> str:
+    """A subject whose Edge shard is (or is not) `subject`'s, and with `partitions`, in its stream partition."""
+    for n in range(10_000):
+        other = f"mal-{n}"
+        if (shard_of(other, shards) == shard_of(subject, shards)) == same and (
+                partitions is None or partition_of(other, partitions) == partition_of(subject, partitions)):
+            return other
+    raise AssertionError("no such subject")
+
+
+def plant(system: System, subject: str, memory_ids: list[str]) -> None:
+    """Points of `subject` under these ids, written straight to the store (a plant made before the import named
+    its records, or with ids the old public naming gave)."""
+    memories = [fact(subject, f"planted.{i}", memory_id=m, content="attacker's words") for i, m in enumerate(memory_ids)]
+    copy_points(system.ctx.store, memories, [[1.0] + [0.0] * (system.ctx.embedder.dim - 1)] * len(memories))
+
+
+def test_plants_in_the_victims_shard_and_a_later_one_neither_delete_nor_stall_nor_keep_anything_of_the_victims(
+        system: System) -> None:
+    """Issue 38: ids the old public naming gives the victim's next version, planted under the attacker's subject in
+    the victim's shard and in another: the victim's correction lands, the attacker's forget of those ids removes
+    nothing of the victim's, and the victim's own forget is verified."""
+    victim, shards = "bea", system.ctx.settings.store.edge_shards
+    assert shards > 1
+    say(system, victim, 0)
+    assert system.client.wait_idle(60)
+    [home] = [m for m in system.ctx.store.get(MemoryFilter(victim)) if m.mtype is not MType.episode]
+    future = [PUBLIC.memory_id(victim, home.key, v) for v in (2, 3)] + [PUBLIC.episode_id(victim, f"{victim}-3")]
+    attackers = [beside(victim, shards, same=True), beside(victim, shards, same=False)]
+    for attacker in attackers:
+        plant(system, attacker, future)
+    say(system, victim, 3)  # "Actually, I moved to Munich."
+    assert system.client.wait_idle(60)
+    current = [m for m in system.ctx.store.get(MemoryFilter(victim, keys=[home.key])) if m.status is Status.active]
+    assert [m.content for m in current] == [SAID[3].rstrip(".")] and current[0].id not in future
+    for attacker in attackers:
+        system.client.forget(attacker, future + [current[0].id])
+    assert [m.id for m in system.ctx.store.get(MemoryFilter(victim, keys=[home.key])) if m.status is Status.active] \
+        == [current[0].id]
+    assert system.client.forget(victim, [current[0].id]) == 1
+    assert system.client.verify_forgotten(victim, [current[0].id]).verified
+
+
+def test_a_write_whose_id_another_subject_holds_is_dead_lettered_and_the_writes_behind_it_land(
+        system: System) -> None:
+    """A point of another subject under the very id the victim's next version gets (only a store planted before
+    the secret can hold one): the write is retried a bounded number of rounds, then dead-lettered with its
+    reason; the victim's current version stays current, and the writes queued behind it in its partition land."""
+    victim, keys = "cal", system.ctx.keys
+    shards = system.ctx.settings.store.edge_shards
+    say(system, victim, 0)
+    assert system.client.wait_idle(60)
+    [home] = [m for m in system.ctx.store.get(MemoryFilter(victim)) if m.mtype is not MType.episode]
+    plant(system, beside(victim, shards, same=True), [system.ctx.id_space.memory_id(victim, home.key, 2)])
+    neighbour = beside(victim, shards, same=False, partitions=keys.partitions)  # behind it in its stream
+    say(system, victim, 3)
+    say(system, neighbour, 1)
+    wait_for(lambda: [m for m in system.ctx.store.get(MemoryFilter(neighbour)) if m.mtype is not MType.episode],
+             60, "the write behind the conflict")
+    letters = wait_for(lambda: system.ctx.client.xrange(keys.dlq("upsert", keys.partition(victim))), 60,
+                       "the conflict's dead letter")
+    assert any(CONFLICT.encode() in value for _, fields in letters for value in fields.values())  # type: ignore[union-attr]
+    assert [m.content for m in system.ctx.store.get(MemoryFilter(victim, keys=[home.key]))
+            if m.status is Status.active] == [SAID[0].rstrip(".")]

@@ -10,11 +10,17 @@ holds; `gap` says when the stream was trimmed (MEMFLOW_CHANGES_MAXLEN) past the 
 
 A stream tells its reader the ids of its own entries only: never one of another key's entries, never when one
 was made (an entry it may not see changes nothing it sends, nor when). Where it has none to give (a stream
-opened from now), its cursor is a moment of the stream's clock (`since`): after every entry made before it."""
+opened from now), its cursor is a moment of the stream's clock (`since`): after every entry made before it.
+A page's `next` is the same: its own last entry's id, or a moment of the clock (`since`), or, where a page
+stopped among entries it may not see, that place `Sealed`: a cursor the server opens and the reader cannot."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -25,8 +31,10 @@ from memflow.pipeline.models import Subject, Wire, aware
 
 # A stream id, `<ms>-<seq>` (or `<ms>`, read as `<ms>-0`); "0": from the oldest entry the stream holds. At most
 # 19 digits each: every such number is a valid part of a stream id (under 2^64), so no cursor reaches Redis bad.
-CURSOR_PATTERN = r"^[0-9]{1,19}(-[0-9]{1,19})?$"
+# Or a sealed place (`Sealed`): `~` and 59 characters of base64url.
+CURSOR_PATTERN = r"^(?:[0-9]{1,19}(?:-[0-9]{1,19})?|~[A-Za-z0-9_-]{59})$"
 _CURSOR = re.compile(CURSOR_PATTERN)
+SEALED = "~"
 START = "0-0"
 # The highest sequence number a cursor's pattern lets through (19 digits, under 2^64): `since`'s.
 _LAST_SEQ = 10**19 - 1
@@ -52,7 +60,8 @@ class FeedEntry(Wire):
 
 class ChangesPage(Wire):
     """A page of the feed: `entries` in the order they were made; `next` is the cursor to ask with for the
-    following page (past entries this key may not see as well); `more`: the stream holds entries after `next`;
+    following page (the last entry's id, a moment of the stream's clock, or a sealed place: never another key's
+    entry); `more`: ask again now (a full page, or one that stopped among entries this key may not see);
     `gap`: the stream was trimmed past the cursor asked with, so entries between it and the first one here were
     dropped before this reader saw them (read the subject again, `inspect`, and follow from here)."""
 
@@ -63,10 +72,58 @@ class ChangesPage(Wire):
 
 
 def cursor(text: str) -> str:
-    """`text` as a full stream id (`<ms>-<seq>`), or ValueError saying what a cursor is."""
+    """`text` as a full stream id (`<ms>-<seq>`; a sealed one as it is: `Sealed.open` reads it), or ValueError
+    saying what a cursor is."""
     if not _CURSOR.match(text):
-        raise ValueError(f"a cursor is a stream id such as 1767225600000-0 (an entry's `id`), or 0; not {text!r}")
-    return text if "-" in text else f"{text}-0"
+        raise ValueError(f"a cursor is a stream id such as 1767225600000-0 (an entry's `id`), a page's `next`, or 0;"
+                         f" not {text!r}")
+    return text if "-" in text or text.startswith(SEALED) else f"{text}-0"
+
+
+def is_sealed(text: str) -> bool:
+    return text.startswith(SEALED)
+
+
+class Sealed:
+    """Places of the stream a reader may resume from but not read: where a page stopped among entries its key may
+    not see, whose ids would date another's writes. A place is sealed as `~` and base64url of a random nonce (12
+    bytes), the place's 16 bytes XORed with HMAC-SHA256(key, nonce) and a 16-byte HMAC-SHA256 tag over both; the key
+    is derived from the deployment's secret (shared/keys.py `id_space`), so every server process opens what any of
+    them sealed, and a reader can neither read one nor make one up."""
+
+    _NONCE, _PLACE, _TAG = 12, 16, 16
+
+    def __init__(self, secret: bytes) -> None:
+        self._key = hmac.new(secret, b"memflow changes cursor", hashlib.sha256).digest()
+
+    def __repr__(self) -> str:  # never the key: it would reach logs and tracebacks
+        return "Sealed(<key>)"
+
+    def seal(self, stream_id: str) -> str:
+        ms, seq = order(stream_id)
+        nonce = secrets.token_bytes(self._NONCE)
+        hidden = bytes(a ^ b for a, b in zip(ms.to_bytes(8, "big") + seq.to_bytes(8, "big"), self._pad(nonce),
+                                             strict=False))
+        tag = self._tag(nonce + hidden)
+        return SEALED + base64.urlsafe_b64encode(nonce + hidden + tag).decode().rstrip("=")
+
+    def open(self, text: str) -> str:
+        """The stream id sealed in `text`, or ValueError: not one this deployment sealed."""
+        try:
+            raw = base64.urlsafe_b64decode(text.removeprefix(SEALED) + "=")
+        except ValueError:
+            raw = b""
+        nonce, hidden, tag = raw[:self._NONCE], raw[self._NONCE:-self._TAG], raw[-self._TAG:]
+        if len(raw) != self._NONCE + self._PLACE + self._TAG or not hmac.compare_digest(tag, self._tag(nonce + hidden)):
+            raise ValueError("this cursor was not given by this deployment: ask with a page's `next` as it came")
+        place = bytes(a ^ b for a, b in zip(hidden, self._pad(nonce), strict=False))
+        return f"{int.from_bytes(place[:8], 'big')}-{int.from_bytes(place[8:], 'big')}"
+
+    def _pad(self, nonce: bytes) -> bytes:
+        return hmac.new(self._key, b"pad" + nonce, hashlib.sha256).digest()[:self._PLACE]
+
+    def _tag(self, sealed: bytes) -> bytes:
+        return hmac.new(self._key, b"tag" + sealed, hashlib.sha256).digest()[:self._TAG]
 
 
 def since(now_ms: int) -> str:

@@ -43,7 +43,7 @@ from memflow.shared.codec import encode
 from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
 from memflow.shared.durability import fsync_timeout_ms
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.keys import FIELD, STAGES, check_partitions
+from memflow.shared.keys import FIELD, STAGES, check_partitions, id_space
 from memflow.shared.rpc import (
     FEEDBACK,
     FORGET,
@@ -86,6 +86,7 @@ class MemoryClient:
         self._queue = Queue(self.keys.query_queue, connection=self.queue_redis, serializer=JSONSerializer)
         self._jobs = Queue(self.keys.jobs_queue, connection=self.queue_redis, serializer=JSONSerializer)
         self._partitions_checked = False
+        self._feed_seal: feed.Sealed | None = None
         self._fsync_timeout_ms: int | None = None  # WAITAOF's, when a publish waits for the disk (_append)
 
     # -- writing -----------------------------------------------------------------
@@ -275,10 +276,20 @@ class MemoryClient:
             raise InvalidInput("limit", f"between 1 and {feed.MAX_PAGE}, not {limit}")
         try:
             start = feed.cursor(after)
+            start = self._sealed().open(start) if feed.is_sealed(start) else start
         except ValueError as exc:
             raise InvalidInput("after", str(exc)) from None
         return feed_pages.page(self.redis, self.keys, start,
-                               (lambda s: s == subject) if subject is not None else (lambda s: True), limit)
+                               (lambda s: s == subject) if subject is not None else (lambda s: True), limit,
+                               self._sealed)
+
+    def _sealed(self) -> feed.Sealed:
+        """The deployment's sealer of feed places (pipeline/feed.py `Sealed`), read once."""
+        if self._feed_seal is None:
+            secret = id_space(self.redis, self.keys).secret
+            assert secret is not None  # id_space always names with a secret
+            self._feed_seal = feed.Sealed(secret)
+        return self._feed_seal
 
     def profile(self, subject: str, *, since: str | None = None, max_tokens: int | None = None,
                 now: datetime | None = None) -> ProfileReply:

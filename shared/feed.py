@@ -2,11 +2,16 @@
 with the blocking client (`MemoryClient.changes`) and on an event loop (`GET /v1/changes`, workers/changes_api.py).
 
 A page reads at most `scan` entries of the stream (MAX_SCAN): a key that sees one subject among many pays for the
-entries it passes over, so the page says where it stopped (`next`) and a reader asks again from there."""
+entries it passes over, so the page says where it stopped (`next`) and a reader asks again from there.
+
+What a page tells its key of where it ends is the key's own (pipeline/feed.py): a full page ends at its last entry
+and says `more`, whatever follows; a page that read to the stream's end ends at the moment it began reading on the
+stream's clock (`feed.since`), or its last entry if later; only one that stopped at MAX_SCAN among entries its key
+may not see names where, sealed (`feed.Sealed`): the server reads on from there, the key learns nothing of it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,45 +66,78 @@ def ends_of(info: dict[str, Any] | None) -> Ends:
 
 
 class Pager:
-    """One page's assembly over reads of the stream (the same for both clients)."""
+    """One page's assembly over reads of the stream (the same for both clients): from `after` (a stream id, a
+    sealed one opened) and `opened`, the moment the reading began (`feed.since`)."""
 
-    def __init__(self, after: str, visible: Callable[[str], bool], limit: int, ends: Ends) -> None:
-        self.visible, self.limit = visible, limit
+    def __init__(self, after: str, visible: Callable[[str], bool], limit: int, ends: Ends, opened: str) -> None:
         after = feed.cursor(after)
+        self.visible, self.limit, self.after, self.opened = visible, limit, after, opened
         self.page = ChangesPage(next=after, gap=ends.gap(after))
-        self.scanned, self.done = 0, False
+        self.read_to = after  # the last entry read, the key's or not: never told to the key as it is
+        self.scanned, self.ended = 0, False
+
+    @property
+    def done(self) -> bool:
+        return self.ended or self.scanned >= MAX_SCAN or len(self.page.entries) >= self.limit
 
     def bounds(self) -> tuple[str, int]:
-        """The range to read next: exclusive of the cursor; at most what is left of the scan."""
-        return f"({self.page.next}", min(SCAN_BATCH, MAX_SCAN - self.scanned)
+        """The range to read next: exclusive of the last entry read; at most what is left of the scan."""
+        return f"({self.read_to}", min(SCAN_BATCH, MAX_SCAN - self.scanned)
 
     def add(self, raw: Raw, asked: int) -> None:
-        found, last, full = feed.take(decoded(raw), self.visible, self.limit - len(self.page.entries))
+        found, last, _ = feed.take(decoded(raw), self.visible, self.limit - len(self.page.entries))
         self.page.entries.extend(found)
-        self.page.next = last or self.page.next
+        self.read_to = last or self.read_to
         self.scanned += len(raw or ())
-        ended = len(raw or ()) < asked
-        self.page.more = full or not ended
-        self.done = full or ended or self.scanned >= MAX_SCAN or len(self.page.entries) >= self.limit
+        self.ended = len(raw or ()) < asked
+
+    def finish(self) -> str | None:
+        """Sets `next` and `more` from the key's own entries and the clock; the place to seal into `next` (a page
+        that stopped at MAX_SCAN among entries its key may not see), or None."""
+        own = self.page.entries[-1].id if self.page.entries else self.after
+        self.page.more = len(self.page.entries) >= self.limit or not self.ended
+        if len(self.page.entries) >= self.limit:  # full: whether anything follows is not the key's to know
+            self.page.next = own
+        elif self.ended:  # read to the end: nothing of the key's between its last entry and the opening moment
+            self.page.next = max(own, self.opened, key=feed.order)
+        else:
+            return self.read_to
+        return None
 
 
-def page(client: redis.Redis, keys: Keys, after: str, visible: Callable[[str], bool], limit: int) -> ChangesPage:
-    """The visible entries after `after`, at most `limit` (MemoryClient.changes)."""
-    pager = Pager(after, visible, limit, ends_of(_info(client, keys)))
+def page(client: redis.Redis, keys: Keys, after: str, visible: Callable[[str], bool], limit: int,
+         sealed: Callable[[], feed.Sealed] | None = None) -> ChangesPage:
+    """The visible entries after `after` (a stream id: a sealed one opened), at most `limit` (MemoryClient.changes);
+    `sealed` is asked for only by a page that stops among entries it may not see (None: a caller that tells no key
+    where a page ended, shared/profiles.py, gets the place as it is)."""
+    pager = Pager(after, visible, limit, *opening(client, keys))
     while not pager.done:
         low, count = pager.bounds()
         pager.add(client.xrange(keys.changes, low, "+", count=count), count)
+    if (place := pager.finish()) is not None:
+        pager.page.next = place if sealed is None else sealed().seal(place)
     return pager.page
 
 
 async def page_async(client: redis.asyncio.Redis, keys: Keys, after: str, visible: Callable[[str], bool],
-                     limit: int) -> ChangesPage:
+                     limit: int, sealed: Callable[[], Awaitable[feed.Sealed]] | None = None) -> ChangesPage:
     """`page` on an event loop (GET /v1/changes)."""
-    pager = Pager(after, visible, limit, ends_of(await _info_async(client, keys)))
+    pager = Pager(after, visible, limit, *await opening_async(client, keys))
     while not pager.done:
         low, count = pager.bounds()
         pager.add(await client.xrange(keys.changes, low, "+", count=count), count)
+    if (place := pager.finish()) is not None:
+        pager.page.next = place if sealed is None else (await sealed()).seal(place)
     return pager.page
+
+
+def opening(client: redis.Redis, keys: Keys) -> tuple[Ends, str]:
+    """`opening_async` with the blocking client (a page of MemoryClient.changes)."""
+    if isinstance(client, redis.RedisCluster):  # the clock of the node that holds the stream
+        seconds, micros = client.time(target_nodes=client.get_node_from_key(keys.changes))
+    else:
+        seconds, micros = client.time()
+    return ends_of(_info(client, keys)), feed.since(int(seconds) * 1000 + int(micros) // 1000)
 
 
 async def opening_async(client: redis.asyncio.Redis, keys: Keys) -> tuple[Ends, str]:

@@ -18,12 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
+from memflow.pipeline.feed import order
 from memflow.pipeline.models import Change
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput
+from memflow.shared.feed import MAX_SCAN
 from memflow.shared.keys import FIELD
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings
@@ -287,15 +289,34 @@ def test_the_sdk_reads_pages_and_says_when_the_stream_was_trimmed_past_its_curso
     page = client.changes("a", limit=2)
     assert [e.id for e in page.entries] == ids[:2] and page.more and not page.gap
     rest = client.changes("a", after=page.next)
-    assert [e.id for e in rest.entries] == ids[2:3] and not rest.more and rest.next == ids[-1]
+    assert [e.id for e in rest.entries] == ids[2:3] and not rest.more
+    # Read to the end: `next` is a moment of the stream's clock, past b's entries without naming one.
+    assert order(rest.next) > order(ids[-1]) and not client.redis.xrange(client.keys.changes, rest.next, rest.next)
+    assert client.changes("a", after=rest.next).entries == []
+    later = announced(client, "a", 1)
+    assert [e.id for e in client.changes("a", after=rest.next).entries] == later
     assert "secret" not in rest.model_dump_json()
     client.redis.xtrim(client.keys.changes, minid=ids[3], approximate=False)  # as MAXLEN trims
     trimmed = client.changes(after=ids[0])
-    assert trimmed.gap and [e.id for e in trimmed.entries] == ids[3:]
+    assert trimmed.gap and [e.id for e in trimmed.entries] == ids[3:] + later
     assert not client.changes(after=ids[3]).gap
-    for bad in ({"limit": 0}, {"after": "yesterday"}):
+    # Stopped among b's entries (more than a page reads): a sealed place, and a's next change from it.
+    with client.redis.pipeline(transaction=False) as pipe:
+        for _ in range(MAX_SCAN):
+            pipe.xadd(client.keys.changes, {FIELD: b"{}"})
+        pipe.execute()
+    last = announced(client, "a", 1)
+    stopped = client.changes("a", after=later[0])
+    assert stopped.entries == [] and stopped.more and stopped.next.startswith("~")
+    assert [e.id for e in client.changes("a", after=stopped.next).entries] == last
+    for bad in ({"limit": 0}, {"after": "yesterday"}, {"after": forged(stopped.next)}):
         with pytest.raises(InvalidInput):
             client.changes(**bad)
+
+
+def forged(sealed: str) -> str:
+    """A sealed cursor with one character of its place changed (not its last: base64 leaves bits there unread)."""
+    return sealed[:10] + ("A" if sealed[10] != "A" else "B") + sealed[11:]
 
 
 def test_a_stream_says_when_the_feed_was_trimmed_past_its_cursor(served: Served) -> None:

@@ -41,7 +41,7 @@ from memflow.pipeline.models import Subject
 from memflow.shared.apikeys import ApiKey
 from memflow.shared.connections import connect_async, require_url
 from memflow.shared.feed import SCAN_BATCH, decoded, opening_async, page_async
-from memflow.shared.keys import Keys
+from memflow.shared.keys import Keys, id_space
 from memflow.shared.settings import Settings
 from memflow.shared.shares import KeyShares, Place
 from memflow.workers.api import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
@@ -155,6 +155,7 @@ class Feed:
         self.keys, self.keepalive_s = keys, http.stream_keepalive_s
         self.lease_s = STREAM_LEASE_KEEPALIVES * http.stream_keepalive_s
         self.streams = Streams(http.max_streams, http.max_streams_per_key)
+        self.sealed: feed.Sealed | None = None  # the places pages seal (`_sealed`), once read
         # Its own pool: a stream holds a connection for its whole read, never one of the requests'.
         self.redis = connect_async(require_url(settings), cluster=settings.redis.cluster,
                                    socket_timeout_s=http.stream_keepalive_s + settings.client.socket_timeout_s,
@@ -173,8 +174,8 @@ async def changes(request: Request, key: Caller,
                   subject: Annotated[Subject | None, Query(description="One subject (else every subject the key "
                                                                        "may see).")] = None,
                   after: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
-                      "The last entry's id seen (`next` of the page before); `0` or none: from the oldest "
-                      "entry kept (a page) or from now (a stream)."))] = None,
+                      "The last entry's id seen, or `next` of the page before as it came; `0` or none: from the "
+                      "oldest entry kept (a page) or from now (a stream)."))] = None,
                   limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Entries at most (a page).")
                                    ] = DEFAULT_PAGE,
                   last_event_id: Annotated[str | None, Header(pattern=CURSOR_PATTERN, description=(
@@ -188,11 +189,35 @@ async def changes(request: Request, key: Caller,
     visible: Callable[[str], bool] = (lambda s: s == subject) if subject is not None else key.may_see
     state: Feed = request.app.state.feed
     async with _admission(request, key):  # a stream's opening counts as a request; its life does not
+        start = await _opened(request, last_event_id or after)
         if wants_events(request.headers.get("accept")):
-            return await _stream(request, key, state, visible, last_event_id or after)
-        found = await page_async(request.app.state.redis, state.keys, feed.cursor(after or feed.START), visible,
-                                 limit)
+            return await _stream(request, key, state, visible, start)
+        found = await page_async(request.app.state.redis, state.keys, start or feed.START, visible, limit,
+                                 lambda: _sealed(request))
     return JSONResponse(found.model_dump(mode="json"))
+
+
+async def _opened(request: Request, after: str | None) -> str | None:
+    """`after` as a stream id: a page's sealed `next` opened, or 422 naming `after` if this deployment did not
+    seal it."""
+    if after is None or not feed.is_sealed(after):
+        return None if after is None else feed.cursor(after)
+    try:
+        return (await _sealed(request)).open(after)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_input", str(exc), "after") from None
+
+
+async def _sealed(request: Request) -> feed.Sealed:
+    """The deployment's sealer of feed places (pipeline/feed.py `Sealed`), read once a process (the secret is
+    made once a deployment and never changes: shared/keys.py `id_space`, on the blocking client, in a thread)."""
+    state: Feed = request.app.state.feed
+    if state.sealed is None:
+        client = request.app.state.client
+        secret = (await anyio.to_thread.run_sync(id_space, client.redis, client.keys)).secret
+        assert secret is not None  # id_space always names with a secret
+        state.sealed = feed.Sealed(secret)
+    return state.sealed
 
 
 @asynccontextmanager
@@ -213,7 +238,7 @@ def wants_events(accept: str | None) -> bool:
 async def _stream(request: Request, key: ApiKey, state: Feed, visible: Callable[[str], bool],
                   after: str | None) -> Response:
     ends, opened = await opening_async(state.redis, state.keys)
-    start = feed.cursor(after) if after else ends.last
+    start = after or ends.last
     gap = after is not None and ends.gap(start)
     opening = feed.sse_opening(None if after else opened)  # the stream's last id would date another's write
     held = await hold(request, key, state)

@@ -38,9 +38,10 @@ export type ErrorCode = ErrorBody["code"] | "network" | "bad_reply";
  *  (docs/export-format.md). */
 export type ExportLine = ExportHeader | ExportRecord | ExportEnd;
 
-/** What a followed change feed yields (docs/changes.md): a change; the cursor moved past entries this key may
- *  not see; or a gap (the stream was trimmed past the cursor asked with: read the subject again). `id` is the
- *  cursor to resume after (`follow({after: id})`), so a reader that stops misses nothing and sees nothing twice. */
+/** What a followed change feed yields (docs/changes.md): a change; a cursor (once, at the opening of a stream
+ *  followed from now: the moment it opened, naming no entry); or a gap (the stream was trimmed past the cursor
+ *  asked with: read the subject again). `id` is the cursor to resume after (`follow({after: id})`), so a reader
+ *  that stops misses nothing and sees nothing twice. Every `id` is the key's own entry's or that moment. */
 export type FeedItem =
   | { type: "change"; id: string; entry: FeedEntry }
   | { type: "cursor"; id: string }
@@ -236,7 +237,8 @@ export class Memflow {
   // -- the change feed ---------------------------------------------------------------------
 
   /** A page of the change feed (ids and kinds, never words) after `after` (`0` or none: the oldest kept);
-   *  ask again with the page's `next` while `more`. Only the subjects the key may see. */
+   *  ask again with the page's `next` (as it came: it may be sealed, `~…`) while `more`. Only the subjects the
+   *  key may see, and nothing of the others' entries, `next` and `more` included. */
   changes(options: { subject?: string; after?: string; limit?: number } = {}): Promise<ChangesPage> {
     return this.json("GET", "/v1/changes",
                      { query: { subject: options.subject, after: options.after, limit: options.limit } });

@@ -8,7 +8,8 @@ export type Adopted = {
 };
 
 /** A page of the feed: `entries` in the order they were made; `next` is the cursor to ask with for the
- * following page (past entries this key may not see as well); `more`: the stream holds entries after `next`;
+ * following page (the last entry's id, a moment of the stream's clock, or a sealed place: never another key's
+ * entry); `more`: ask again now (a full page, or one that stopped among entries this key may not see);
  * `gap`: the stream was trimmed past the cursor asked with, so entries between it and the first one here were
  * dropped before this reader saw them (read the subject again, `inspect`, and follow from here). */
 export type ChangesPage = {

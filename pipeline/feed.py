@@ -20,7 +20,6 @@ import base64
 import hashlib
 import hmac
 import re
-import secrets
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -91,7 +90,7 @@ class Sealed:
     is derived from the deployment's secret (shared/keys.py `id_space`), so every server process opens what any of
     them sealed, and a reader can neither read one nor make one up."""
 
-    _NONCE, _PLACE, _TAG = 12, 16, 16
+    NONCE, _PLACE, _TAG = 12, 16, 16
 
     def __init__(self, secret: bytes) -> None:
         self._key = hmac.new(secret, b"memflow changes cursor", hashlib.sha256).digest()
@@ -99,9 +98,11 @@ class Sealed:
     def __repr__(self) -> str:  # never the key: it would reach logs and tracebacks
         return "Sealed(<key>)"
 
-    def seal(self, stream_id: str) -> str:
+    def seal(self, stream_id: str, nonce: bytes) -> str:
+        """`stream_id` sealed with `nonce` (NONCE random bytes, drawn by the caller: nothing here reads the OS)."""
+        if len(nonce) != self.NONCE:
+            raise ValueError(f"a nonce has {self.NONCE} bytes")
         ms, seq = order(stream_id)
-        nonce = secrets.token_bytes(self._NONCE)
         hidden = bytes(a ^ b for a, b in zip(ms.to_bytes(8, "big") + seq.to_bytes(8, "big"), self._pad(nonce),
                                              strict=False))
         tag = self._tag(nonce + hidden)
@@ -113,8 +114,8 @@ class Sealed:
             raw = base64.urlsafe_b64decode(text.removeprefix(SEALED) + "=")
         except ValueError:
             raw = b""
-        nonce, hidden, tag = raw[:self._NONCE], raw[self._NONCE:-self._TAG], raw[-self._TAG:]
-        if len(raw) != self._NONCE + self._PLACE + self._TAG or not hmac.compare_digest(tag, self._tag(nonce + hidden)):
+        nonce, hidden, tag = raw[:self.NONCE], raw[self.NONCE:-self._TAG], raw[-self._TAG:]
+        if len(raw) != self.NONCE + self._PLACE + self._TAG or not hmac.compare_digest(tag, self._tag(nonce + hidden)):
             raise ValueError("this cursor was not given by this deployment: ask with a page's `next` as it came")
         place = bytes(a ^ b for a, b in zip(hidden, self._pad(nonce), strict=False))
         return f"{int.from_bytes(place[:8], 'big')}-{int.from_bytes(place[8:], 'big')}"

@@ -11,6 +11,7 @@ may not see names where, sealed (`feed.Sealed`): the server reads on from there,
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,7 @@ def page(client: redis.Redis, keys: Keys, after: str, visible: Callable[[str], b
         low, count = pager.bounds()
         pager.add(client.xrange(keys.changes, low, "+", count=count), count)
     if (place := pager.finish()) is not None:
-        pager.page.next = place if sealed is None else sealed().seal(place)
+        pager.page.next = place if sealed is None else sealed().seal(place, _nonce())
     return pager.page
 
 
@@ -127,7 +128,7 @@ async def page_async(client: redis.asyncio.Redis, keys: Keys, after: str, visibl
         low, count = pager.bounds()
         pager.add(await client.xrange(keys.changes, low, "+", count=count), count)
     if (place := pager.finish()) is not None:
-        pager.page.next = place if sealed is None else (await sealed()).seal(place)
+        pager.page.next = place if sealed is None else (await sealed()).seal(place, _nonce())
     return pager.page
 
 
@@ -169,3 +170,8 @@ async def _info_async(client: redis.asyncio.Redis, keys: Keys) -> dict[str, Any]
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nonce() -> bytes:
+    """A sealed cursor's nonce: fresh each time, so two seals of one place differ."""
+    return secrets.token_bytes(feed.Sealed.NONCE)

@@ -38,9 +38,10 @@ MAX_IMPORT_MEMORIES = 20_000
 MAX_IMPORT_CHARS = 2_000_000
 # The longest line: a memory with a 3,072-dim vector is ~70 KB.
 MAX_LINE_BYTES = 1_048_576
-# Seconds a transfer waits before its next call of a query worker, per second the call before took: a key's export
-# or import holds at most half of one query worker's time (and of the machine's cores), so that another key's search
-# p99 stays within 3× idle while it loops (`memflow bench http`: 3.0-3.3× at full pace, 2.5× paced so).
+# Seconds a transfer waits before its next call of a query worker, per second the call before took, and an import
+# after each step of its reading in the lane: a key's export or import holds at most half of one query worker's time
+# or of the lane (and of the machine's cores), so that another key's search p99 stays within 3× idle while it loops
+# (`memflow bench http`: exporting, 3.0-3.3× at full pace, 2.4× paced; posting refused 16 MiB imports, 3.4× and 1.8×).
 PAUSE_PER_CALL = 1.0
 # Threads of one server process reading imports (the import lane), beside the MEMFLOW_HTTP_THREADS of the routes:
 # however many imports arrive, their reading holds at most these, and no other route waits for them.
@@ -163,8 +164,9 @@ async def _read(request: Request) -> Parsed:
 
 
 async def _in_lane(request: Request, work: Callable[[], T]) -> T:
-    """`work` in the import lane (one of IMPORT_THREADS threads of this process, made on first use); 503 `busy`
-    when none frees within MEMFLOW_HTTP_THREAD_WAIT_S, as for the routes' threads."""
+    """`work` in the import lane (one of IMPORT_THREADS threads of this process, made on first use), then a pause
+    PAUSE_PER_CALL times as long (an import's reading holds at most half the lane); 503 `busy` when no thread frees
+    within MEMFLOW_HTTP_THREAD_WAIT_S, as for the routes' threads."""
     state, edge = request.app.state, cast(Edge, request.app.state.edge)
     if getattr(state, "import_lane", None) is None:  # on the event loop: no other task runs in between
         state.import_lane = (anyio.CapacityLimiter(IMPORT_THREADS), anyio.CapacityLimiter(IMPORT_THREADS))
@@ -176,10 +178,13 @@ async def _in_lane(request: Request, work: Callable[[], T]) -> T:
     if not held:
         raise ApiError(503, "busy", f"the server is at its bound (the import lane: no thread free within "
                        f"{edge.thread_wait_s} s): try again shortly", retry_after_s=RETRY_AFTER_S)
+    started = time.monotonic()
     try:
-        return await to_thread.run_sync(work, limiter=threads)
+        done = await to_thread.run_sync(work, limiter=threads)
     finally:
         tickets.release_on_behalf_of(ticket)
+    await anyio.sleep((time.monotonic() - started) * PAUSE_PER_CALL)  # the lane free meanwhile: paced as a call
+    return done
 
 
 def document_transfer(app: FastAPI) -> None:

@@ -12,6 +12,9 @@
   next to `MemoryClient.publish` from as many threads (the same XADDs without HTTP). They publish
   to a prefix no stage reads, so the figure is the API's own capacity, not the pipeline's; the CPU
   seconds the server processes spent per request say what limits it.
+- two tenants (`--tenants-only`: these alone): key B's search p50/p99 idle, then while key A floods with the
+  longest queries, and while key A loops on exporting its subject with vectors, on importing that export back,
+  and on posting a 16 MiB import refused at its last line, each with its ratio to idle (issue 38: within 3×).
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from memflow.bench.perf import (
     say,
     timed,
 )
-from memflow.pipeline.models import SearchRequest
+from memflow.pipeline import export
+from memflow.pipeline.export import End, Record
+from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source
 from memflow.pipeline.tokens import MAX_QUERY_TOKENS, approximate_tokens
 from memflow.shared.apikeys import KeyStore
 from memflow.shared.client import MemoryClient
@@ -339,6 +344,93 @@ def bench_two_tenants(system: Embedded, parallel: int, probes: int) -> dict[str,
     return out
 
 
+# -- two tenants: B's searches while A exports or imports in a loop ---------------------------------------
+
+A_SUBJECT = "bench-tenant-a"
+# A's subject: its export with vectors (~16 KB a line at 768 dims) is what A's import loop posts back, under the cap.
+A_MEMORIES = 500
+# The file A's refused-import loop posts: 16 MiB of records of ~1 KB of words, refused at its last line.
+REFUSED_BYTES = 16 * 1_048_576 - 4096
+
+
+class Loop:
+    """Key A doing `work` (one request on its own connection: its status code) back to back until stopped; a 429
+    or 503 is waited out for 50 ms (a client that ignores Retry-After), counted."""
+
+    def __init__(self, url: str, key: str, work: Callable[[httpx.Client], int]) -> None:
+        self.stop = threading.Event()
+        self.codes: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, args=(url, key, work), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, key: str, work: Callable[[httpx.Client], int]) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+            while not self.stop.is_set():
+                code = work(http)
+                self.codes[code] = self.codes.get(code, 0) + 1
+                if code in (429, 503):
+                    self.stop.wait(0.05)
+
+    def end(self) -> dict[str, int]:
+        self.stop.set()
+        self._thread.join(300)
+        return {str(code): n for code, n in sorted(self.codes.items())}
+
+
+def refused_file(subject: str, size: int = REFUSED_BYTES) -> bytes:
+    """An import of `subject` of ~`size` bytes of valid records whose end line miscounts them: refused at its
+    last line, after everything before it was read."""
+    words = "I moved the weekly planning meeting with Dana to Friday afternoon because the office is closed. " * 3
+    lines, total, i = [export.line(export.header(AT, [subject]))], 0, 0
+    while total < size:
+        memory = Memory(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{subject}/refused/{i}")), subject=subject,
+                        uri=f"mem://{subject}/general/refused.{i}", dir=Dir.general, mtype=MType.fact,
+                        key=f"refused.{i}", content=f"{words}({i})", confidence=0.9, source=Source.explicit,
+                        created_at=AT, updated_at=AT)
+        lines.append(export.line(Record(memory=memory)))
+        total, i = total + len(lines[-1]), i + 1
+    return b"".join([*lines, export.line(End(memories=i + 1))])
+
+
+def bench_transfer_tenants(system: Embedded, probes: int) -> dict[str, Any]:
+    """Key B's search p50/p99 idle, then while key A exports its subject (with vectors) in a loop, imports that
+    export back in a loop (each run finds every memory held), and posts a 16 MiB file refused at its last line in
+    a loop; each phase `probes` searches of B, with the ratio of its p99 to idle's."""
+    bulk_load(system, A_SUBJECT, A_MEMORIES)
+    bulk_load(system, B_SUBJECT, 2000)
+    keys = KeyStore(system.client.redis, system.client.keys)
+    a = keys.create("tenant-a", [A_SUBJECT], read_only=False, now=datetime.now(UTC))[1]
+    b = keys.create("tenant-b", [B_SUBJECT], read_only=False, now=datetime.now(UTC))[1]
+    refused = refused_file(A_SUBJECT)
+    ndjson = {"content-type": "application/x-ndjson"}
+    out: dict[str, Any] = {"b_probes": probes, "a_memories": A_MEMORIES, "refused_file_bytes": len(refused),
+                           "query_workers": system.settings.consumer.query_workers,
+                           "key_concurrency": system.settings.http.key_concurrency}
+    with serving(system.settings) as (url, _):
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {a}"}, timeout=120) as http:
+            exported = http.get(f"/v1/subjects/{A_SUBJECT}/export", params={"with_vectors": True})
+            if exported.status_code != 200:
+                raise SystemExit(f"A's export failed: {exported.status_code} {exported.text[:300]}")
+        out["a_file_bytes"] = len(exported.content)
+        loops: dict[str, Callable[[httpx.Client], int]] = {
+            "export": lambda h: h.get(f"/v1/subjects/{A_SUBJECT}/export", params={"with_vectors": True}).status_code,
+            "import": lambda h: h.post("/v1/import", content=exported.content, headers=ndjson).status_code,
+            "refused_import": lambda h: h.post("/v1/import", content=refused, headers=ndjson).status_code}
+        b_searches(url, b, 10)  # warm
+        idle, idle_failed = b_searches(url, b, probes)
+        out["idle"] = {"b_p50_ms": pct_ms(idle, .5), "b_p99_ms": pct_ms(idle, .99), "b_failed": idle_failed}
+        for name, work in loops.items():
+            loop = Loop(url, a, work)
+            try:
+                busy, failed = b_searches(url, b, probes)
+            finally:
+                codes = loop.end()
+            out[name] = {"b_p50_ms": pct_ms(busy, .5), "b_p99_ms": pct_ms(busy, .99), "b_failed": failed,
+                         "p50_ratio": round(pct_ms(busy, .5) / max(pct_ms(idle, .5), 1e-3), 2),
+                         "p99_ratio": round(pct_ms(busy, .99) / max(pct_ms(idle, .99), 1e-3), 2), "a_codes": codes}
+    return out
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 
@@ -354,6 +446,8 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
     report: dict[str, Any] = {"machine": machine()}
     say(f"key B's searches, idle and while key A floods ({flood} parallel clients, the longest queries) ...")
     report["two_tenants"] = bench_two_tenants(system, flood, probes)
+    say("key B's searches, idle and while key A exports, imports, and posts a refused 16 MiB import, in loops ...")
+    report["transfer_tenants"] = bench_transfer_tenants(system, probes)
     if only_tenants:
         return report
     key = KeyStore(system.client.redis, system.client.keys).create("bench", ["*"], read_only=False,
@@ -392,6 +486,14 @@ def print_report(r: dict[str, Any]) -> None:
               f"flood {f['b_flood_p50_ms']:>8} / {f['b_flood_p99_ms']:>8}   p99 x{f['p99_ratio']}  "
               f"B failed {f['b_failed_flood']} of {t['b_probes']} (idle {f['b_failed_idle']}); "
               f"A: {f['a_answered']} answered, {f['a_refused_429']} refused 429, {f['a_failed']} failed")
+    x = r["transfer_tenants"]
+    print(f"key B's search while key A loops on export/import ({x['a_memories']} memories with vectors, "
+          f"{x['a_file_bytes']} bytes; the refused file {x['refused_file_bytes']} bytes), p50 / p99 ms:")
+    print(f"  {'idle':<16} {x['idle']['b_p50_ms']:>8} / {x['idle']['b_p99_ms']:>8}")
+    for name in ("export", "import", "refused_import"):
+        f = x[name]
+        print(f"  {name:<16} {f['b_p50_ms']:>8} / {f['b_p99_ms']:>8}   x{f['p50_ratio']} / x{f['p99_ratio']}   "
+              f"B failed {f['b_failed']} of {x['b_probes']}; A's replies {f['a_codes']}")
     if "search" not in r:
         return
     s = r["search"]

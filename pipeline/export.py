@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
-from memflow.pipeline.gate import gate, redact_secrets
+from memflow.pipeline.gate import injected, redact_secrets
 from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import (
     DeleteOp,
@@ -30,7 +30,6 @@ from memflow.pipeline.models import (
     Mutation,
     PatchOp,
     PutOp,
-    Role,
     Status,
     Subject,
     Wire,
@@ -181,13 +180,13 @@ def read(text_lines: Iterable[bytes | str], max_records: int | None = None) -> P
             continue
         value = _value(raw, number)
         if parsed is None:
-            parsed = Parsed(_model(Header, value, number))
+            parsed = Parsed(framed(Header, value, number))
         elif end is not None:
             raise FormatError(number, "kind", "a line after the end line")
         elif value.get("kind") == "end":
-            end = _counted(_model(End, value, number), len(seen), number)
+            end = _counted(framed(End, value, number), len(seen), number)
         else:
-            _take(parsed, _model(Record, value, number), number, seen, max_records)
+            _take(parsed, framed(Record, value, number), number, seen, max_records)
     if parsed is None:
         raise FormatError(1, "kind", "an empty file: no header line")
     if end is None:
@@ -221,7 +220,8 @@ def _value(raw: bytes | str, number: int) -> dict[str, Any]:
     return value
 
 
-def _model(model: type[L], value: dict[str, Any], number: int) -> L:
+def framed(model: type[L], value: dict[str, Any], number: int) -> L:
+    """`value` as a `model` line, or FormatError naming the line, the field and why (the kind first)."""
     expected = {Header: "header", Record: "memory", End: "end"}[model]
     if value.get("kind") != expected:
         raise FormatError(number, "kind", f"expected a {expected} line, found {value.get('kind')!r:.40}")
@@ -265,7 +265,7 @@ def check_words(memory: Memory, number: int) -> None:
     refused here, naming the line and the field, in every field that is stored or shown (not only the content),
     so that a file cannot plant what a conversation could not."""
     for where, text in _texts(memory.model_dump(mode="json", exclude=set(_TYPED)), "memory"):
-        if gate(text, Role.user).reason == "injection":
+        if injected(text):
             raise FormatError(number, where, "an injected instruction: memflow never stores one")
         kinds = [k for k in redact_secrets(text)[1]
                  if not (k in _NUMBERS and where.split(".")[1] in _NAMES)]

@@ -281,6 +281,12 @@ FILLER_EN = frozenset(
 _PIECE_BREAK = re.compile(r"[\s\W_]+")
 
 
+def injected(text: str) -> bool:
+    """Whether `gate` would drop `text` as an injected instruction (its first test alone, without the redaction a
+    verdict costs: an import checks every string of every record with it)."""
+    return _meaningful(text) and INJECTION.search(_folded(text)) is not None
+
+
 def gate(text: str, role: Role) -> GateVerdict:
     """Whether a message may become memory, and its text with secrets replaced."""
     if not _meaningful(text):

@@ -9,10 +9,9 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import chain
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from pydantic import ValidationError
 
 from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
@@ -117,16 +116,16 @@ class Framing:
             return
         value = _object(raw, number)
         if self._header is None:
-            self._header = _framed(Header, value, number)
+            self._header = export.framed(Header, value, number)
         elif self._end is not None:
             raise FormatError(number, "kind", "a line after the end line")
         elif value.get("kind") == "end":
-            self._end = _framed(End, value, number)
+            self._end = export.framed(End, value, number)
             if self._end.memories != self._records:
                 raise FormatError(number, "memories", f"the end line counts {self._end.memories} memories, "
                                                       f"the file holds {self._records}")
         else:
-            _framed(Record, value, number)
+            export.framed(Record, value, number)
             self._records += 1
             self._chars += _chars(value["memory"])
             if self._records > self.max_records:
@@ -145,22 +144,6 @@ def _object(raw: bytes, number: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise FormatError(number, "line", f"a JSON {type(value).__name__}, not an object")
     return value
-
-
-L = TypeVar("L", Header, Record, End)
-
-
-def _framed(model: type[L], value: dict[str, Any], number: int) -> L:
-    """`value` as a `model` line, refused as `export.read` refuses it (the line, the field, why)."""
-    expected = {Header: "header", Record: "memory", End: "end"}[model]
-    if value.get("kind") != expected:
-        raise FormatError(number, "kind", f"expected a {expected} line, found {value.get('kind')!r:.40}")
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "line"
-        raise FormatError(number, where, str(first.get("msg"))) from None
 
 
 def _chars(value: object) -> int:

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -62,6 +62,10 @@ PLACE = "place:"
 LINGER_S = 60.0
 
 
+# What a decision on a key's record writes back: a new share, or an admission that carries one.
+D = TypeVar("D", Admitted, Share)
+
+
 @dataclass(frozen=True)
 class Place:
     """A request's place among its key's requests in flight: give it back with `KeyShares.release`."""
@@ -86,12 +90,26 @@ class KeyShares:
 
     async def admit(self, key_id: str) -> Place | Refused:
         """A place for a request of `key_id`, or why not (and when to try again)."""
-        name, place = self.keys.key_share(key_id), uuid.uuid4().hex
+        place = uuid.uuid4().hex
+        decided = await self._decided(key_id, lambda share, now_s: admit(share, self.limits, place, now_s))
+        return Place(key_id, place) if isinstance(decided, Admitted) else decided
+
+    async def spend(self, key_id: str) -> Refused | None:
+        """One more token of `key_id`'s rate for a request that holds its place already and calls a query worker
+        again (an export's next page, an import's next call: each a call, as a search is); None once taken, or when
+        one will be there. No place is taken or checked."""
+        decided = await self._decided(key_id, lambda share, now_s: _spent(share, self.limits, now_s))
+        return decided if isinstance(decided, Refused) else None
+
+    async def _decided(self, key_id: str, decide: Callable[[Share | None, float], D | Refused]) -> D | Refused:
+        """`decide` on the key's record and the server's clock, its answer written back (`_try`), one admission of
+        the key in this process at a time; a refusal after ATTEMPTS conflicts in a row."""
+        name = self.keys.key_share(key_id)
         async with self._one_at_a_time(key_id):
             for attempt in range(ATTEMPTS):
-                decided = await self._try(name, place)
+                decided = await self._try(name, decide)
                 if decided is not None:
-                    return Place(key_id, place) if isinstance(decided, Admitted) else decided
+                    return decided
                 # Another process wrote the record first: it reads again after a jittered pause, so that two
                 # processes hammering one key do not collide again and again.
                 await asyncio.sleep(backoff_s(attempt, CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S))
@@ -111,44 +129,21 @@ class KeyShares:
             if not waiting[0]:
                 del self._turns[key_id]
 
-    async def _try(self, name: str, place: str) -> Admitted | Refused | None:
+    async def _try(self, name: str, decide: Callable[[Share | None, float], D | Refused]) -> D | Refused | None:
         """One read-decide-write; None when another request of the key wrote first."""
         async with self.client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(name)
                 seconds, micros = await pipe.time()
-                decided = admit(_share(await pipe.hgetall(name)), self.limits, place, seconds + micros / 1e6)
+                decided = decide(_share(await pipe.hgetall(name)), seconds + micros / 1e6)
                 if isinstance(decided, Refused):
                     return decided
                 cast(Any, pipe).multi()  # untyped in redis-py 8.2: no ignore that a typed release leaves unused
-                _write(pipe, name, decided.share, self.limits)
+                _write(pipe, name, decided.share if isinstance(decided, Admitted) else decided, self.limits)
                 await pipe.execute()
                 return decided
             except redis.WatchError:
                 return None
-
-    async def spend(self, key_id: str) -> Refused | None:
-        """One more token of `key_id`'s rate for a request that holds its place already and calls a query worker
-        again (an export's next page, an import's next call: each a call, as a search is); None once taken, or when
-        one will be there. No place is taken or checked."""
-        name = self.keys.key_share(key_id)
-        async with self._one_at_a_time(key_id):
-            for attempt in range(ATTEMPTS):
-                async with self.client.pipeline(transaction=True) as pipe:
-                    try:
-                        await pipe.watch(name)
-                        seconds, micros = await pipe.time()
-                        decided = _spent(_share(await pipe.hgetall(name)), self.limits, seconds + micros / 1e6)
-                        if isinstance(decided, Refused):
-                            return decided
-                        cast(Any, pipe).multi()
-                        _write(pipe, name, decided, self.limits)
-                        await pipe.execute()
-                        return None
-                    except redis.WatchError:
-                        pass
-                await asyncio.sleep(backoff_s(attempt, CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S))
-        return Refused(f"this key's requests came too fast to count ({ATTEMPTS} conflicts in a row)", 1)
 
     async def release(self, place: Place) -> None:
         """Give `place` back (nothing if it lapsed meanwhile)."""

@@ -129,18 +129,22 @@ def test_reading_an_import_holds_no_thread_another_keys_search_or_healthz_needs(
     assert status == 422, error
 
 
+def sent_whole(served: Served, subj: str, lines: list[bytes]) -> tuple[int, dict[str, Any]]:
+    """An import of `lines` by `subj`'s key, sent whole: its answer (status, error)."""
+    posted = Posted(served, served.key(subj), sum(map(len, lines)))
+    try:
+        posted.send(b"".join(lines))
+        return posted.reply()
+    finally:
+        posted.close()
+
+
 def test_a_files_frame_is_checked_before_its_words(served: Served) -> None:
     """A file whose end line miscounts its records is refused for that, even though a record before it holds an
     injected instruction: the frame of the whole file (JSON, kinds, models, the count) is read before any word is
     put through the gate, so a file refused at its last line by its frame never pays the gate's cost."""
     subj = subject()
-    lines = lines_of(subj, ["I like green tea.", INJECTION, "I live in Oslo."], end=4)
-    posted = Posted(served, served.key(subj), sum(map(len, lines)))
-    try:
-        posted.send(b"".join(lines))
-        status, error = posted.reply()
-    finally:
-        posted.close()
+    status, error = sent_whole(served, subj, lines_of(subj, ["I like green tea.", INJECTION, "I live in Oslo."], end=4))
     assert status == 422 and error["field"] == "memories", error
     assert error["message"].startswith("line 5: memories")
 
@@ -154,13 +158,7 @@ def test_a_line_and_the_words_of_one_import_are_bounded(served: Served, contents
     """Past MAX_LINE_BYTES a line, past MAX_IMPORT_CHARS the characters of its memories, an import is refused at
     that line (the gate reads ~2.5 µs a character: the words bound what checking a file costs, refused or not)."""
     subj = subject()
-    lines = lines_of(subj, contents, end=len(contents) + 1)
-    posted = Posted(served, served.key(subj), sum(map(len, lines)))
-    try:
-        posted.send(b"".join(lines))
-        status, error = posted.reply()
-    finally:
-        posted.close()
+    status, error = sent_whole(served, subj, lines_of(subj, contents, end=len(contents) + 1))
     assert status == 422 and error["message"].startswith(f"line {line}:") and reason in error["message"], error
 
 

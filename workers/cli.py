@@ -868,12 +868,13 @@ def bench_load(events: int = 10_000, publishers: int = 8, as_json: JsonFlag = Fa
 @bench_app.command("http")
 def bench_http(size: int = 10_000, queries: int = 300, clients: int = 8, requests: int = 4000, batch: int = 50,
                flood: Annotated[int, typer.Option(help="Key A's parallel clients in the two-tenant figure.")] = 8,
-               probes: Annotated[int, typer.Option(help="Key B's searches per phase (idle, flood).")] = 60,
-               tenants_only: Annotated[bool, typer.Option("--tenants-only",
-                                                          help="Only the two-tenant figure.")] = False,
+               probes: Annotated[int, typer.Option(help="Key B's searches per phase (idle, flood, A's export, "
+                                                               "import and refused-import loops).")] = 60,
+               tenants_only: Annotated[bool, typer.Option(
+                   "--tenants-only", help="Only the two-tenant figures (A's flood, export and import loops).")] = False,
                as_json: JsonFlag = False) -> None:
-    """The HTTP API: key B's search p99 while key A floods, against idle; search over HTTP vs MemoryClient vs
-    in-process vs the store alone; write requests/s."""
+    """The HTTP API: key B's search p50/p99 while key A floods, exports or imports in a loop, against idle; search over
+    HTTP vs MemoryClient vs in-process vs the store alone; write requests/s."""
     from memflow.bench.api import run_cli
 
     raise typer.Exit(run_cli(size=size, queries=queries, clients=clients, requests=requests, batch=batch,

@@ -32,6 +32,9 @@ from memflow.pipeline.models import Subject, Wire, aware
 # 19 digits each: every such number is a valid part of a stream id (under 2^64), so no cursor reaches Redis bad.
 # Or a sealed place (`Sealed`): `~` and 59 characters of base64url.
 CURSOR_PATTERN = r"^(?:[0-9]{1,19}(?:-[0-9]{1,19})?|~[A-Za-z0-9_-]{59})$"
+# A revision of the feed (a profile's `revision`, an entry's id): what a profile's `since` takes. A sealed place
+# is no revision: only the feed opens one.
+REVISION_PATTERN = r"^[0-9]{1,19}(?:-[0-9]{1,19})?$"
 _CURSOR = re.compile(CURSOR_PATTERN)
 SEALED = "~"
 START = "0-0"

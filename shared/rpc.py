@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, WithJson
 from pydantic_core import PydanticCustomError
 
 from memflow.pipeline.export import Record
-from memflow.pipeline.feed import CURSOR_PATTERN
+from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import (
     MEMORY_ID_PATTERN,
     Memory,
@@ -188,7 +188,7 @@ MAX_PROFILE_TOKENS = 8000
 
 class ProfileRequest(Wire):
     subject: Subject
-    since: str | None = Field(default=None, pattern=CURSOR_PATTERN)
+    since: str | None = Field(default=None, pattern=REVISION_PATTERN)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_PROFILE_TOKENS)
     now: datetime | None = None
 

@@ -115,6 +115,19 @@ def test_a_forget_leaves_the_profile_and_since_a_revision_says_what_changed(serv
     assert not proof.verified and proof.residue == {"profile": 1}
 
 
+def test_a_sealed_cursor_as_since_is_an_input_error_naming_since(served: Served) -> None:
+    """A page's sealed `next` (the feed's, docs/changes.md) is no revision: 422 naming `since`, at the HTTP door and
+    the SDK, never a 503 carrying the stream engine's message (schemathesis found it)."""
+    subj = subject()
+    said(served, subj, "I live in Oslo.")
+    sealed = "~" + "A" * 59
+    with served.http(served.key(subj)) as http:
+        reply = http.get(f"/v1/subjects/{subj}/profile", params={"since": sealed})
+    assert reply.status_code == 422 and error_of(reply)["field"] == "since", reply.text
+    with pytest.raises(InvalidInput, match="since"):
+        served.system.client.profile(subj, since=sealed, now=NOW)
+
+
 def test_the_profile_is_materialized_and_dropped_by_the_next_change(served: Served) -> None:
     subj = subject()
     client = served.system.client

@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memflow.pipeline.fairness import Refused
-from memflow.pipeline.feed import CURSOR_PATTERN
+from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import (
     MAX_META_TEXT,
     ChatEvent,
@@ -461,7 +461,7 @@ async def people(request: Request, key: Caller, subject: Subject) -> rpc.People:
 
 @v1.get("/subjects/{subject:path}/profile", response_model=ProfileReply, tags=["read"])
 async def profile(request: Request, key: Caller, client: Client, subject: Subject,
-                  since: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
+                  since: Annotated[str | None, Query(pattern=REVISION_PATTERN, description=(
                       "A profile's `revision`: say what changed after it (`changes`)."))] = None,
                   max_tokens: Annotated[int | None, Query(ge=1, le=rpc.MAX_PROFILE_TOKENS, description=(
                       "Also the profile as prompt text (`prompt`) within this many tokens."))] = None,

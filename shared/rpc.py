@@ -42,6 +42,7 @@ from memflow.pipeline.models import (
     event_time,
 )
 from memflow.pipeline.profile import ProfileReply
+from memflow.pipeline.scopes import PATTERN_CHARS
 from memflow.shared import tokenizer
 from memflow.shared.errors import InvalidInput
 
@@ -159,6 +160,9 @@ class RunJobRequest(Wire):
 class HistoryRequest(Wire):
     memory_id: MemoryId
     subject: Subject | None = None
+    # Without `subject`: the subject patterns of the key asking (its scope). The worker looks for the memory only
+    # among the subjects they cover, so no point of another subject is read for a key that may not see it.
+    within: list[Annotated[str, Field(pattern=PATTERN_CHARS.pattern)]] | None = Field(default=None, max_length=64)
 
 
 class RollbackRequest(Wire):

@@ -28,6 +28,7 @@ from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput
 from memflow.shared.redis_server import RedisServer
 from memflow.shared.settings import Settings, to_env
+from memflow.shared.store import MemoryFilter
 from memflow.workers.front import authorities, host_names, host_refusal, sdk_hosts
 from memflow.workers.mcp import SUBJECT_HEADER
 from tests.conftest import System, start_system, wait_for
@@ -422,6 +423,28 @@ def test_a_key_touches_only_its_subjects_everywhere(served: Served) -> None:
         assert theirs not in http.get("/v1/subjects").json()["subjects"]
     with served.http(served.admin) as http:
         assert [m["id"] for m in http.get(f"/v1/subjects/{theirs}/memories").json()["memories"]] == their_ids
+
+
+def test_a_history_without_its_subject_reads_no_point_of_a_subject_the_key_may_not_see(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: an operation checks a point's subject before it touches it. A key of `team-a/*` asking the history
+    of another team's memory id, naming no subject, is answered 404, and the worker looked for it only among the
+    subjects the key may see (before, it read every subject's point of that id and checked the answer after)."""
+    mine, theirs = f"team-a/{subject()}", f"team-b/{subject()}"
+    remembered(served, mine, "I like green tea.")
+    their_ids = remembered(served, theirs, "My bank PIN hint is the cat's name, Miso.")
+    store = served.system.ctx.store
+    read: list[str] = []
+    get = store.get
+
+    def recorded(flt: MemoryFilter, **kwargs: Any) -> Any:
+        read.append(flt.subject)
+        return get(flt, **kwargs)
+    monkeypatch.setattr(store, "get", recorded)
+    with served.http(served.key("team-a/*")) as http:
+        reply = http.get(f"/v1/memories/{their_ids[0]}/history")
+    assert reply.status_code == 404 and "Miso" not in reply.text
+    assert mine in read and theirs not in read, read
 
 
 def test_a_read_only_key_reads_and_never_writes(served: Served) -> None:

@@ -74,8 +74,8 @@ def test_a_call_is_typed_both_ways(system: System) -> None:
 def test_the_worker_refuses_a_job_that_is_no_call_or_no_request(system: System) -> None:
     with pytest.raises(RpcError, match="no RPC"):
         system.client._call("drop_everything", "ann")
-    with pytest.raises(RpcError, match="history takes at most 2"):
-        system.client._call("history", "00000000-0000-4000-8000-000000000000", None, "extra")
+    with pytest.raises(RpcError, match="history takes at most 3"):
+        system.client._call("history", "00000000-0000-4000-8000-000000000000", None, None, "extra")
     with pytest.raises(RpcError, match="memory_ids"):
         system.client._call("feedback", fields={"subject": "ann", "memory_ids": "not a list"})
 

@@ -497,9 +497,11 @@ async def history(request: Request, key: Caller, memory_id: MemoryId,
     answered 404, as one that does not exist."""
     if subject is not None:
         allowed(key, subject)
-    # A key for one subject looks there only; otherwise the worker looks in every subject, and the
-    # answer is checked against the key below.
-    found = await ask(request, rpc.HISTORY, memory_id=memory_id, subject=subject or single_subject(key.subjects))
+    # A key for one subject looks there only; otherwise the worker looks among the subjects the key may see (it
+    # reads no point of another), and the answer is checked against the key below all the same.
+    named = subject or single_subject(key.subjects)
+    found = await ask(request, rpc.HISTORY, memory_id=memory_id, subject=named,
+                      within=None if named else list(key.subjects))
     if not key.may_see(found.subject):
         raise ApiError(404, "not_found", "no such memory for this key")
     return found

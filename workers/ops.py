@@ -9,6 +9,7 @@ tooling, not a tenant's query: nothing here is reachable from search or pack).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from memflow.pipeline.holders import Person, people
 from memflow.pipeline.ids import IdSpace, is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
+from memflow.pipeline.scopes import allows
 from memflow.pipeline.score import strength
 from memflow.pipeline.writes import mutation, mutation_id, patches
 from memflow.shared.applier import Applier
@@ -36,8 +38,11 @@ UTILISATION_KEEP = timedelta(days=40)
 UTILISATION_DAYS = 30
 
 
-def locate(store: Store, memory_id: str, subject: str | None) -> Memory:
-    for s in [subject] if subject else store.subjects():
+def locate(store: Store, memory_id: str, subject: str | None, within: Sequence[str] | None = None) -> Memory:
+    """The memory `memory_id` of `subject`; without one, of the subjects the patterns `within` cover (None: every
+    subject, for the operator's commands): another subject's point is never read for a caller that may not see it."""
+    everyone = store.subjects() if subject is None else []
+    for s in [subject] if subject else [s for s in everyone if within is None or allows(within, s)]:
         found = store.get(MemoryFilter(s, ids=[memory_id]))
         if found:
             return found[0]
@@ -52,8 +57,8 @@ def versions(store: Store, memory: Memory) -> list[Memory]:
     return sorted(found, key=lambda m: (m.version, m.created_at))
 
 
-def history(store: Store, memory_id: str, subject: str | None) -> dict[str, Any]:
-    memory = locate(store, memory_id, subject)
+def history(store: Store, memory_id: str, subject: str | None, within: Sequence[str] | None = None) -> dict[str, Any]:
+    memory = locate(store, memory_id, subject, within)
     shown = ("id", "version", "status", "tier", "content", "source", "confidence", "created_at", "updated_at",
              "supersedes", "superseded_by", "conflicts_with", "source_event_ids", "revisions")
     return {"subject": memory.subject, "key": memory.key, "asked": memory.id, "about": memory.about,

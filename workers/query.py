@@ -659,7 +659,7 @@ def report_of(report: dict[str, Any], between: Callable[[], object]) -> JobRepor
 
 
 def history(ctx: Context, req: HistoryRequest) -> History:
-    return History.model_validate(ops.history(ctx.store, req.memory_id, req.subject))
+    return History.model_validate(ops.history(ctx.store, req.memory_id, req.subject, req.within))
 
 
 def rollback(ctx: Context, req: RollbackRequest) -> RollbackReport:

@@ -117,10 +117,6 @@ def is_keyed(mtype: MType) -> bool:
     return mtype not in _UNKEYED
 
 
-def candidate_id(candidate: Candidate, version: int = 1, space: IdSpace = PUBLIC) -> str:
-    return space.candidate_id(candidate, version)
-
-
 def starting_tier(c: Candidate) -> Tier:
     lasting = c.source in _LONG_TERM_SOURCES and c.mtype not in _SHORT_LIVED
     return Tier.long_term if lasting else Tier.short_term

@@ -50,6 +50,32 @@ CORRECTION = _rx(
     r"\bthat(?:'s| is) (?:not right|wrong|incorrect)\b|\bnot [^,.]{1,30} anymore\b",
 )
 
+# A value said to have changed, in passing (docs/write-path.md#corrections-said-in-passing): "we moved to…",
+# "I've switched to…", "现在改成…". It replaces only what it names: the same single-valued topic, or what
+# `ENDED` says is over. Bare "now"/"现在" count only beside such a topic ("I live in Munich now").
+CHANGE = _rx(
+    r"搬到|搬去|搬家到|搬回|换成|换了|改成|改为|改用|不再|已经不|戒了|戒掉|辞职|离职|跳槽|现在|如今",
+    r"\bmoved (?:to|back to|into)\b|\brelocated\b|\bswitched (?:to|from|over)\b|\bchanged (?:to|my)\b"
+    r"|\b(?:got|have|bought) (?:a|an|my) new\b|\breplaced\b|\bupgraded (?:to|my)\b|\bno longer\b|\banymore\b"
+    r"|\bany more\b|\bthese days\b|\bnowadays\b|\bquit\b|\bstopped\b|\bgave up\b|\bnow\b",
+)
+
+# What a statement says is over: the words of the habit, fact or thing it ends ("I don't drink oolong anymore"
+# → "drink oolong"; "我已经戒可乐了" → "可乐"). `what` names it; a memory that holds those words is replaced.
+_ENDS_EN = r"[^,.;!?]{1,40}?"
+_ENDS_ZH = r"[^，,。；;！!？?了]{1,12}"
+ENDED = _rx(
+    rf"\b(?:don'?t|doesn'?t|do not|does not|am not|'m not|is not|isn'?t|not) (?:really )?(?P<en1>{_ENDS_EN}) "
+    r"(?:anymore|any more)\b",
+    rf"\bno longer (?P<en2>{_ENDS_EN})(?=[,.;!?]|$| now\b| since\b| because\b)",
+    rf"\b(?:quit|stopped|gave up(?: on)?) (?P<en3>{_ENDS_EN})(?=[,.;!?]|$| (?:last|this|a|two|three|few|since|because"
+    r"|when|after)\b)",
+    rf"\bswitched (?:over )?from (?P<en4>{_ENDS_EN}) to\b",
+    rf"(?:不再|已经不|再也不)(?P<zh1>{_ENDS_ZH})",
+    rf"戒(?:掉|了)(?P<zh2>{_ENDS_ZH})|把(?P<zh3>{_ENDS_ZH})戒(?:掉|了)|戒(?P<zh4>{_ENDS_ZH})了",
+    rf"从(?P<zh5>{_ENDS_ZH}?)(?:辞职|离职)",
+)
+
 # Hard rules. "我必须…/I must…" describe the speaker, not a rule for the agent, hence
 # the look-behinds; "never" counts only as an imperative ("I never drink coffee" is a
 # habit, a preference); "must be / must've" guess rather than oblige.
@@ -92,6 +118,9 @@ _HABITUAL = (
     r"\bi(?:'m| am)? (?:always|usually|normally|generally|typically|often|never|mostly)\b|\bi tend to\b",
     rf"\bevery (?:single )?{_PERIOD}s?\b,? i\b",
     rf"\bi (?!think\b|believe\b|feel\b|guess\b|hope\b|wish\b)[^.;!?]{{0,40}}?\bevery (?:single )?{_PERIOD}\b",
+    # "I smoke about ten cigarettes a day", "I run twice a week": a rate is a routine.
+    r"\bi (?!think\b|believe\b|feel\b|guess\b|hope\b|wish\b)[^.;!?]{0,40}?\b(?:once|twice|\d+(?: \w+)?"
+    r"|(?:one|two|three|four|five|six|seven|eight|nine|ten|a few|several) \w+) (?:a|per) (?:day|week|month|year)\b",
 )
 STATED_PREFERENCE = _rx(*_STATED)
 HABIT = _rx(*_HABITUAL)
@@ -143,12 +172,14 @@ CONTEXT = _rx(
 # `(?<!不)是`: "我不是很确定" is not a fact; nor is the 是 of 总是/老是 ("always") a copula.
 FIRST_PERSON_FACT = _rx(
     r"我(?:们)?(?:的|家)?[^，,。]{0,12}?(?<![不还就但可总老])是|我叫(?![了过])|我们用|我用的是",
-    r"我(?:们)?(?:住|有|在[^，,。]{1,12}(?:工作|上班|读书|上学))",
+    r"我(?:们)?(?:住|有|养|在[^，,。]{1,12}(?:工作|上班|读书|上学))|我对[^，,。]{1,10}过敏",
     r"\bmy [\w' -]{1,30}? (?:is|are|was|were)\b|\bour [\w' -]{1,30}? (?:is|are|uses?)\b",
     # A standing trait said as "I'm …": what the user is, eats or cannot have (diet and health), not a mood.
     r"\bi(?:'m| am) (?:a|an|from|based|married|allergic|vegetarian|vegan|pescatarian|diabetic"
     r"|lactose[- ]intolerant|gluten[- ]free)\b|\bi (?:live|work|own|study)\b",
-    r"\bi have (?!to\b)|\bwe(?:'re| are)? (?:use|using|run|host)\b",
+    # What the user does for a living, said as what they are doing: "I'm still doing accounting at a law firm".
+    r"\bi(?:'m| am) (?:still |now |currently )?(?:working (?:as|at|for|in)|doing \w+ (?:at|for))\b",
+    r"\bi have (?!to\b)|\bi'?ve got\b|\bwe(?:'re| are)? (?:use|using|run|host)\b",
 )
 
 # The date of what comes back every year ("我的生日是五月三号", "My birthday is on May 3rd"): a fact of whoever it
@@ -160,7 +191,7 @@ RECURRING_DATE = _rx(
 
 # Asserting something about a topic or a project ("数据库是…", "CI 用的是…").
 ASSERTION = _rx(
-    r"(?<![不还就但可总老])是|用的|用了|使用|采用|叫|住|搬|在做|负责|跳槽|入职|加入",
+    r"(?<![不还就但可总老])是|用的|用了|使用|采用|叫|住|搬|在做|做|当|负责|跳槽|入职|加入|上班|工作|任职",
     r"\b(?:is|are|was|were|uses?|using|used|called|named|lives?|moved|works?|runs?|built)\b",
 )
 
@@ -195,6 +226,7 @@ def _topic(key: str, mtype: MType, zh: str, en: str, per_project: bool = False) 
 
 
 _P, _F = MType.preference, MType.fact
+_ZH_ROLES = r"(?:工程师|开发|程序员|设计师|经理|分析师|老师|教师|医生|护士|会计|律师|学生|研究员|架构师|厨师|司机|销售)"
 
 # Only single-valued topics: a new value replaces the old one (allergies, pets, hobbies
 # accumulate, so they get keys of their own words).
@@ -262,7 +294,7 @@ TOPICS: tuple[Topic, ...] = (
     _topic(
         "work.role",
         _F,
-        r"我是(?:一[名个位]|个)?[^，,。]{0,8}?(?:工程师|开发|程序员|设计师|经理|分析师|老师|医生|学生|研究员|架构师)"
+        rf"(?:我是(?:一[名个位]|个)?[^，,。]{{0,8}}?|(?:做|当)(?:一[名个位])?[^，,。]{{0,4}}?){_ZH_ROLES}"
         r"|我的(?:职位|岗位|职业)",
         r"\bi(?:'m| am) an? [\w -]{0,30}?(?:engineer|developer|designer|manager|analyst|teacher|doctor"
         r"|student|researcher|scientist|nurse|lawyer|consultant|architect)\b|\bmy (?:job|role|title)\b"
@@ -273,8 +305,9 @@ TOPICS: tuple[Topic, ...] = (
     _topic(
         "work.employer",
         _F,
-        r"在[^，,。]{1,15}?(?:工作|上班|任职|实习)|入职|就职|跳槽到|跳槽去",
-        r"\bi (?:now )?work (?:at|for|in)\b|\bi(?:'ve| have)? joined\b",
+        r"在[^，,。]{1,15}?(?:工作|上班|任职|实习)|入职|就职|跳槽到|跳槽去|辞职|离职",
+        r"\bi (?:now |still )?work (?:at|for|in)\b|\bi(?:'ve| have)? joined\b|\b(?:a|my) new job\b"
+        r"|\b(?:quit|left) my job\b|\bi resigned\b",
     ),
     _topic(
         "tech.db",

@@ -20,6 +20,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from memflow.pipeline import cues
+from memflow.pipeline.clauses import parts
 from memflow.pipeline.drafts import EMPHATIC_CONFIDENCE, EXPLICIT_CONFIDENCE, Draft, stamp
 from memflow.pipeline.gate import gate, untrusted_directive
 from memflow.pipeline.ids import is_keyed
@@ -142,20 +143,23 @@ def gated(turns: Iterable[Turn]) -> list[Turn]:
 
 
 def _statements(task: ExtractTask, turn: Turn, realtime: bool) -> list[Candidate]:
+    """One candidate per fact the user states: per sentence, and per part of a compound one (pipeline/clauses.py)."""
     found = []
-    for sentence in split_sentences(turn.text):
-        cue = read_cues(sentence)
+    for part in (p for sentence in split_sentences(turn.text) for p in parts(sentence)):
+        cue = read_cues(part.text)
         if cue.question or (realtime and not cue.signals):
             continue
-        draft = _draft(sentence, cue, turn.ts)
+        draft = _draft(part.text, cue, turn.ts, evidence=part.evidence)
         if draft is not None:
             found.append(stamp(task, turn, draft))
     return found
 
 
-def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Draft | None:
+def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False, evidence: str | None = None) -> Draft | None:
     """One statement as a draft; None when it states nothing worth keeping."""
     corrected = cue.correction and not written  # an explicit write is taken as written
+    # A change said in passing replaces the old value as a correction does, in the user's own words.
+    replaces = corrected or (cue.change and not written)
     body = strip_remember(sentence) if cue.remember else clean(sentence)
     body = strip_correction(body) if corrected else body
     if not salient_words(body) or _PLACEHOLDER.search(body):
@@ -172,8 +176,8 @@ def _draft(sentence: str, cue: Cues, ts: datetime, written: bool = False) -> Dra
         key=statement_key(mtype, body),
         slot=statement_slot(mtype, body),
         content=body,
-        evidence=sentence.strip(),
-        source=Source.explicit_correction if corrected else Source.explicit,
+        evidence=(evidence or sentence).strip(),
+        source=Source.explicit_correction if replaces else Source.explicit,
         confidence=EMPHATIC_CONFIDENCE if emphatic else EXPLICIT_CONFIDENCE,
         pinned=cue.forever and (mtype is MType.rule or cue.remember) and not untrusted,
     )
@@ -208,18 +212,20 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
         return MType.decision
     if cue.preference:
         return _wish_or_habit(body, cue)
-    if find_time(body, ts) is not None and not cues.RECURRING_DATE.search(body):
+    # "We moved to Leipzig last month": the new value, not an event over once its month has passed.
+    if not cue.change and find_time(body, ts) is not None and not cues.RECURRING_DATE.search(body):
         return MType.event
     if cues.CONTEXT.search(body) and topic_of(body) is None:
         return MType.session_context
-    if _states_fact(body) or cue.remember or cue.correction:
+    if _states_fact(body) or cue.remember or cue.correction or cue.change:
         return MType.fact
     return None
 
 
 def _wish_or_habit(body: str, cue: Cues) -> MType:
-    """A preference, temporary or standing (a habit is a standing one)."""
-    return MType.temp_preference if cue.temporary else MType.preference
+    """A preference, temporary or standing (a habit is a standing one; so is a new one that replaces it:
+    "these days it's a flat white" is no wish for today)."""
+    return MType.temp_preference if cue.temporary and not cue.change else MType.preference
 
 
 def _bare_habit(body: str) -> bool:

@@ -86,7 +86,9 @@ _ASK: dict[PromptKind, str] = {
     "context": (
         "Extract lasting facts about the user, their people, projects and business (type \"fact\") and dated "
         "events or plans (type \"event\", keep the time words of the turn in the content). One fact per item, "
-        "self-contained, in the language of the turn."
+        "self-contained, in the language of the turn: \"I live in Hamburg and work as a nurse\" is two items, "
+        "each with the span of the turn it rests on as evidence. A new value said in passing (\"we moved to…\", "
+        "\"I don't … anymore\", \"现在改成…\") is a fact of its own, in the turn's words, with its topic."
     ),
 }
 _WORDING = (
@@ -243,7 +245,8 @@ def _draft(item: Item, turn: Turn) -> Draft:
     if inferred:
         source, confidence = Source.inferred, clamp(item.confidence, *INFERRED_BAND)
     else:
-        source = Source.explicit_correction if cue.correction else Source.explicit
+        # A change said in passing ("we moved to…") replaces its topic's value, as the rules read it too.
+        source = Source.explicit_correction if cue.correction or cue.change else Source.explicit
         confidence = clamp(item.confidence, *EXPLICIT_BAND)
     key = _key(item, content)
     # A topic the model named is one thing; the rules' key is what the rules say it is.

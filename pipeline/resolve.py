@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from memflow.pipeline.clauses import ended, ends
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
 from memflow.pipeline.gate import untrusted_directive
 from memflow.pipeline.ids import PUBLIC, IdSpace, NextVersion, is_keyed, starting_tier
@@ -101,9 +102,9 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     if _collides(candidate, mine):
         candidate = own_key(candidate)
     version = NextVersion(1 + max((n.memory.version for n in mine if n.memory.key == candidate.key), default=0), space)
-    rivals = [n.memory for n in mine if _rivals(candidate, n.memory)]
-    if rivals:
-        return retire_records(_settle(candidate, rivals, version, judge), rivals, records)
+    replacing = _replacing(candidate, mine, version, judge, records)
+    if replacing is not None:
+        return replacing
     near = next((n.memory for n in mine if _near_duplicate(candidate, n, duplicate_threshold)), None)
     if near is not None:
         return _duplicate(candidate, near, f"dense similarity ≥ {duplicate_threshold} and the same wording")
@@ -123,13 +124,28 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     return _put(candidate, Action.add, "nothing known on this topic", version)
 
 
+def _replacing(c: Candidate, mine: Sequence[Neighbour], version: NextVersion, judge: Judge | None,
+               records: Sequence[Memory]) -> WriteBatch | None:
+    """What the candidate does to the values it may replace: its key's live memories (settled), else the
+    statements it says are over (superseded); None when it replaces nothing. Their records go with them."""
+    rivals = [n.memory for n in mine if _rivals(c, n.memory)]
+    if rivals:
+        return retire_records(_settle(c, rivals, version, judge), rivals, records)
+    over = [n.memory for n in mine if _ends(c, n.memory)]
+    if over:
+        return retire_records(_supersede(c, over, version, f"said to be over: {ended(c.content)!r}"), over, records)
+    return None
+
+
 def first_per_key(candidates: Sequence[Candidate]) -> list[bool]:
     """Which candidates of a batch to decide now: the earliest of each keyed (subject, key), and every
-    unkeyed one. The others wait for a later batch.
+    unkeyed one, unless it says an earlier one of the batch is over. The others wait for a later batch.
 
     Candidates decided in one batch all see the store as it was, so k statements on one key would
     cost k rounds of stale writes sent back by upsert, each spending a retry of every one still
-    waiting: a burst on one key (a backlog after an outage) ended in the dead-letter stream.
+    waiting: a burst on one key (a backlog after an outage) ended in the dead-letter stream. And
+    "I don't drink oolong anymore" decided beside "I drink oolong tea every morning" would not see it
+    to replace it: it waits until that one is stored.
     """
     first: dict[tuple[str, str], int] = {}
     for i, c in enumerate(candidates):
@@ -138,7 +154,14 @@ def first_per_key(candidates: Sequence[Candidate]) -> list[bool]:
             if seen is None or (c.ts, i) < (candidates[seen].ts, seen):
                 first[(c.subject, c.key)] = i
     now = set(first.values())
-    return [not is_keyed(c.mtype) or i in now for i, c in enumerate(candidates)]
+    return [(not is_keyed(c.mtype) or i in now) and not _ends_any(c, candidates) for i, c in enumerate(candidates)]
+
+
+def _ends_any(c: Candidate, batch: Sequence[Candidate]) -> bool:
+    what = ended(c.content)
+    return what is not None and any(
+        d.subject == c.subject and d.about == c.about and d.ts < c.ts and d.mtype is not MType.episode
+        and ended(d.content) is None and ends(what, d.content) for d in batch)
 
 
 def record_sources(rivals: Iterable[Memory]) -> list[str]:
@@ -205,6 +228,17 @@ def _restates(c: Candidate, m: Memory) -> bool:
 
 def _rivals(c: Candidate, m: Memory) -> bool:
     return is_keyed(c.mtype) and m.key == c.key and m.status in SEARCHABLE_STATUSES
+
+
+def _ends(c: Candidate, m: Memory) -> bool:
+    """`c` says what `m` states is over ("I don't drink oolong anymore" and "I drink oolong tea every morning"):
+    an earlier live statement of the same person, under any key, that holds the words `c` ends and does not
+    end them itself. A rule, a pinned or a system memory is never ended in passing."""
+    what = ended(c.content)
+    if what is None or not is_keyed(c.mtype) or m.mtype is MType.episode or _guarded(m):
+        return False
+    live = m.status in SEARCHABLE_STATUSES and m.created_at <= c.ts
+    return live and ended(m.content) is None and ends(what, m.content)
 
 
 def _revives(c: Candidate, n: Neighbour, threshold: float) -> bool:

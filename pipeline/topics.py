@@ -79,10 +79,15 @@ TEMPORARY = ".now"
 # ("rule.…", "decision.tech.db"), so a decision never supersedes the fact it is about.
 _BARE_TOPIC = frozenset({MType.preference, MType.temp_preference, MType.fact})
 _TOPICAL = _BARE_TOPIC | {MType.rule, MType.decision}
+# The kind of topic a statement of each type is keyed by, when its words name topics of both kinds.
+_KIND = {MType.fact: _F, MType.preference: _P, MType.temp_preference: _P}
 
 
-def topic_of(text: str) -> Topic | None:
-    return next((t for t in TOPICS if t.pattern.search(text)), None)
+def topic_of(text: str, prefer: MType | None = None) -> Topic | None:
+    """The first topic of the table the text names; with `prefer`, the first of that kind if it names one: a fact
+    is about where one lives, not about reply length, in "we moved to Geneva, the commute is much shorter"."""
+    found = [t for t in TOPICS if t.pattern.search(text)]
+    return next((t for t in found if t.mtype is prefer), found[0] if found else None)
 
 
 def project_of(text: str) -> str | None:
@@ -144,7 +149,7 @@ def asked_topic_key(query: str) -> str | None:
 
 
 def _topic_key(mtype: MType, scope: str) -> str | None:
-    topic, project = topic_of(scope), project_of(scope)
+    topic, project = topic_of(scope, _KIND.get(mtype)), project_of(scope)
     if topic and topic.per_project and project:
         base = f"project.{project}.{topic.key.split('.')[-1]}"
     elif topic:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memflow.pipeline import cues
+from memflow.pipeline.clauses import ended
 from memflow.pipeline.models import MType
 from memflow.pipeline.statements import is_question, split_sentences
 from memflow.pipeline.topics import topic_of
@@ -31,6 +32,8 @@ class Cues:
     style: bool
     temporary: bool
     forever: bool
+    # A value said to have changed, in passing: on a topic of facts, or naming what is over (pipeline/clauses.py).
+    change: bool = False
 
     @property
     def signals(self) -> list[str]:
@@ -44,6 +47,10 @@ def read_cues(sentence: str) -> Cues:
     """The cues of one sentence. Rules beat preferences only when they are strong ones."""
     topic = topic_of(sentence)
     style = topic is not None and topic.mtype is MType.preference
+    # A change of a fact's value ("we moved to…"); a wish said with "now" is a newer wish, no correction: the
+    # newest preference wins unless well used, and then it is contested (docs/write-path.md#stubbornness).
+    named_fact = topic_of(sentence, MType.fact)
+    fact = named_fact is not None and named_fact.mtype is MType.fact
     strong = bool(cues.STRONG_RULE.search(sentence))
     weak = bool(cues.WEAK_RULE.search(sentence))
     stated = bool(cues.PREFERENCE.search(sentence))
@@ -58,6 +65,7 @@ def read_cues(sentence: str) -> Cues:
         style=style,
         temporary=bool(cues.TEMPORARY.search(sentence)),
         forever=bool(cues.FOREVER.search(sentence)),
+        change=ended(sentence) is not None or (fact and bool(cues.CHANGE.search(sentence))),
     )
 
 

@@ -46,6 +46,12 @@ def one(found: list[Candidate]) -> Candidate:
     return only
 
 
+def on_key(found: list[Candidate], key: str) -> Candidate:
+    """The one statement on `key` of those found (a compound turn states several: pipeline/clauses.py)."""
+    (only,) = [c for c in statements(found) if c.key == key]
+    return only
+
+
 # --- triggers ---------------------------------------------------------------------------
 
 
@@ -167,7 +173,7 @@ def test_a_statement_that_names_nothing_is_no_memory() -> None:
 
 
 def test_correction_supersedes_by_key_with_the_new_value() -> None:
-    old = one(run(TriggerReason.session_end, turn("我住在北京，平时在海淀上班。")))
+    old = on_key(run(TriggerReason.session_end, turn("我住在北京，平时在海淀上班。")), "location.city")
     new = one(realtime("更正一下，我已经搬到上海了，不在北京了。"))
     assert old.mtype is new.mtype is MType.fact
     assert old.key == new.key == "location.city"
@@ -186,8 +192,8 @@ def test_correction_supersedes_by_key_with_the_new_value() -> None:
     ],
 )
 def test_an_update_in_other_words_keeps_the_topic_key(old: str, new: str, key: str) -> None:
-    before = one(run(TriggerReason.session_end, turn(old)))
-    after = one(run(TriggerReason.session_end, turn(new, "e2")))
+    before = on_key(run(TriggerReason.session_end, turn(old)), key)
+    after = on_key(run(TriggerReason.session_end, turn(new, "e2")), key)
     assert before.key == after.key == key
 
 

@@ -961,15 +961,25 @@ def bench_profile(size: Annotated[int, typer.Option(help="Memories in the subjec
 
 # -- the demo ------------------------------------------------------------------------
 
-DEMO_TURNS = [
-    ("user", "Hi! I'm planning the Atlas project rollout this quarter."),
-    ("assistant", "Great, how can I help with Atlas?"),
-    ("user", "I prefer short answers with bullet points, please."),
-    ("user", "Remember: never deploy on Fridays."),
-    ("user", "We decided to use PostgreSQL 16 for the Atlas database."),
-    ("user", "我不喜欢冗长的解释，回答请尽量简短。"),
+# Two sessions a day apart: a compound introduction with the assistant's small talk, then a move said in passing.
+# The searches find the current city first, and the job the move left alone.
+DEMO_SESSIONS = [
+    ("s1", [
+        ("user", "Hi! I'm planning the Atlas project rollout this quarter."),
+        ("assistant", "Great, how can I help with Atlas?"),
+        ("user", "I live in Lyon and I work as a site reliability engineer."),
+        ("user", "I prefer short answers with bullet points, please."),
+        ("user", "Remember: never deploy on Fridays."),
+        ("user", "We decided to use PostgreSQL 16 for the Atlas database."),
+        ("user", "我不喜欢冗长的解释，回答请尽量简短。"),
+    ]),
+    ("s2", [
+        ("user", "Quick news: we moved to Geneva last week, the commute is much shorter."),
+        ("assistant", "Congratulations on the move! Anything I can help with today?"),
+    ]),
 ]
-DEMO_QUERIES = ["how should answers be formatted?", "which database does Atlas use?", "when must we not deploy?"]
+DEMO_QUERIES = ["where do I live?", "what is my job?", "how should answers be formatted?",
+                "which database does Atlas use?", "when must we not deploy?"]
 
 
 @app.command()
@@ -982,14 +992,16 @@ def demo() -> None:
 
 
 def _demo_conversation(client: MemoryClient) -> None:
-    subject, start = "demo-user", datetime.now(UTC) - timedelta(minutes=10)
-    typer.echo("== an agent publishes a conversation")
-    for i, (role, text) in enumerate(DEMO_TURNS):
-        client.publish({"event_id": f"demo-{i}", "subject": subject, "session_id": "s1", "kind": "message",
-                        "role": role, "text": text, "ts": start + timedelta(seconds=10 * i)})
-        typer.echo(f"   {role:>9}: {text}")
-    client.publish({"event_id": "demo-end", "subject": subject, "session_id": "s1", "kind": "session_end",
-                    "ts": start + timedelta(minutes=5)})
+    subject, now = "demo-user", datetime.now(UTC)
+    for day, (session, turns) in enumerate(DEMO_SESSIONS):
+        start = now - timedelta(days=len(DEMO_SESSIONS) - day, minutes=10)
+        typer.echo(f"== an agent publishes a conversation (session {session}, {start:%Y-%m-%d})")
+        for i, (role, text) in enumerate(turns):
+            client.publish({"event_id": f"demo-{session}-{i}", "subject": subject, "session_id": session,
+                            "kind": "message", "role": role, "text": text, "ts": start + timedelta(seconds=10 * i)})
+            typer.echo(f"   {role:>9}: {text}")
+        client.publish({"event_id": f"demo-{session}-end", "subject": subject, "session_id": session,
+                        "kind": "session_end", "ts": start + timedelta(minutes=5)})
     typer.echo("== waiting for trigger → extract → resolve → upsert ...")
     if not client.wait_idle(timeout_s=120):
         raise SystemExit("the pipeline did not go idle within 120 s")

@@ -14,6 +14,7 @@ from functools import partial
 import redis
 
 from memflow.pipeline import llm_judge
+from memflow.pipeline.clauses import ended
 from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, MType, Status
@@ -127,10 +128,10 @@ def neighbourhoods(store: Store, threshold: float, candidates: Sequence[Candidat
     asking = [(i, v) for i, v in enumerate(vectors) if not isinstance(v, EmbedderRejected)]
     found: list[list[Neighbour] | Exception] = [[] for _ in candidates]
     try:
-        queries = [q for i, v in asking for q in neighbour_queries(candidates[i], v)]
-        answers = iter(store.query_many(queries) if queries else [])
-        for i, _ in asking:
-            found[i] = neighbours_of(store, candidates[i], next(answers), next(answers), threshold)
+        asked = [(i, neighbour_queries(candidates[i], v)) for i, v in asking]
+        answers = iter(store.query_many([q for _, qs in asked for q in qs]) if asked else [])
+        for i, qs in asked:
+            found[i] = neighbours_of(store, candidates[i], *(next(answers) for _ in qs), threshold=threshold)
     except Exception as exc:  # noqa: BLE001 - the loop retries, then dead-letters, each that asked
         return [exc for _ in candidates]
     return found
@@ -146,7 +147,8 @@ def _dispositions(client: redis.Redis, keys: Keys, candidates: Sequence[Candidat
 def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
                 neighbours: list[Neighbour]) -> list[Emit]:
     judging = stage.judge is not None
-    records = find_records(stage.store, candidate, neighbours, nearby=judging)
+    # A judge, or a statement that something is over, may retire memories under other keys, and their records.
+    records = find_records(stage.store, candidate, neighbours, nearby=judging or ended(candidate.content) is not None)
     place = partial(decide, candidate, neighbours, duplicate_threshold=stage.write.duplicate_threshold,
                     records=records, space=stage.space)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
@@ -178,20 +180,26 @@ def judge(llm: LLM, candidate: Candidate, known: list[Memory]) -> dict[str, Verd
 def find_neighbours(store: Store, candidate: Candidate, vector: list[float], threshold: float) -> list[Neighbour]:
     """What a stored memory of the subject may be to `candidate`: every version of its key, and the live ones
     of its dir at dense similarity ≥ `threshold`."""
-    same_key, near = store.query_many(neighbour_queries(candidate, vector))
-    return neighbours_of(store, candidate, same_key, near, threshold)
+    return neighbours_of(store, candidate, *store.query_many(neighbour_queries(candidate, vector)), threshold=threshold)
 
 
-def neighbour_queries(candidate: Candidate, vector: list[float]) -> tuple[Query, Query]:
-    """The two questions `find_neighbours` asks the store: the same key (its forms), and the same dir."""
+def neighbour_queries(candidate: Candidate, vector: list[float]) -> list[Query]:
+    """The questions `find_neighbours` asks the store: the same key (its forms), the same dir, and for a
+    statement that says something is over ("I don't drink oolong anymore"), the live statements holding those
+    words under any key and dir (found by the words: pipeline/resolve.py decides by them)."""
     keys = forms_keys(candidate)  # its key, and the keys of its own it may have been kept under
-    return (Query(MemoryFilter(candidate.subject, keys=keys), "dense", NEIGHBOURS, dense=vector),
-            Query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY), "dense", NEIGHBOURS,
-                  dense=vector))
+    asked = [Query(MemoryFilter(candidate.subject, keys=keys), "dense", NEIGHBOURS, dense=vector),
+             Query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY), "dense", NEIGHBOURS,
+                   dense=vector)]
+    what = ended(candidate.content)
+    if what is not None:  # by its words, and by meaning ("可乐" alone is no keyword the segmenter keeps)
+        live = MemoryFilter(candidate.subject, statuses=LIVE)
+        asked += [Query(live, "sparse", NEIGHBOURS, text=what), Query(live, "dense", NEIGHBOURS, dense=vector)]
+    return asked
 
 
 def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored], near: Sequence[Scored],
-                  threshold: float) -> list[Neighbour]:
+                  *over: Sequence[Scored], threshold: float) -> list[Neighbour]:
     # Every version of the key, history included: decide() numbers the next version from them and
     # must see every live one. A top-k query missed both once a key had more than k versions (two
     # active memories on one key, an old version's id reused: the kill storm's 600 updates per key).
@@ -203,6 +211,8 @@ def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored]
     for s in near:
         if s.score >= threshold:
             found.setdefault(s.memory.id, Neighbour(s.memory, s.score))
+    for s in (s for found_over in over for s in found_over):  # judged by their words only (pipeline/resolve.py
+        found.setdefault(s.memory.id, Neighbour(s.memory, 0.0))  # `_ends`), as the key's versions beyond the top k
     return sorted(found.values(), key=lambda n: n.similarity, reverse=True)
 
 

@@ -53,6 +53,12 @@ _THIRD = re.compile(r"^(?:(?:he|she|they|it|this|that|the|there)\b|(?!I\b)(?-i:[
 # Where an English phrase of what is over turns to when it ended: "smoking in January", "meat two years ago".
 _WHEN = re.compile(r"\s+(?:in|on|since|during|last|this|after|before|about|around|\d+|one|two|three|four|five|six"
                    r"|a few|several)\b.*$", re.I)
+# A named speaker's statement, as `drafts.stamp` writes it: "Caroline: I …".
+_NAMED = re.compile(r"^((?-i:[A-Z][\w'-]*)(?: (?-i:[A-Z][\w'-]*))?|[\u4e00-\u9fff]{1,4})[:：] ")
+# What names no habit or fact when said to be over: "I'm not sure anymore", "我已经不记得了".
+_VAGUE = re.compile(r"^(?:(?:so|that|too|very|as|really|quite)\s+)?(?:sure|certain|ok(?:ay)?|fine|true|the case"
+                    r"|possible|really|that|this|it|so|as|much|well|good|bad|here|there|easy|hard|new|young|funny"
+                    r"|(?:记得|知道|确定|清楚|一样|想|会|能|敢|太)[^，,。]{0,4})$", re.I)
 _REQUEST = re.compile(r"^(?:请|麻烦|别|不要|希望你|please|let|don'?t|do not|always|never|just)", re.I)
 _EN_STATING = re.compile(rf"^(?:{_EN_VERB}|moved|working|living|studying|teaching|love|like|prefer|hate)\b", re.I)
 
@@ -86,15 +92,17 @@ def _clauses(sentence: str) -> list[tuple[str, int, int]]:
 
 
 def _starts_part(clause: str, group: list[str]) -> bool:
-    """A clause begins a fact of its own: it names a topic of facts (where one lives, works, what phone…) that
-    the group does not, or another person, while the group already states something. Wishes on how to reply
-    stay in their sentence: "这几天…，回复简短一点就行" is a wish for these days only."""
-    topic = topic_of(clause, MType.fact)
-    if topic is None or topic.mtype is not MType.fact or topic_of(" ".join(group)) is None or _THIRD.match(clause):
+    """A clause begins a fact of its own: while the group states a fact of the table, it names a topic of facts
+    (where one lives, works, what phone…) that the group does not, or it speaks of another person than the group
+    ("我男朋友在深圳上班，我们周末才见面": the boyfriend's workplace, then the couple's weekends). Wishes on how to
+    reply stay in their sentence: "这几天…，回复简短一点就行" is a wish for these days only."""
+    if topic_of(" ".join(group), MType.fact) is None or _THIRD.match(clause):
         return False
+    if _has_subject(clause) and holder_of(clean(clause)) != holder_of(clean(group[0])):
+        return True
+    topic = topic_of(clause, MType.fact)
     named = {t.key for t in (topic_of(c, MType.fact) for c in group) if t is not None}
-    own = _has_subject(clause) and holder_of(clean(clause)) != holder_of(clean(group[0]))
-    return topic.key not in named or own
+    return topic is not None and topic.mtype is MType.fact and topic.key not in named
 
 
 def _trimmed(group: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
@@ -140,8 +148,8 @@ def ended(statement: str) -> str | None:
     m = cues.ENDED.search(statement)
     if m is None:
         return None
-    what = _WHEN.sub("", strip_time(next(g for g in m.groups() if g)))  # "quit smoking in January": smoking
-    return clean(what) or None
+    what = clean(_WHEN.sub("", strip_time(next(g for g in m.groups() if g))))  # "quit smoking in January"
+    return None if not what or _VAGUE.match(what) else what
 
 
 def ends(ending: str, statement: str) -> bool:
@@ -156,6 +164,18 @@ def ends(ending: str, statement: str) -> bool:
     said = set(re.findall(r"[a-z0-9]+", statement.lower()))
     needed = words[1:] if len(words) > 1 else words
     return bool(needed) and all(_said(w, said) for w in needed)
+
+
+def same_speaker(a: str, b: str) -> bool:
+    """Whether two statements were said by the same named speaker, or both by nobody named: in a conversation of
+    several (LoCoMo) each statement reads "Caroline: …", and Melanie's "I don't paint anymore" ends nothing of
+    Caroline's."""
+    return _speaker(a) == _speaker(b)
+
+
+def _speaker(statement: str) -> str | None:
+    m = _NAMED.match(statement)
+    return m.group(1) if m else None
 
 
 def _said(word: str, said: set[str]) -> bool:

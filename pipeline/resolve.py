@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from memflow.pipeline.clauses import ended, ends
+from memflow.pipeline.clauses import ended, ends, same_speaker
 from memflow.pipeline.drafts import REPEATED_CONFIDENCE
 from memflow.pipeline.gate import untrusted_directive
 from memflow.pipeline.ids import PUBLIC, IdSpace, NextVersion, is_keyed, starting_tier
@@ -161,7 +161,7 @@ def _ends_any(c: Candidate, batch: Sequence[Candidate]) -> bool:
     what = ended(c.content)
     return what is not None and any(
         d.subject == c.subject and d.about == c.about and d.ts < c.ts and d.mtype is not MType.episode
-        and ended(d.content) is None and ends(what, d.content) for d in batch)
+        and same_speaker(c.content, d.content) and ended(d.content) is None and ends(what, d.content) for d in batch)
 
 
 def record_sources(rivals: Iterable[Memory]) -> list[str]:
@@ -237,7 +237,7 @@ def _ends(c: Candidate, m: Memory) -> bool:
     what = ended(c.content)
     if what is None or not is_keyed(c.mtype) or m.mtype is MType.episode or _guarded(m):
         return False
-    live = m.status in SEARCHABLE_STATUSES and m.created_at <= c.ts
+    live = m.status in SEARCHABLE_STATUSES and m.created_at <= c.ts and same_speaker(c.content, m.content)
     return live and ended(m.content) is None and ends(what, m.content)
 
 

@@ -182,3 +182,15 @@ def test_a_replaced_value_takes_its_verbatim_turn_along() -> None:
     put = next(op.memory for op in batch.ops if isinstance(op, PutOp))
     assert put.status is Status.active and "Pixel 9" in put.content
     assert record.id in {op.id for op in batch.ops if isinstance(op, PatchOp)}
+
+
+def test_one_speaker_ends_nothing_of_another() -> None:
+    """In a conversation of several (LoCoMo) the speaker owns the statement: Melanie's "I don't paint anymore" is
+    no end of Caroline's painting."""
+    task = ExtractTask(subject="u1", session_id="s1", reason=TriggerReason.session_end, ts=T0, turns=[
+        Turn(event_id="e1", role=Role.user, text="I paint landscapes every weekend.", ts=T0, speaker="Caroline"),
+        Turn(event_id="e2", role=Role.user, text="I don't paint anymore, no time.", ts=T0 + timedelta(minutes=1),
+             speaker="Melanie")])
+    old, ending = [c for c in extract(task) if c.mtype is not MType.episode]
+    assert after(stored([old]), ending) == (Action.add, set())
+    assert after(stored([old]), ending.model_copy(update={"content": ending.content.replace("Melanie", "Caroline")}))[1]

@@ -40,7 +40,7 @@ from memflow.shared.settings import Settings
 from memflow.workers.embedded import Embedded, embedded
 
 EVAL = Path("/work/shared/eval")
-FILES = ("dev-scenarios.jsonl", "people-dev.jsonl")
+FILES = ("dev-scenarios.jsonl", "people-dev.jsonl", "conversation-dev.jsonl")
 WHOLE = 8000  # a prompt budget that holds any of these profiles whole
 # The user's section a question's expectations name, when they name one.
 SECTION_OF_INTENT = {"preference_query": "preferences", "rule_statement": "rules"}

@@ -212,8 +212,10 @@ def _mtype(body: str, cue: Cues, ts: datetime) -> MType | None:
         return MType.decision
     if cue.preference:
         return _wish_or_habit(body, cue)
-    # "We moved to Leipzig last month": the new value, not an event over once its month has passed.
-    if not cue.change and find_time(body, ts) is not None and not cues.RECURRING_DATE.search(body):
+    # "We moved to Leipzig last month": the new value, not an event over once its month has passed. "The standup
+    # moved to tomorrow" is still an event: a change is told when it has happened.
+    ref = find_time(body, ts)
+    if ref is not None and not cues.RECURRING_DATE.search(body) and not (cue.change and ref.past):
         return MType.event
     if cues.CONTEXT.search(body) and topic_of(body) is None:
         return MType.session_context

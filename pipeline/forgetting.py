@@ -97,9 +97,13 @@ def still_holding(points: Iterable[Memory], fingerprints: set[str]) -> list[str]
     normalised, has one of these fingerprints."""
     if not fingerprints:
         return []
+    seen: dict[str, bool] = {}  # a turn is its record's content, evidence and its neighbours' context lines
 
     def holding(text: str) -> bool:
-        return any(fingerprint(u) in fingerprints for u in _units_of(text))
+        found = seen.get(text)
+        if found is None:
+            found = seen[text] = any(fingerprint(u) in fingerprints for u in _units_of(text))
+        return found
 
     return _to_forget([p for p in points if p.status is not Status.deleted and any(map(holding, _texts(p)))],
                       holding)
@@ -185,7 +189,9 @@ def _texts(point: Memory) -> list[str]:
     return [t for t in (point.content, point.evidence, *point.context.split("\n")) if t]
 
 
-def _units_of(text: str) -> Iterator[str]:
-    """A text and each of its sentences, normalised: what the proof compares by fingerprint."""
-    yield _normal(text)
-    yield from (_normal(s) for s in split_sentences(text))
+def _units_of(text: str) -> list[str]:
+    """A text and each of its sentences, normalised: what the proof compares by fingerprint. The sentences
+    hold every word character of the text (what they leave out is space and punctuation), so the whole
+    text's normal form is theirs joined."""
+    sentences = [_normal(s) for s in split_sentences(text)]
+    return ["".join(sentences), *sentences]

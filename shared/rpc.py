@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
 from memflow.pipeline.export import Record
@@ -252,22 +252,40 @@ class ImportRequest(Wire):
 
 
 class ForgetReport(Wire):
-    """What a forget removed: the memories, and per Redis place how many entries holding their words."""
+    """What a forget removed: the memories named, the records forgotten with them, and per Redis place how
+    many entries holding their words; and what still holds their words (docs/write-path.md#forgetting)."""
+
+    # Always in a reply (the document says so); defaults only for a reply of a worker from before they were.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     count: int
     ids: list[str]
     scrubbed: dict[str, int]
+    # The verbatim records of the turns they were distilled from, forgotten with them: they held their words.
+    records: list[str] = Field(default_factory=list)
+    # Points not forgotten that still hold the forgotten words (a memory not named saying the same): forget them
+    # too, or keep them knowingly.
+    still_held: list[str] = Field(default_factory=list)
+
+    @property
+    def forgotten_ids(self) -> list[str]:
+        """Every id it forgot, the memories named and the records with them: what its proof covers."""
+        return [*self.ids, *self.records]
 
 
 class ForgetProof(Wire):
-    """`verified` when the store holds no point for any of `ids` and no Redis place still names one;
-    `unknown`: ids with no receipt (never forgotten here)."""
+    """`verified` when the store holds no point for any of `ids`, no Redis place still names one and no point
+    still holds their words (`still_held`: the ids of those that do); `unknown`: ids with no receipt (never
+    forgotten here)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # as ForgetReport's
 
     subject: str
     ids: list[str]
     unknown: list[str]
     in_store: list[str]
     residue: dict[str, int]
+    still_held: list[str] = Field(default_factory=list)
     verified: bool
 
 

@@ -114,15 +114,31 @@ def test_words_forgotten_while_in_flight_are_never_written_back(system: System) 
 
 def test_verify_finds_a_record_still_quoting_a_forgotten_turn(system: System) -> None:
     said(system, "hal")
-    records = [m for m in system.client.inspect("hal").memories if m.mtype == "episode"]
+    shown = system.client.inspect("hal").memories
+    records = [m for m in shown if m.mtype == "episode"]
     secret = next(m for m in records if SECRET_WORD in m.content)
     neighbour = next(m for m in records if m.id != secret.id)
-    assert system.client.forget("hal", [secret.id]) == 1
-    assert system.client.verify_forgotten("hal", [secret.id]).verified
+    fact = next(m for m in shown if m.mtype != "episode" and SECRET_WORD in m.content)
+    report = system.client.forget_report("hal", [fact.id])
+    assert report.count == 1 and report.records == [secret.id]  # the turn's record holds its words: it goes too
+    assert system.client.verify_forgotten("hal", report.forgotten_ids).verified
     # A store written before forget took turns out of their neighbours' context (issue 14's wider window).
     system.ctx.store.set_fields(neighbour.subject, neighbour.id, {"context": secret.content})
-    proof = system.client.verify_forgotten("hal", [secret.id])
-    assert not proof.verified and proof.residue == {"record_context": 1}
+    proof = system.client.verify_forgotten("hal", report.forgotten_ids)
+    assert not proof.verified and proof.residue == {"record_context": 1} and proof.still_held == [neighbour.id]
+
+
+def test_forgetting_a_record_alone_names_the_memory_still_quoting_its_words(system: System) -> None:
+    """The verbatim record of a turn forgotten by id, the memory distilled from it kept: its words are still
+    held (the memory's content and the span it was read from), and both the forget and its proof say so."""
+    said(system, "ike")
+    shown = system.client.inspect("ike").memories
+    secret = next(m for m in shown if m.mtype == "episode" and SECRET_WORD in m.content)
+    fact = next(m for m in shown if m.mtype != "episode" and SECRET_WORD in m.content)
+    report = system.client.forget_report("ike", [secret.id])
+    assert report.records == [] and report.still_held == [fact.id]
+    proof = system.client.verify_forgotten("ike", [secret.id])
+    assert not proof.verified and proof.still_held == [fact.id] and proof.in_store == []
 
 
 # -- secrets leave every copy (issue 30 item 6) ----------------------------------------------------------------

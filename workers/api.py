@@ -537,7 +537,9 @@ async def forget(request: Request, key: Caller, subject: Subject,
            ids: Annotated[list[MemoryId] | None, Query(description="Memory ids (or `memory_ids` in the body).")] = None,
            contains: Annotated[str | None, Query(description="Every memory whose content holds this.")] = None,
            ) -> Forgotten:
-    """Forget memories by id or by `contains`, and prove it: no point left, no Redis entry naming them."""
+    """Forget memories by id or by `contains`, and prove it: no point left, no Redis entry naming them, no
+    point holding their words. The records of the turns they came from go with them where they hold their
+    words (`records`); what else still holds them is named (`still_held`)."""
     allowed(key, subject, write=True)
     memory_ids = (body.memory_ids if body else None) or ids
     contains = (body.contains if body else None) or contains
@@ -545,7 +547,7 @@ async def forget(request: Request, key: Caller, subject: Subject,
         raise ApiError(422, "invalid_input", "name the memories: `memory_ids` or `contains`", "memory_ids")
     # front.forget_proven's two calls, each waited for on the event loop.
     report = await ask(request, rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
-    proof = await ask(request, rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
+    proof = await ask(request, rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.forgotten_ids)
     return Forgotten(**report.model_dump(), proof=proof)
 
 

@@ -240,6 +240,15 @@ def search(subject: str, query: str, k: int = 5, now: str | None = None, as_json
         typer.echo(f"{i:>2}. {hit.score:.4f} {hit.dir.value}/{hit.mtype.value}{flag}  {hit.content}")
 
 
+def _say_forgotten(report: rpc.ForgetReport) -> None:
+    typer.echo(f"forgot {report.count} memor{'y' if report.count == 1 else 'ies'}"
+               + (f" and {len(report.records)} record(s) of the turns they came from: {report.records}"
+                  if report.records else "")
+               + f"; words scrubbed from Redis: {report.scrubbed or 'none left'}")
+    if report.still_held:
+        typer.echo(f"kept, still holding their words (forget them too to remove the words): {report.still_held}")
+
+
 @app.command()
 def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="Memory ids.")] = None,
            contains: Annotated[str | None, typer.Option(help="Every memory whose content holds this.")] = None,
@@ -253,18 +262,18 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="M
         report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
     proof = None
     if verify:  # what this call forgot, else the ids given (an earlier forget)
-        proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=(report and report.ids) or ids or [],
-                            contains=contains)
+        proven = (report and report.forgotten_ids) or ids or []
+        proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=proven, contains=contains)
     if as_json:
         shown = report.model_dump(mode="json") if report else {"ids": []}
         _print_json(shown | ({"verify": proof.model_dump(mode="json")} if proof else {}))
     else:
         if report:
-            typer.echo(f"forgot {report.count} memor{'y' if report.count == 1 else 'ies'}; "
-                       f"words scrubbed from Redis: {report.scrubbed or 'none left'}")
+            _say_forgotten(report)
         if proof:
             typer.echo(f"verified: {proof.verified} — points in the store: {len(proof.in_store)}, "
-                       f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}")
+                       f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}, "
+                       f"points still holding their words: {proof.still_held or 'none'}")
     if proof and not proof.verified:
         raise typer.Exit(1)
 

@@ -12,7 +12,7 @@ store holds no point for it and that no stream, buffer or feed still names it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 import redis
 
+from memflow.pipeline.forgetting import Reach, reach, still_holding
 from memflow.pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
 from memflow.pipeline.pending import Said, drafts, pending_id
-from memflow.pipeline.records import unsaid
 from memflow.pipeline.writes import content_hash, mutation
 from memflow.shared import pending as pending_layer
 from memflow.shared.applier import Applier
@@ -68,19 +68,24 @@ def forget(applier: Applier, places: Places, subject: str, memory_ids: list[str]
     from Redis (`scrub`). After it returns no search, pack or inspect can return these
     memories: they are not in the index, and no write can put them back: what to forget is read, its
     tombstones left and its deletion applied under the subject's write lock, and every later write
-    reads the tombstones (`keep_receipts`). A receipt of each (never its words) is kept for `verify`."""
+    reads the tombstones (`keep_receipts`). A receipt of each (never its words) is kept for `verify`.
+
+    The forget reaches the words (pipeline/forgetting.py): the records of the turns the named memories were
+    distilled from go with them where they hold their words (`records`), and the records around those turns
+    stop quoting them; what still holds the words after that is named (`still_held`), not forgotten unasked."""
     if memory_ids is None and not contains:
         raise MemflowError("forget needs memory ids or a `contains` text")
     client, keys = places.client, places.keys
     with applier.holding(subject) as held:
-        targets = _forget_targets(applier.store, subject, memory_ids, contains)
+        named = _forget_targets(applier.store, subject, memory_ids, contains)
+        reached = _reach(applier.store, subject, named, contains)
+        targets = [*named, *reached.records]
         said = _pending_targets(client, keys, subject, memory_ids, contains)
         keep_receipts(client, keys, subject, targets, events=[s.turn.event_id for s in said], at=now,
-                      fsync_timeout_ms=places.fsync_timeout_ms)
+                      fsync_timeout_ms=places.fsync_timeout_ms, fingerprints=reached.fingerprints)
         deleted = {"status": Status.deleted.value}
         ops: list[MutationOp] = [*(PatchOp(id=m.id, expected_rev=m.rev, set=deleted, why="forget requested")
-                                   for m in targets), *(DeleteOp(id=m.id) for m in targets),
-                                 *unsaid(_records(applier.store, subject, targets), targets)]
+                                   for m in targets), *(DeleteOp(id=m.id) for m in targets), *reached.unsaid]
         if ops:  # the wish wins over any change made since the targets were read ("rebase")
             held.apply(mutation(subject, FORGET, "forget requested", now, ops, on_stale="rebase"))
     scrubbed = scrub(places, subject, targets, events=[s.turn.event_id for s in said])
@@ -88,7 +93,16 @@ def forget(applier: Applier, places: Places, subject: str, memory_ids: list[str]
         for place, n in scrub_words(places, subject, contains).items():
             scrubbed[place] = scrubbed.get(place, 0) + n
     shown = [i for s in said for i in _pending_ids(subject, s)]
-    return {"count": len(targets) + len(said), "ids": [m.id for m in targets] + shown, "scrubbed": scrubbed}
+    return {"count": len(named) + len(said), "ids": [m.id for m in named] + shown,
+            "records": [r.id for r in reached.records], "still_held": reached.still_held, "scrubbed": scrubbed}
+
+
+def _reach(store: Store, subject: str, named: list[Memory], contains: str | None) -> Reach:
+    """What forgetting `named` reaches among the subject's points (every one is read: a turn's record, the
+    records quoting it and any other point holding its words may each be anywhere)."""
+    if not named:
+        return Reach()
+    return reach(named, store.get(MemoryFilter(subject)), contains)
 
 
 def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
@@ -159,13 +173,6 @@ def _pending_ids(subject: str, entry: Said) -> list[str]:
     return [pending_id(entry.turn.event_id, n) for n in range(len(drafts(subject, entry)))]
 
 
-def _records(store: Store, subject: str, targets: list[Memory]) -> list[Memory]:
-    """The subject's records, whose context may quote a forgotten turn (none to read when no record is forgotten)."""
-    if not any(m.mtype is MType.episode for m in targets):
-        return []
-    return store.get(MemoryFilter(subject, mtypes=[MType.episode]))
-
-
 def _forget_targets(store: Store, subject: str, ids: list[str] | None, contains: str | None) -> list[Memory]:
     found = store.get(MemoryFilter(subject, ids=ids))
     if contains:
@@ -173,20 +180,25 @@ def _forget_targets(store: Store, subject: str, ids: list[str] | None, contains:
     return found
 
 
-def receipt(memory: Memory) -> dict[str, Any]:
-    return {"id": memory.id, "events": memory.source_event_ids, "sha256": content_hash(memory.content)}
+def receipt(memory: Memory, fingerprints: Sequence[str] = ()) -> dict[str, Any]:
+    """`words`: the fingerprints of the normalised sentences it was forgotten for (pipeline/forgetting.py), so
+    that `verify` can tell, without the words, whether a point still holds them."""
+    return {"id": memory.id, "events": memory.source_event_ids, "sha256": content_hash(memory.content),
+            "words": list(fingerprints)}
 
 
 def keep_receipts(client: redis.Redis, keys: Keys, subject: str, memories: Iterable[Memory],
-                  events: Iterable[str] = (), *, at: datetime, fsync_timeout_ms: int | None = None) -> None:
+                  events: Iterable[str] = (), *, at: datetime, fsync_timeout_ms: int | None = None,
+                  fingerprints: Mapping[str, Sequence[str]] | None = None) -> None:
     """A receipt per memory, and the tombstones every later write reads (pipeline/writes.py Tombstones): its
     source events (and `events`: pending ones) marked forgotten, and its words (by hash) forgotten `at`. A
     write still in flight that carries them (a session's end being extracted, a redelivered upsert, a batch
     decided before the forget) must not write the memory back. With `fsync_timeout_ms`, it returns once the
     server's AOF holds them on disk (WAITAOF): before the store deletes what they guard, so that a kill -9 of
-    the server cannot take them back while the deletion stays (NotDurable past the timeout: nothing deleted)."""
+    the server cannot take them back while the deletion stays (NotDurable past the timeout: nothing deleted).
+    `fingerprints`: per memory id, those of the words it was forgotten for (its receipt's `words`)."""
     memories = list(memories)
-    mapping = {m.id: orjson.dumps(receipt(m)).decode() for m in memories}
+    mapping = {m.id: orjson.dumps(receipt(m, (fingerprints or {}).get(m.id, ()))).decode() for m in memories}
     events = {e for m in memories for e in m.source_event_ids} | set(events)
     # Not one MULTI: the keys are the subject's, in several cluster slots. Every write is idempotent
     # and comes before any deletion, so a forget cut short between them is reported failed and redone.
@@ -227,7 +239,8 @@ def scrub(places: Places, subject: str, memories: list[Memory], events: Iterable
 
 def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
            contains: str | None = None) -> dict[str, Any]:
-    """The proof: no point for these ids in the store (any status), and no Redis place naming them; with
+    """The proof: no point for these ids in the store (any status), no Redis place naming them, and no point
+    still holding their words (`still_held`, by the receipts' fingerprints: pipeline/forgetting.py); with
     `contains`, no Redis place of the subject's still holding those words raw either."""
     client, keys = places.client, places.keys
     raw = client.hmget(keys.forgotten(subject), memory_ids) if memory_ids else []
@@ -247,14 +260,16 @@ def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
     profile = client.get(keys.profile(subject))  # dropped by the forget's announcement (shared/profiles.py)
     if profile and any(mark in profile for mark in marks):
         residue["profile"] = 1
-    quoting = _quoting(store, subject, {r["sha256"] for r in receipts})
+    others = [m for m in store.get(MemoryFilter(subject)) if m.id not in memory_ids] if receipts else []
+    quoting = _quoting(others, {r["sha256"] for r in receipts})
     if quoting:
         residue["record_context"] = quoting
     if contains:
         for place, n in residue_of_words(places, subject, contains).items():
             residue[f"raw:{place}"] = n
+    still_held = still_holding(others, {w for r in receipts for w in r.get("words", ())})
     return {"subject": subject, "ids": memory_ids, "unknown": unknown, "in_store": in_store, "residue": residue,
-            "verified": not unknown and not in_store and not residue}
+            "still_held": still_held, "verified": not unknown and not in_store and not residue and not still_held}
 
 
 def _still_pending(client: redis.Redis, keys: Keys, subject: str, events: set[str]) -> int:
@@ -264,11 +279,11 @@ def _still_pending(client: redis.Redis, keys: Keys, subject: str, events: set[st
     return sum(1 for held in client.hmget(keys.pending(subject), sorted(events)) if held)
 
 
-def _quoting(store: Store, subject: str, hashes: set[str]) -> int:
+def _quoting(points: list[Memory], hashes: set[str]) -> int:
     """How many records still quote a forgotten turn in their context (by the receipts' hashes)."""
     if not hashes:
         return 0
-    records = store.get(MemoryFilter(subject, mtypes=[MType.episode]))
+    records = [m for m in points if m.mtype is MType.episode]
     return sum(any(hashlib.sha256(line.encode()).hexdigest() in hashes for line in r.context.split("\n"))
                for r in records)
 

@@ -108,9 +108,10 @@ class Forgotten(rpc.ForgetReport):
 
 def forget_proven(client: MemoryClient, subject: str, memory_ids: Sequence[str] | None,
                   contains: str | None) -> Forgotten:
-    """Forget, then prove it: no point left in the store, no Redis entry naming what was forgotten."""
+    """Forget, then prove it: no point left in the store, no Redis entry naming what was forgotten, no point
+    still holding its words."""
     report = client.call(rpc.FORGET, subject=subject, memory_ids=memory_ids, contains=contains)
-    proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.ids)
+    proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=report.forgotten_ids)
     return Forgotten(**report.model_dump(), proof=proof)
 
 

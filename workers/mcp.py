@@ -296,7 +296,9 @@ class MemoryTools:
                contains: Annotated[str | None, Field(description="Forget every memory holding this.")] = None,
                ) -> Forgotten:
         """Forget memories for good: by id (from recall) or every one whose content holds a phrase. Use it when
-        the user asks you to forget something or says a memory is wrong. Returns the proof nothing is left."""
+        the user asks you to forget something or says a memory is wrong. The verbatim records of the turns they
+        came from go too where they hold the words (`records`). Returns the proof nothing is left; `still_held`
+        names other memories still holding the words: forget those too if the user wants the words gone."""
         if not memory_ids and not contains:
             raise ToolError("name what to forget: memory_ids (from recall) or contains (a phrase)")
         with self._serving(ctx, write=True) as turn:

@@ -173,7 +173,9 @@ export class Memflow {
     return this.json("POST", "/v1/feedback", { body: request });
   }
 
-  /** Forget by ids or by `contains`; the reply carries the proof (`proof.verified`) that nothing is left. */
+  /** Forget by ids or by `contains`; the reply carries the proof (`proof.verified`) that nothing is left, the
+   * records of the turns they came from forgotten with them (`records`), and what still holds their words
+   * (`still_held`). */
   forget(subject: string, what: { memoryIds?: string[]; contains?: string }): Promise<Forgotten> {
     const body: Record<string, unknown> = {};
     if (what?.memoryIds !== undefined) body.memory_ids = what.memoryIds;

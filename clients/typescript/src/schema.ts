@@ -96,14 +96,16 @@ export type ForgetBody = {
   contains?: string | null;
 };
 
-/** `verified` when the store holds no point for any of `ids` and no Redis place still names one;
- * `unknown`: ids with no receipt (never forgotten here). */
+/** `verified` when the store holds no point for any of `ids`, no Redis place still names one and no point
+ * still holds their words (`still_held`: the ids of those that do); `unknown`: ids with no receipt (never
+ * forgotten here). */
 export type ForgetProof = {
   subject: string;
   ids: string[];
   unknown: string[];
   in_store: string[];
   residue: Record<string, number>;
+  still_held: string[];
   verified: boolean;
 };
 
@@ -112,6 +114,8 @@ export type Forgotten = {
   count: number;
   ids: string[];
   scrubbed: Record<string, number>;
+  records: string[];
+  still_held: string[];
   proof: ForgetProof;
 };
 

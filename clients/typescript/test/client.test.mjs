@@ -137,6 +137,8 @@ test("publish, search finds it, pack, history, export and import, forget with pr
   await t.test("forget with the proof that nothing is left", async () => {
     const forgotten = await mine.forget(subject, { memoryIds: [tea.id] });
     assert.deepEqual(forgotten.ids, [tea.id]);
+    assert.deepEqual(forgotten.still_held, [], JSON.stringify(forgotten));
+    assert.deepEqual(forgotten.proof.ids, [...forgotten.ids, ...forgotten.records]);
     assert.equal(forgotten.proof.verified, true, JSON.stringify(forgotten.proof));
     assert.deepEqual(forgotten.proof.in_store, []);
     const after = await mine.search({ subject, query: "what do I drink in the morning?", k: 5 });

@@ -141,6 +141,16 @@ def asked_holder(question: str) -> str | None:
     return SELF if _FIRST_PERSON.search(question) else None
 
 
+# The second person: a question that speaks to the assistant ("What did you suggest?", "你说周五提醒我什么？").
+_SECOND_PERSON = re.compile(r"\b(?:you|your|yours|you'd|you'll|you've|you're)\b|你|您", re.I)
+
+
+def asks_the_assistant(question: str) -> bool:
+    """Whether a question speaks to the assistant, and so may be answered by what the assistant said: "When will
+    you remind me?" is answered by "I'll remind you on Friday", "Where do I live?" never by an assistant's turn."""
+    return bool(_SECOND_PERSON.search(question))
+
+
 def people(memories: Iterable[Memory]) -> dict[str, list[Memory]]:
     """The people a subject has talked about, each with what is known of them now (searchable memories, oldest
     first; a verbatim record only when nothing was distilled from it), most talked about first."""

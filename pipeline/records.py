@@ -60,13 +60,25 @@ def turn_record(task: ExtractTask, turn: Turn, before: Sequence[Turn] = (), afte
                 "context_event_ids": [t.event_id for t in neighbours]})
 
 
+def said_by_assistant(memory: Memory) -> bool:
+    """Whether a record is the verbatim turn of the assistant (or the system): an episode not said by the user
+    (`turn_record` gives those `Source.derived`) that is no task's record. Its words are the assistant's, not a
+    fact of the user's; what the user answered to it is in the user's own record, whose context holds it."""
+    return (memory.mtype is MType.episode and memory.source is Source.derived
+            and not memory.content.startswith(TASK_RECORD))
+
+
 def said(turn: Turn) -> str:
     return f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
 
 
+# How a task's record opens: the other episode not said by the user (`said_by_assistant`).
+TASK_RECORD = "task "
+
+
 def task_record(task: ExtractTask, summary: Turn) -> Candidate:
     """The task_complete event as an episode: what was attempted and how it ended."""
-    said = f"task {task.outcome or 'complete'}: {summary.text}"
+    said = f"{TASK_RECORD}{task.outcome or 'complete'}: {summary.text}"
     draft = Draft(MType.episode, episode_key(summary.event_id), said, summary.text, Source.derived, RECORD_CONFIDENCE)
     return stamp(task, summary, draft)
 

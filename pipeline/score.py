@@ -26,6 +26,7 @@ from typing import Literal
 
 from memflow.pipeline.holders import matches
 from memflow.pipeline.models import Dir, Hit, Memory, MType, Period, QueryPlan, Route, Status, Tier
+from memflow.pipeline.records import said_by_assistant
 from memflow.pipeline.statements import CJK, coverage
 from memflow.pipeline.topics import topic_base
 
@@ -227,6 +228,57 @@ def by_holder(found: Sequence[Scored], asked: str | None, mismatch: float) -> li
         return list(found)
     lifted = [(m, score if matches(asked, m.about) else score * mismatch) for m, score in found]
     return sorted(lifted, key=lambda pair: pair[1], reverse=True)
+
+
+def by_speaker(found: Sequence[Scored], asked: str | None, to_assistant: bool, weight: float) -> list[Scored]:
+    """The candidates, an assistant's turns scored × `weight` when the request asks about someone (`asked`, the
+    plan's `about`) without speaking to the assistant, best first.
+
+    An assistant's turn holds the assistant's words: "Nice to meet you! How can I help today?" is close to any
+    question to every encoder, and its exchange's context holds the user's words, so it outranked the fact it
+    followed. What the user said or accepted of it lives in the user's own record (its context holds the turn);
+    what the assistant committed to is asked of it in the second person ("When will you remind me?"), which
+    keeps every turn as it is. Ranked down, never out (docs/ranking.md#the-assistants-turns)."""
+    if asked is None or to_assistant or weight >= 1.0:
+        return list(found)
+    lifted = [(m, score * weight if said_by_assistant(m) else score) for m, score in found]
+    return sorted(lifted, key=lambda pair: pair[1], reverse=True)
+
+
+def judged_across(found: Sequence[Scored], asked_in: str, depth: int) -> list[int]:
+    """Which candidates of a fused list the judge reads for `across_languages`: the head (its `depth` best, the
+    scale) and the `depth` best in the other language after it — none when no candidate is in the other
+    language, so that a search within one language never pays for the judge."""
+    head = list(range(min(depth, len(found))))
+    other = [i for i in range(len(head), len(found)) if language(found[i][0].content) != asked_in][:depth]
+    if not other and all(language(m.content) == asked_in for m, _ in found[:depth]):
+        return []
+    return head + other
+
+
+def across_languages(found: Sequence[Scored], judged: Sequence[int], margins: Sequence[float], asked_in: str,
+                     weight: float) -> list[Scored]:
+    """The candidates, each in the other language than the question's (`asked_in`) scored by the better of its
+    relevance and weight × the head's best relevance × its share of the best judge margin, best first.
+
+    The first pass's encoder reads an answer in the other language barely above unrelated sentences of that
+    language ("What's my cat called?" — "我养了一只橘猫，叫年糕"), below small talk in the question's own; the
+    judge was trained on translation pairs and reads it as an answer. Only the other language's candidates are
+    lifted: within one language the first pass reads keywords and topics the judge overrides
+    (docs/ranking.md#the-second-look), and a monolingual subject is ranked exactly as before."""
+    best_margin = max(margins, default=0.0)
+    top = max((score for _, score in found), default=0.0)
+    if weight <= 0 or best_margin <= 0 or top <= 0:
+        return list(found)
+    margin_of = dict(zip(judged, margins, strict=True))
+
+    def lifted(i: int, m: Memory, score: float) -> float:
+        if i not in margin_of or language(m.content) == asked_in:
+            return score
+        return max(score, weight * top * max(0.0, margin_of[i]) / best_margin)
+
+    return sorted(((m, lifted(i, m, score)) for i, (m, score) in enumerate(found)),
+                  key=lambda pair: pair[1], reverse=True)
 
 
 def smoothed(found: Sequence[Scored], weight: float) -> list[Scored]:

@@ -272,6 +272,15 @@ class RankingSettings(Group):
     # A memory about someone other than whom a request asks about ("my wife's diet" for "what diet do I
     # follow?") keeps this share of its relevance (pipeline.score.by_holder); 1: holders are ignored.
     holder_mismatch: float = Field(default=0.2, ge=0.0, le=1.0)
+    # An assistant's turn keeps this share of its relevance when a request asks about the user or their people
+    # and does not speak to the assistant (pipeline.score.by_speaker): the assistant's words are not the user's
+    # facts ("Nice to meet you! How can I help?" was first for "where do I live?"). 1: turns rank alike.
+    assistant_turn: float = Field(default=0.2, ge=0.0, le=1.0)
+    # A request's candidates in the other language than the question's are read by the second look's judge as
+    # well (pipeline.score.across_languages): each keeps the better of its relevance and this share of the
+    # head's best relevance × its share of the best judge margin. The first pass's encoder ranks an answer in
+    # the other language below small talk in the question's own (docs/ranking.md#across-languages). 0: off.
+    cross_language_weight: float = Field(default=0.7, ge=0.0, le=1.0)
     # Keyword scores are scaled against max(best hit, share × what the question's own terms could score)
     # (pipeline.score.keyword_ceiling): a hit sharing one word of a question of several scores as little as it
     # covers. 0: against the best hit alone. For requests, and for dialogues apart.

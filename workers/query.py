@@ -33,6 +33,7 @@ from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
 from memflow.pipeline import llm_plan
 from memflow.pipeline.gate import gate, redact
+from memflow.pipeline.holders import asks_the_assistant
 from memflow.pipeline.models import (
     SEARCHABLE_STATUSES,
     Hit,
@@ -54,13 +55,17 @@ from memflow.pipeline.score import (
     Floor,
     Found,
     Scored,
+    across_languages,
     by_holder,
+    by_speaker,
     ceiling,
     confirmed_scopes,
     flat_plan,
     fuse,
     fuse_found,
     in_period,
+    judged_across,
+    language,
     lifecycle_scores,
     rank,
     reweight,
@@ -319,7 +324,7 @@ def retrieve(reader: Retrieval, req: SearchRequest, plan: QueryPlan, said: Seque
         floors_by_language(reader.unrelated(), vectors[req.query])
     ceiling_score = keyword_ceiling_for(settings, req.query, [f for route, f in ranked if route.text == req.query])
     dense = Scales(dense_weight_for(settings, req.query), floor, ceiling_score)
-    looked = second_look_for(reader.judge, ranking, req.query, plan)
+    looked = after_fusion(reader.judge, ranking, req.query, plan)
     scoped = [found for route, found in ranked if route.dirs]
     whole = next((found for route, found in ranked if route == Route(text=req.query, weight=route.weight)),
                  None)  # the plan's own whole-subject route, when it has one: no need to search twice
@@ -431,6 +436,35 @@ def second_look_for(judge: Judge | None, ranking: RankingSettings, query: str,
         head = fused[:ranking.second_look_depth]
         return second_look(fused, judge.margins(asked, [m.content for m, _ in head]), weight)
     return looked
+
+
+Reread = Callable[[list[Scored]], list[Scored]]
+
+
+def after_fusion(judge: Judge | None, ranking: RankingSettings, query: str, plan: QueryPlan) -> Reread:
+    """What a search makes of its fused list before holders and periods: the head judged again
+    (`second_look_for`), a request's candidates in the other language read by the judge (`across_for`), and
+    the assistant's turns weighed for a request about someone (pipeline.score.by_speaker)."""
+    looked, across = second_look_for(judge, ranking, query, plan), across_for(judge, ranking, query)
+    to_assistant = asks_the_assistant(query)
+
+    def reread(fused: list[Scored]) -> list[Scored]:
+        return by_speaker(across(looked(fused)), plan.about, to_assistant, ranking.assistant_turn)
+    return reread
+
+
+def across_for(judge: Judge | None, ranking: RankingSettings, query: str) -> Reread:
+    """The fused list with a request's candidates in the other language read by the judge as well
+    (pipeline.score.across_languages). A dialogue's head is judged by the second look already."""
+    if judge is None or ranking.cross_language_weight <= 0 or is_transcript(query):
+        return lambda fused: fused
+    asked_in = language(query)
+
+    def across(fused: list[Scored]) -> list[Scored]:
+        judged = judged_across(fused, asked_in, ranking.second_look_depth)
+        margins = judge.margins([query], [fused[i][0].content for i in judged]) if judged else []
+        return across_languages(fused, judged, margins, asked_in, ranking.cross_language_weight)
+    return across
 
 
 def _fused(settings: Settings, found: list[Found], dense: Scales, plan: QueryPlan,

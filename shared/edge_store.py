@@ -55,6 +55,7 @@ from memflow.shared.errors import StoreUnavailable
 from memflow.shared.store import (
     DENSE,
     INDEXED_FIELDS,
+    KEYWORD_FIELDS,
     MAX_SUBJECTS,
     RRF_K,
     SPARSE,
@@ -132,6 +133,11 @@ class EdgeStore:
         target = qe.Filter(must=[_subject(subject), qe.HasIdCondition({memory_id}), *rev])
         self._update(qe.UpdateOperation.set_payload_by_filter(target, payload))
         self._count(1)  # a point patched in an indexed segment moves to the appendable one
+        if KEYWORD_FIELDS & fields.keys():
+            for memory in self.get(MemoryFilter(subject, ids=[memory_id])):
+                indices, values = sparse.embed_document(sparse.indexed_text(memory))
+                vectors = qe.PointVectors(memory_id, {SPARSE: qe.SparseVector(indices, values)})
+                self._update(qe.UpdateOperation.update_vectors([vectors]))
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         found: list[Memory] = []

@@ -35,6 +35,7 @@ from memflow.shared.store import (
     DENSE,
     INDEX_SEPARATOR,
     INDEXED_FIELDS,
+    KEYWORD_FIELDS,
     MAX_SUBJECTS,
     RRF_K,
     SPARSE,
@@ -111,6 +112,14 @@ class ServerStore:
             _subject(subject), models.HasIdCondition(has_id=[memory_id]), *rev]))
         with _server_errors("set_payload"):
             self._client.set_payload(self._collection, payload, points=target, wait=True)
+        if KEYWORD_FIELDS & fields.keys():  # the keyword vector follows the words it indexes (store.KEYWORD_FIELDS)
+            for memory in self.get(MemoryFilter(subject, ids=[memory_id])):
+                indices, values = sparse.embed_document(sparse.indexed_text(memory))
+                terms = models.SparseVector(indices=indices, values=values)
+                with _server_errors("update_vectors"):
+                    self._client.update_vectors(self._collection, [models.PointVectors(id=memory_id,
+                                                                                       vector={SPARSE: terms})],
+                                                wait=True)
 
     def get(self, flt: MemoryFilter, *, between: Callable[[], object] | None = None) -> list[Memory]:
         found: list[Memory] = []

@@ -208,6 +208,11 @@ def _plain(value: str | Enum) -> str:
     return str(value.value) if isinstance(value, Enum) else value
 
 
+# What keyword search reads of a point (`sparse.indexed_text`): a patch of either rebuilds its keyword vector, or the
+# words taken out of a record's context (a forgotten or superseded turn beside it) would still be matched.
+KEYWORD_FIELDS = frozenset({"content", "context"})
+
+
 def patch_payload(fields: dict[str, Any]) -> dict[str, Any]:
     """Validate a partial payload against `Memory` and return it JSON-ready.
 

@@ -221,6 +221,19 @@ def test_set_fields_changes_payload_and_keeps_vectors(store: Store) -> None:
     assert ids(store.query(MemoryFilter("alice"), mode="sparse", limit=1, text="冗长")) == [old.id]
 
 
+def test_a_patched_context_is_what_keyword_search_matches(store: Store) -> None:
+    """A record is keyword-indexed with the turns beside it; a turn taken out of its context (forgotten, or
+    superseded) must stop matching, and the words put in must match: the keyword vector follows the payload."""
+    record = memory(content="Sounds fun!", context="I live in Lyon\nI play squash on Thursdays", mtype=MType.episode)
+    store.put([record], [axis(2)])
+    assert ids(store.query(MemoryFilter("alice"), mode="sparse", limit=1, text="Lyon")) == [record.id]
+    store.set_fields("alice", record.id, {"context": "I play squash on Thursdays", "rev": 2}, if_rev=1)
+    assert store.query(MemoryFilter("alice"), mode="sparse", limit=1, text="Lyon") == []
+    assert ids(store.query(MemoryFilter("alice"), mode="sparse", limit=1, text="squash")) == [record.id]
+    [dense_hit] = store.query(MemoryFilter("alice"), mode="dense", limit=1, dense=axis(2))  # the meaning stays
+    assert dense_hit.score == pytest.approx(1.0, abs=1e-4)
+
+
 def test_set_fields_refuses_what_would_break_the_payload(store: Store) -> None:
     kept = memory()
     store.put([kept], [axis(0)])

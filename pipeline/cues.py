@@ -286,9 +286,9 @@ TOPICS: tuple[Topic, ...] = (
     _topic(
         "location.city",
         _F,
-        r"住在|住到|搬到|搬去|搬家|定居|居住|所在城市",
+        r"住在|住到|搬到|搬去|搬家|定居|居住|所在城市|住哪",
         r"\blive in\b|\bliving in\b|\blives in\b|\bmoved to\b|\bmoving to\b|\brelocat(?:ed|ing) to\b"
-        r"|\bbased in\b",
+        r"|\bbased in\b|\bwhere (?:do|does|did) (?:i|we|\w+) live\b",
     ),
     _topic("person.name", _F, r"我叫(?![了过])|我的名字", r"\bmy name\b|\bcall me\b|\bi'?m called\b"),
     _topic(

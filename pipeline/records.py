@@ -113,7 +113,8 @@ def behaviour(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
     return found
 
 
-def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory]) -> list[PatchOp]:
+def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory],
+           why: str = "a turn beside it was forgotten") -> list[PatchOp]:
     """Patches taking forgotten turns out of the context of the records around them.
 
     A record is indexed with the turns beside it (`turn_record`), so a forgotten turn's words live
@@ -128,7 +129,7 @@ def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory]) -> list[Patch
         kept = [line for line in r.context.split("\n") if line not in lines]
         if r.id in gone or len(kept) == len(r.context.split("\n")):
             continue
-        patches.append(PatchOp(id=r.id, expected_rev=r.rev, quiet=True, why="a turn beside it was forgotten",
+        patches.append(PatchOp(id=r.id, expected_rev=r.rev, quiet=True, why=why,
                                set={"context": "\n".join(kept),
                                     "context_event_ids": [e for e in r.context_event_ids if e not in events]}))
     return patches

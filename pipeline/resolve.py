@@ -40,6 +40,7 @@ from memflow.pipeline.models import (
     WriteBatch,
     WriteOp,
 )
+from memflow.pipeline.records import unsaid
 from memflow.pipeline.statements import coverage, negations, normal, overlap
 from memflow.pipeline.topics import MAX_KEY_CHARS, normalize_key, salient_words
 
@@ -170,20 +171,27 @@ def record_sources(rivals: Iterable[Memory]) -> list[str]:
 
 
 def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequence[Memory]) -> WriteBatch:
-    """A superseded statement takes the verbatim episodes it was read from along.
+    """A superseded statement takes the verbatim episodes it was read from along, and their words leave the
+    context of the records beside them.
 
     Otherwise "我住在北京" keeps answering "where do I live?" after "更正一下，我已经搬到上海了":
-    the episode is the same words as the retired fact. Only episodes wholly made of the
-    rivals' events, and none of the newcomer's, are retired; they stay in the store (history).
+    the episode is the same words as the retired fact. Only episodes wholly made of the rivals' events, and
+    none of the newcomer's, are retired; they stay in the store (history). A record is keyword-indexed with the
+    turns beside it, so the next turn ("I prefer short answers", said after "I live in Lyon…") kept matching
+    "where do I live?" by the old city's words: those records are given `records` too, and lose the retired
+    turns from their context (quiet patches, as for a forgotten turn: `records.unsaid`).
     """
-    if batch.action is not Action.supersede:
-        return batch
-    put = next(op for op in batch.ops if isinstance(op, PutOp))
+    put = next((op for op in batch.ops if isinstance(op, PutOp)), None)
+    if batch.action is not Action.supersede or put is None or put.memory.status is not Status.active:
+        return batch  # a statement older than the current value is history: it retires nothing
     sources, own = set(record_sources(rivals)), set(batch.candidate.source_event_ids)
     retire = superseded(put.memory.id, batch.candidate.ts)
+    retired = [r for r in records if retires_record(r, sources, own)]
     patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
-               for r in records if retires_record(r, sources, own)]
-    return batch.model_copy(update={"ops": [*batch.ops, *patches]}) if patches else batch
+               for r in retired]
+    beside = unsaid([r for r in records if r not in retired and r.mtype is MType.episode], retired,
+                    why="a turn beside it was superseded")
+    return batch.model_copy(update={"ops": [*batch.ops, *patches, *beside]}) if patches else batch
 
 
 def own_key(c: Candidate) -> Candidate:

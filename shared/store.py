@@ -51,6 +51,9 @@ class MemoryFilter:
     ids: Sequence[str] | None = None
     # Whom the memories are about (pipeline/holders.py): "self", "mother", "friend:小李".
     abouts: Sequence[str] | None = None
+    # Records indexed with any of these events' turns beside them (`Memory.context_event_ids`; not an indexed
+    # field: the subject's points are read through, so only for what is rare, a supersession's retirements).
+    context_events: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -175,17 +178,19 @@ def match_terms(flt: MemoryFilter) -> dict[str, list[str]]:
     `subject` (always required) and `ids` (not a payload field) are left to the caller.
     An empty list is kept: it matches nothing, on both engines.
     """
-    wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys, "about": flt.abouts}
+    wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys, "about": flt.abouts,
+              "context_event_ids": flt.context_events}
     return {name: [_plain(v) for v in values] for name, values in wanted.items() if values is not None}
 
 
 def admits(flt: MemoryFilter, memory: Memory) -> bool:
     """Whether `flt` lets `memory` through, as both engines' filters do (`match_terms`, and `ids` by point id)."""
-    fields = {"dir": memory.dir, "status": memory.status, "mtype": memory.mtype, "key": memory.key,
-              "about": memory.about}
+    fields: dict[str, Sequence[str | Enum]] = {
+        "dir": [memory.dir], "status": [memory.status], "mtype": [memory.mtype], "key": [memory.key],
+        "about": [memory.about], "context_event_ids": memory.context_event_ids}
     if memory.subject != flt.subject or (flt.ids is not None and memory.id not in flt.ids):
         return False
-    return all(_plain(fields[name]) in allowed for name, allowed in match_terms(flt).items())
+    return all(any(_plain(v) in allowed for v in fields[name]) for name, allowed in match_terms(flt).items())
 
 
 def narrowed(found: Sequence[Scored], flt: MemoryFilter, limit: int, *, complete: bool) -> list[Scored] | None:

@@ -51,6 +51,8 @@ def test_a_chat_leaves_one_memory_per_fact_and_only_current_values(system: Syste
             "我每天早上都要喝两杯咖啡"} <= history
     said_old = {m.content for m in kept if m.mtype is MType.episode and m.status is Status.active}
     assert not any("Porto" in c or "Thursday night" in c or "两杯咖啡" in c for c in said_old)  # verbatim turns too
+    beside = " ".join(m.context for m in kept if m.status is Status.active)  # and the turns beside them
+    assert "Porto" not in beside and "Thursday night" not in beside and "两杯咖啡" not in beside
 
     profile = system.client.profile(SUBJECT, now=T0 + timedelta(days=30), max_tokens=4000)
     shown = " ".join(item.content for item in [*profile.identity, *profile.preferences, *profile.rules])

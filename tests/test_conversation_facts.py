@@ -194,3 +194,26 @@ def test_one_speaker_ends_nothing_of_another() -> None:
     old, ending = [c for c in extract(task) if c.mtype is not MType.episode]
     assert after(stored([old]), ending) == (Action.add, set())
     assert after(stored([old]), ending.model_copy(update={"content": ending.content.replace("Melanie", "Caroline")}))[1]
+
+
+def test_a_replaced_turn_leaves_the_context_of_the_records_beside_it() -> None:
+    """"I prefer short answers", said right after "I live in Lyon…", was keyword-indexed with it, and kept
+    answering "where do I live?" by the old city's words once the city was replaced."""
+    (old,) = said("I live in Lyon.")
+    (new,) = said("Quick news: we moved to Geneva last week.", "e3", T0 + timedelta(days=2))
+    record = NextVersion(1, PUBLIC).memory(old.model_copy(update={"mtype": MType.episode, "key": "episode.e1",
+                                                                 "content": "I live in Lyon."}))
+    beside = NextVersion(1, PUBLIC).memory(old.model_copy(update={
+        "mtype": MType.episode, "key": "episode.e2", "content": "Great, how can I help?", "source_event_ids": ["e2"],
+        "context": "I live in Lyon.\nI prefer short answers.", "context_event_ids": ["e1", "e4"]}))
+    batch = decide(new, [Neighbour(m, 0.0) for m in stored([old])], records=[record, beside])
+    (scrubbed,) = [op for op in batch.ops if isinstance(op, PatchOp) and op.id == beside.id]
+    assert scrubbed.quiet and scrubbed.set == {"context": "I prefer short answers.", "context_event_ids": ["e4"]}
+
+
+def test_a_statement_older_than_the_current_value_retires_nothing() -> None:
+    (current,) = said("Quick news: we moved to Geneva last week.", "e3", T0 + timedelta(days=2))
+    (late,) = said("I live in Lyon.")
+    record = NextVersion(1, PUBLIC).memory(current.model_copy(update={"mtype": MType.episode, "key": "episode.e3"}))
+    batch = decide(late, [Neighbour(m, 0.0) for m in stored([current])], records=[record])
+    assert [op for op in batch.ops if isinstance(op, PatchOp)] == []

@@ -983,7 +983,7 @@ DEMO_SESSIONS = [
         ("user", "我不喜欢冗长的解释，回答请尽量简短。"),
     ]),
     ("s2", [
-        ("user", "Quick news: we moved to Geneva last week, the commute is much shorter."),
+        ("user", "Quick news: we moved to Geneva last week."),
         ("assistant", "Congratulations on the move! Anything I can help with today?"),
     ]),
 ]

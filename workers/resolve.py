@@ -15,6 +15,7 @@ import redis
 
 from memflow.pipeline import llm_judge
 from memflow.pipeline.clauses import ended
+from memflow.pipeline.extract import CONTEXT_BEFORE
 from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, MType, Status
@@ -218,11 +219,27 @@ def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored]
 
 def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighbour],
                  nearby: bool = False) -> list[Memory]:
-    """The episodes of the events the live same-key memories came from (read by id, no search); with
-    `nearby`, of the close ones under other keys too (a judge may find the newcomer supersedes them)."""
+    """The episodes of the events the live same-key memories came from (read by key, no search), and the
+    episodes beside them; with `nearby`, of the close ones under other keys too (a judge may find the newcomer
+    supersedes them)."""
     rivals = [n.memory for n in neighbours if (nearby or n.memory.key == candidate.key) and n.memory.status in LIVE]
     if not rivals or not is_keyed(candidate.mtype):
         return []
     # By key, not id: an episode recorded before the deployment's id secret has an id of the old naming.
     keys = [episode_key(e) for e in record_sources(rivals)]
-    return [m for m in store.get(MemoryFilter(candidate.subject, keys=keys)) if m.mtype is MType.episode]
+    found = [m for m in store.get(MemoryFilter(candidate.subject, keys=keys)) if m.mtype is MType.episode]
+    return found + _beside(store, candidate.subject, found)
+
+
+def _beside(store: Store, subject: str, records: list[Memory]) -> list[Memory]:
+    """The live records whose context may hold `records`' turns (pipeline/resolve.py retire_records). A context
+    holds up to CONTEXT_BEFORE turns before its own but names only the nearest (`context_event_ids`), so the
+    records naming those are read too."""
+    seen, edge, found = {r.id for r in records}, records, []
+    for _ in range(CONTEXT_BEFORE):
+        events = list(dict.fromkeys(e for m in edge for e in m.source_event_ids))
+        near = store.get(MemoryFilter(subject, mtypes=[MType.episode], statuses=list(LIVE), context_events=events))
+        edge = [m for m in near if m.id not in seen]
+        seen |= {m.id for m in edge}
+        found += edge
+    return found

@@ -219,7 +219,7 @@ def test_in_a_browser_log_in_inspect_search_and_open_a_history(world: World, chr
     versions = page.locator("section.version")
     assert versions.count() == 2
     assert "Paris" in versions.nth(0).inner_text() and "Berlin" in versions.nth(1).inner_text()
-    assert "stubbornness" in versions.nth(0).inner_text()  # why the first one changed
+    assert "explicit correction" in versions.nth(0).inner_text()  # why the first one changed: a move said in passing
 
     assert page.goto(f"{url}/subjects/{world.theirs}").status == 403
     assert "Rex" not in page.content()

@@ -295,10 +295,10 @@ TOPICS: tuple[Topic, ...] = (
         "work.role",
         _F,
         rf"(?:我是(?:一[名个位]|个)?[^，,。]{{0,8}}?|(?:做|当)(?:一[名个位])?[^，,。]{{0,4}}?){_ZH_ROLES}"
-        r"|我的(?:职位|岗位|职业)",
+        r"|我的(?:职位|岗位|职业)|做什么工作|干什么工作|是做什么的",
         r"\bi(?:'m| am) an? [\w -]{0,30}?(?:engineer|developer|designer|manager|analyst|teacher|doctor"
         r"|student|researcher|scientist|nurse|lawyer|consultant|architect)\b|\bmy (?:job|role|title)\b"
-        r"|\bi work as\b",
+        r"|\bi work as\b|\bwhat do (?:i|we) do for (?:work|a living)\b|\bwhat(?:'s| is) my job\b",
     ),
     _topic("health.diet", _F, r"素食|吃素|忌口|清真", r"\bvegetarian\b|\bvegan\b|\bkosher\b|\bhalal\b"),
     # Saying where one works comes before the tech stack: "I work at Stripe as a backend engineer".

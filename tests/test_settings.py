@@ -86,6 +86,8 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "scheduler_misfire_grace_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
     "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
     "type_quotas", "whole_subject_weight",
+    # issue 39: an assistant's turn below the user's facts, an answer in the other language read by the judge
+    "assistant_turn", "cross_language_weight",
     # issue 16: `memflow serve` and `memflow mcp`
     "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
     # issue 17: a cluster, and writes acknowledged once replicas hold them

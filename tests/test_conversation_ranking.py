@@ -62,9 +62,10 @@ CHATS = [
 ]
 
 
-# Not reached yet: the user's job is said with no job fact extracted ("当护士": only the episode is stored, so no
-# topic route finds it), and neither the first pass nor the judge reads it as an answer (the judge's margin 0.007,
-# the cousin's 0.16), so the cousin's fact, ranked down to 0.2, still comes first.
+# Not reached yet: the user's job fact is extracted now ("我在…医院当护士", work.role) and the question reads that
+# key ("What do I do for work?" names work.role), but neither the first pass nor the judge reads the Chinese
+# sentence as an answer (the judge's margin 0.007, the cousin's 0.16): the key route alone gives it 0.57, and the
+# cousin's English turn, ranked down to 0.2 of its relevance, still scores 0.60.
 GAPS = [
     {"id": "whom-zh-answer", "subject": "ct-whom-zh", "steps": [
         said("2026-04-01T08:00:00Z", "s1", "user", "我在市中心的一家医院当护士。"),
@@ -89,7 +90,7 @@ def test_a_chats_facts_are_found_first_in_either_language(settings, paired) -> N
     assert failed_in(settings, paired, CHATS) == []
 
 
-@pytest.mark.xfail(reason="a job said with no job fact extracted, which no reader ranks as an answer", strict=False)
+@pytest.mark.xfail(reason="a job said in the other language, which no reader ranks as an answer", strict=False)
 @pytest.mark.timeout(300)
 def test_a_job_said_in_the_other_language_with_no_fact_extracted_outranks_a_cousins(settings, paired) -> None:
     assert failed_in(settings, paired, GAPS) == []

@@ -114,7 +114,7 @@ def behaviour(task: ExtractTask, turns: list[Turn]) -> list[Candidate]:
 
 
 def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory],
-           why: str = "a turn beside it was forgotten") -> list[PatchOp]:
+           why: str = "a turn beside it was forgotten", quiet: bool = True) -> list[PatchOp]:
     """Patches taking forgotten turns out of the context of the records around them.
 
     A record is indexed with the turns beside it (`turn_record`), so a forgotten turn's words live
@@ -129,7 +129,7 @@ def unsaid(records: Sequence[Memory], forgotten: Sequence[Memory],
         kept = [line for line in r.context.split("\n") if line not in lines]
         if r.id in gone or len(kept) == len(r.context.split("\n")):
             continue
-        patches.append(PatchOp(id=r.id, expected_rev=r.rev, quiet=True, why=why,
+        patches.append(PatchOp(id=r.id, expected_rev=r.rev, quiet=quiet, why=why,
                                set={"context": "\n".join(kept),
                                     "context_event_ids": [e for e in r.context_event_ids if e not in events]}))
     return patches

@@ -179,7 +179,7 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
     none of the newcomer's, are retired; they stay in the store (history). A record is keyword-indexed with the
     turns beside it, so the next turn ("I prefer short answers", said after "I live in Lyon…") kept matching
     "where do I live?" by the old city's words: those records are given `records` too, and lose the retired
-    turns from their context (quiet patches, as for a forgotten turn: `records.unsaid`).
+    turns from their context (`records.unsaid`, as for a forgotten turn, but logged: see below).
     """
     put = next((op for op in batch.ops if isinstance(op, PutOp)), None)
     if batch.action is not Action.supersede or put is None or put.memory.status is not Status.active:
@@ -189,8 +189,11 @@ def retire_records(batch: WriteBatch, rivals: Sequence[Memory], records: Sequenc
     retired = [r for r in records if retires_record(r, sources, own)]
     patches = [PatchOp(id=r.id, expected_rev=r.rev, set=retire, why=f"its statement was superseded: {batch.why}")
                for r in retired]
+    # Not quiet: two statements of one batch that each retire a turn beside the same record would both rewrite its
+    # context from the same read, and the second would put back what the first took out; a revision makes the
+    # second stale, so it is decided again on what the first wrote. (A superseded turn's words stay in history.)
     beside = unsaid([r for r in records if r not in retired and r.mtype is MType.episode], retired,
-                    why="a turn beside it was superseded")
+                    why="a turn beside it was superseded", quiet=False)
     return batch.model_copy(update={"ops": [*batch.ops, *patches, *beside]}) if patches else batch
 
 

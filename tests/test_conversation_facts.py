@@ -208,7 +208,7 @@ def test_a_replaced_turn_leaves_the_context_of_the_records_beside_it() -> None:
         "context": "I live in Lyon.\nI prefer short answers.", "context_event_ids": ["e1", "e4"]}))
     batch = decide(new, [Neighbour(m, 0.0) for m in stored([old])], records=[record, beside])
     (scrubbed,) = [op for op in batch.ops if isinstance(op, PatchOp) and op.id == beside.id]
-    assert scrubbed.quiet and scrubbed.set == {"context": "I prefer short answers.", "context_event_ids": ["e4"]}
+    assert not scrubbed.quiet and scrubbed.set == {"context": "I prefer short answers.", "context_event_ids": ["e4"]}
 
 
 def test_a_statement_older_than_the_current_value_retires_nothing() -> None:

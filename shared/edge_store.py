@@ -135,7 +135,7 @@ class EdgeStore:
         self._count(1)  # a point patched in an indexed segment moves to the appendable one
         if KEYWORD_FIELDS & fields.keys():
             for memory in self.get(MemoryFilter(subject, ids=[memory_id])):
-                indices, values = sparse.embed_document(sparse.indexed_text(memory))
+                indices, values = sparse.embed_document(sparse.indexed_text(memory))  # as `_point` makes it
                 vectors = qe.PointVectors(memory_id, {SPARSE: qe.SparseVector(indices, values)})
                 self._update(qe.UpdateOperation.update_vectors([vectors]))
 

@@ -18,7 +18,7 @@ from memflow.pipeline.clauses import ended
 from memflow.pipeline.extract import CONTEXT_BEFORE
 from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
-from memflow.pipeline.models import Candidate, Memory, MType, Status
+from memflow.pipeline.models import Candidate, Memory, MType, PatchOp, Status
 from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
 from memflow.shared import pending
 from memflow.shared.embedder import Embedder
@@ -151,13 +151,18 @@ def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
     # A judge, or a statement that something is over, may retire memories under other keys, and their records.
     records = find_records(stage.store, candidate, neighbours, nearby=judging or ended(candidate.content) is not None)
     place = partial(decide, candidate, neighbours, duplicate_threshold=stage.write.duplicate_threshold,
-                    records=records, space=stage.space)
+                    space=stage.space)
     # The rules first, noting what they could not place; a judge only for those (an LLM call per candidate at most).
     unsure: list[Memory] = []
-    batch = place(judge=lambda m: unsure.append(m)) if judging else place()
+    verdicts: dict[str, Verdict] = {}
+    batch = place(records=records, judge=lambda m: unsure.append(m)) if judging else place(records=records)
     if unsure and stage.judge is not None:
         verdicts = judge(stage.judge, candidate, list({m.id: m for m in unsure}.values()))
-        batch = place(judge=lambda m: verdicts.get(m.id)) if verdicts else batch
+        batch = place(records=records, judge=lambda m: verdicts.get(m.id)) if verdicts else batch
+    retired = {op.id for op in batch.ops if isinstance(op, PatchOp)} & {r.id for r in records}
+    if retired:  # only then are the records beside them read (a scan of the subject), and the same answer given
+        beside = records_beside(stage.store, candidate.subject, [r for r in records if r.id in retired])
+        batch = place(records=[*records, *beside], judge=(lambda m: verdicts.get(m.id)) if verdicts else None)
     if not batch.ops:  # a replay of what is stored: its pending entry is answered by the stored memory
         pending.settle(stage.client, stage.keys, settled_by([candidate]))
         return []
@@ -219,19 +224,17 @@ def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored]
 
 def find_records(store: Store, candidate: Candidate, neighbours: Sequence[Neighbour],
                  nearby: bool = False) -> list[Memory]:
-    """The episodes of the events the live same-key memories came from (read by key, no search), and the
-    episodes beside them; with `nearby`, of the close ones under other keys too (a judge may find the newcomer
-    supersedes them)."""
+    """The episodes of the events the live same-key memories came from (read by key, no search); with
+    `nearby`, of the close ones under other keys too (a judge may find the newcomer supersedes them)."""
     rivals = [n.memory for n in neighbours if (nearby or n.memory.key == candidate.key) and n.memory.status in LIVE]
     if not rivals or not is_keyed(candidate.mtype):
         return []
     # By key, not id: an episode recorded before the deployment's id secret has an id of the old naming.
     keys = [episode_key(e) for e in record_sources(rivals)]
-    found = [m for m in store.get(MemoryFilter(candidate.subject, keys=keys)) if m.mtype is MType.episode]
-    return found + _beside(store, candidate.subject, found)
+    return [m for m in store.get(MemoryFilter(candidate.subject, keys=keys)) if m.mtype is MType.episode]
 
 
-def _beside(store: Store, subject: str, records: list[Memory]) -> list[Memory]:
+def records_beside(store: Store, subject: str, records: list[Memory]) -> list[Memory]:
     """The live records whose context may hold `records`' turns (pipeline/resolve.py retire_records). A context
     holds up to CONTEXT_BEFORE turns before its own but names only the nearest (`context_event_ids`), so the
     records naming those are read too."""

@@ -151,9 +151,6 @@ class ConsumerSettings(Group):
     max_deliveries: int = Field(default=5, ge=1)
     reclaim_idle_ms: int = Field(default=60_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
-    read_count: int = Field(default=256, ge=1)
-    # resolve embeds per batch: a short batch waits this long for more candidates.
-    resolve_linger_ms: int = Field(default=50, ge=0)
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
     # A partition's owner renews its lease four times a lease; a dead consumer's partitions are taken
@@ -191,11 +188,6 @@ class WriteSettings(Group):
     # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
     episode_context: bool = True
     duplicate_threshold: float = 0.92
-    neighbour_threshold: float = 0.7
-    # Same-key candidates in one resolve batch all see the store as it was: each stale round settles at
-    # least one of them, so a burst of k writes on one key may need k rounds before the last one lands
-    # (a correction, its repeat at session end and the session it corrects are three already).
-    max_resolve_retries: int = 8
 
 
 class PendingSettings(Group):
@@ -332,16 +324,10 @@ class LifecycleSettings(Group):
     # decay archives a memory whose strength falls below its tier's threshold, as JSON:
     # '{"short_term": 0.1, "long_term": 0.01}'.
     archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below))
-    promote_sessions: int = Field(default=_POLICY.promote_sessions, ge=1)
-    pattern_days: int = Field(default=_POLICY.pattern_days, ge=1)
-    pattern_sessions: int = Field(default=_POLICY.pattern_sessions, ge=2)
-    review_after_hours: float = Field(default=_POLICY.review_after_hours, ge=0.0)
 
     def policy(self) -> Policy:
-        """The lifecycle jobs' policy."""
-        return Policy(tau_hours=self.decay_tau_hours, archive_below=self.archive_below,
-                      promote_sessions=self.promote_sessions, pattern_days=self.pattern_days,
-                      pattern_sessions=self.pattern_sessions, review_after_hours=self.review_after_hours)
+        """The lifecycle jobs' policy: these thresholds, and pipeline/lifecycle.py's own for the rest."""
+        return Policy(tau_hours=self.decay_tau_hours, archive_below=self.archive_below)
 
 
 class SchedulerSettings(Group):
@@ -351,7 +337,6 @@ class SchedulerSettings(Group):
     prefix = "scheduler_"
 
     timezone: str = "UTC"
-    misfire_grace_s: int = Field(default=3600, ge=1)
     job_timeout_s: int = Field(default=3600, ge=1)
 
 

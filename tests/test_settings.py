@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.score import Lifecycle
 from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env, unknown_variables
+from memflow.shared.settings_doc import COMMAND, markdown
 from memflow.shared.streams import READ_COUNT, ConsumerConfig
 
 
@@ -285,3 +286,26 @@ def test_a_flat_name_given_to_model_copy_is_refused_not_silently_dropped() -> No
     with pytest.raises(TypeError, match="replace"):
         Settings().model_copy(update={"embedder": "e5"})
     assert Settings().model_copy(update={"log_level": "DEBUG"}).log_level == "DEBUG"
+
+
+# -- docs/settings.md: generated from the model, checked here and in CI (.ci/run) ---------------------
+
+def test_docs_settings_md_is_the_model_as_it_is() -> None:
+    """Regenerate with the command it names when a setting changes."""
+    written = (Path(__file__).parents[1] / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert written == markdown(), f"docs/settings.md is stale: {COMMAND}"
+
+
+def test_every_setting_says_what_it_means_in_one_row_whatever_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # RankingSettings is still described by comments (issue 40 moves its tuned constants out of it).
+    undescribed = [f"{group}.{name}" for group, model in GROUPS.items() if group != "ranking"
+                   for name, field in model.model_fields.items() if not field.description]
+    assert undescribed == []
+    table = markdown()
+    variables = [row.split(" | ")[2].strip("`") for row in table.splitlines() if row.startswith("| `")
+                 or row.startswith("| —")]
+    assert sorted(variables) == sorted(f"MEMFLOW_{name.upper()}" for name in FLAT_NAMES)
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", "redis://elsewhere:1/0")  # the defaults are the model's, not a process's
+    monkeypatch.setenv("MEMFLOW_DECAY_TAU_HOURS", '{"fact": 1}')
+    assert markdown() == table

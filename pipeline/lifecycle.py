@@ -79,6 +79,11 @@ def provenance(ids: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Policy:
+    """What the lifecycle jobs do. τ and the archive thresholds are a deployment's retention policy
+    (MEMFLOW_DECAY_TAU_HOURS, MEMFLOW_ARCHIVE_BELOW); the rest are the jobs' own constants, chosen with them
+    (b6e9a41) and not measured on a benchmark (they were MEMFLOW_PROMOTE_SESSIONS, _PATTERN_DAYS,
+    _PATTERN_SESSIONS and _REVIEW_AFTER_HOURS). A test passes its own."""
+
     tau_hours: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
     archive_below: Mapping[str, float] = field(default_factory=lambda: dict(ARCHIVE_BELOW))
     # Promotion to long-term: the same key seen in this many sessions (docs/write-path.md#consolidation).

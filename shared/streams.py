@@ -160,12 +160,18 @@ class Entry:
     deliveries: int = 1
 
 
+# Entries read per batch (at most; each owned partition is asked its share). 256 with resolve's linger
+# (workers/resolve.py) took bench perf's ingest from 0.29x to 0.438x of the raw encode, against 64
+# (bench/RESULTS.md, "Ingest history"). A tuned constant, no deployment's choice: it was MEMFLOW_READ_COUNT.
+READ_COUNT = 256
+
+
 @dataclass
 class ConsumerConfig:
     max_deliveries: int = 5
     reclaim_idle_ms: int = 60_000
     block_ms: int = 1_000
-    count: int = 64
+    count: int = READ_COUNT
     retry_base_s: float = 0.05
     retry_max_s: float = 5.0
     # How long a short batch waits for more entries (0: hand over what came at once).
@@ -186,7 +192,7 @@ class ConsumerConfig:
         """The consumer loop's settings (MEMFLOW_MAX_DELIVERIES, _RECLAIM_IDLE_MS, _BLOCK_MS, ...)."""
         s = settings.consumer
         return cls(max_deliveries=s.max_deliveries, reclaim_idle_ms=s.reclaim_idle_ms, block_ms=s.block_ms,
-                   count=s.read_count, retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
+                   retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
                    lease_ms=s.lease_ms, max_batch_s=s.max_batch_s, retention_ms=int(s.retention_s * 1000),
                    wait_replicas=settings.redis.wait_replicas, wait_timeout_ms=settings.redis.wait_timeout_ms,
                    decode_context={"max_text_bytes": settings.limits.max_text_bytes})

@@ -21,7 +21,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import Tier
-from memflow.scheduler.app import SCHEDULE, build_scheduler, fire, next_fire_times
+from memflow.scheduler.app import MISFIRE_GRACE_S, SCHEDULE, build_scheduler, fire, next_fire_times
 from memflow.scheduler.firings import RESULT_TTL_S, RUN_JOB, Entry, enqueue_firing, firing_id, last_fire_time
 from memflow.shared.connections import connect
 from memflow.shared.errors import MemflowError
@@ -52,12 +52,11 @@ def fire_at(scheduler: Any, job_id: str, now: datetime) -> Job | None:
 
 @pytest.fixture
 def shanghai(settings: Settings) -> Settings:
-    return settings.replace(scheduler_timezone="Asia/Shanghai", scheduler_misfire_grace_s=1234,
-                            scheduler_job_timeout_s=600)
+    return settings.replace(scheduler_timezone="Asia/Shanghai", scheduler_job_timeout_s=600)
 
 
 def test_the_schedule_has_its_documented_jobs(shanghai: Settings) -> None:
-    scheduler = build_scheduler(shanghai, BlockingScheduler)
+    scheduler = build_scheduler(shanghai, BlockingScheduler, misfire_grace_s=1234)
     jobs = {job.id: job for job in scheduler.get_jobs()}
     assert {job_id: str(job.trigger) for job_id, job in jobs.items()} == {
         "decay:short_term": "cron[minute='5']",
@@ -72,6 +71,8 @@ def test_the_schedule_has_its_documented_jobs(shanghai: Settings) -> None:
         assert job.func is fire
         assert isinstance(job.trigger, CronTrigger) and job.trigger.timezone == SHANGHAI
         assert (job.coalesce, job.max_instances, job.misfire_grace_time) == (True, 1, 1234)
+    assert {job.misfire_grace_time for job in build_scheduler(shanghai, BlockingScheduler).get_jobs()} == {
+        MISFIRE_GRACE_S}
 
 
 def test_next_fire_times_are_read_in_the_schedulers_timezone(shanghai: Settings) -> None:

@@ -12,8 +12,9 @@ from pydantic import SecretStr
 
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.score import Lifecycle
-from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env
-from memflow.shared.streams import ConsumerConfig
+from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env, unknown_variables
+from memflow.shared.settings_doc import COMMAND, markdown
+from memflow.shared.streams import READ_COUNT, ConsumerConfig
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,12 +79,11 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "llm_api_key", "llm_base_url", "llm_daily_token_budget", "llm_extract", "llm_json_mode", "llm_judge",
     "llm_max_concurrency", "llm_max_output_tokens", "llm_max_retries", "llm_model", "llm_plan",
     "llm_plan_cache_ttl_s", "llm_plan_timeout_s", "llm_timeout_s", "log_level", "long_term_bonus", "max_deliveries",
-    "max_resolve_retries", "max_text_bytes", "model", "neighbour_threshold", "pattern_days", "pattern_sessions",
+    "max_text_bytes", "model",
     "period_boost", "holder_mismatch", "keyword_ceiling", "dialogue_keyword_ceiling",
-    "second_look", "second_look_depth", "second_look_weight", "dialogue_second_look_weight", "promote_sessions", "qdrant_api_key", "qdrant_url", "read_count", "recent_turns",
-    "reclaim_idle_ms", "redis_server", "redis_url", "reserve_min_share", "reserved_types", "resolve_linger_ms",
-    "retry_base_s", "retry_max_s", "review_after_hours", "rpc_timeout_s", "scheduler_job_timeout_s",
-    "scheduler_misfire_grace_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
+    "second_look", "second_look_depth", "second_look_weight", "dialogue_second_look_weight", "qdrant_api_key", "qdrant_url", "recent_turns",
+    "reclaim_idle_ms", "redis_server", "redis_url", "reserve_min_share", "reserved_types",
+    "retry_base_s", "retry_max_s", "rpc_timeout_s", "scheduler_job_timeout_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
     "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
     "type_quotas", "whole_subject_weight",
     # issue 39: an assistant's turn below the user's facts, an answer in the other language read by the judge
@@ -108,6 +108,12 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "http_max_import_bytes",
     # issue 31: the change feed's streams
     "http_max_streams", "http_max_streams_per_key", "http_stream_keepalive_s")}
+# issue 40: tuned constants and internal knobs no deployment sets, now named constants beside their code
+# (shared/streams.READ_COUNT, workers/resolve.RESOLVE_LINGER_MS and NEIGHBOUR_THRESHOLD,
+# workers/upsert.MAX_RESOLVE_RETRIES, pipeline/lifecycle.Policy, scheduler/app.MISFIRE_GRACE_S).
+REMOVED = {f"MEMFLOW_{name.upper()}" for name in (
+    "read_count", "resolve_linger_ms", "neighbour_threshold", "max_resolve_retries", "promote_sessions",
+    "pattern_days", "pattern_sessions", "review_after_hours", "scheduler_misfire_grace_s")}
 
 
 def every_name_set() -> Settings:
@@ -123,13 +129,22 @@ def test_every_flat_name_is_still_a_variable_of_the_environment() -> None:
     assert set(to_env(every_name_set())) == ENV_NAMES
 
 
+def test_a_removed_setting_is_named_as_unknown_never_read_silently() -> None:
+    """A deployment that still sets one hears that nothing reads it (the warning at start)."""
+    assert not REMOVED & ENV_NAMES
+    assert {name.split(" ")[0] for name in unknown_variables(dict.fromkeys(REMOVED, "1"))} == REMOVED
+    with pytest.raises(TypeError, match="unknown setting"):
+        Settings(read_count=7)
+
+
 def test_flat_variables_land_in_their_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"REDIS_URL": "redis://h:1/0", "STREAM_PREFIX": "p:", "QDRANT_URL": "http://q:6333",
                         "COLLECTION": "c", "EMBEDDER": "openai", "EMBEDDER_URL": "http://e/v1", "MODEL": "st-model",
-                        "EMBEDDER_MODEL": "served", "READ_COUNT": "7", "DENSE_WEIGHT": "0.25",
-                        "DECAY_TAU_HOURS": '{"preference": 2160}', "PROMOTE_SESSIONS": "4", "LLM_PLAN": "false",
+                        "EMBEDDER_MODEL": "served", "MAX_DELIVERIES": "7", "DENSE_WEIGHT": "0.25",
+                        "DECAY_TAU_HOURS": '{"preference": 2160}', "ARCHIVE_BELOW": '{"short_term": 0.2}',
+                        "LLM_PLAN": "false",
                         "LLM_MODEL": "m", "SCHEDULER_TIMEZONE": "Asia/Shanghai", "MAX_TEXT_BYTES": "9",
-                        "CHANGES_MAXLEN": "11", "SEARCH_K": "3", "MAX_RESOLVE_RETRIES": "2",
+                        "CHANGES_MAXLEN": "11", "SEARCH_K": "3", "DUPLICATE_THRESHOLD": "0.9",
                         "LOG_LEVEL": "DEBUG"}.items():
         monkeypatch.setenv(f"MEMFLOW_{name}", value)
     s = Settings()
@@ -137,22 +152,22 @@ def test_flat_variables_land_in_their_groups(monkeypatch: pytest.MonkeyPatch) ->
         "redis://h:1/0", "p:", "http://q:6333", "c")
     assert (s.embedder.kind, s.embedder.url, s.embedder.model, s.embedder.served_model) == (
         "openai", "http://e/v1", "st-model", "served")
-    assert (s.consumer.read_count, s.ranking.dense_weight, s.lifecycle.decay_tau_hours) == (7, 0.25,
+    assert (s.consumer.max_deliveries, s.ranking.dense_weight, s.lifecycle.decay_tau_hours) == (7, 0.25,
                                                                                             {"preference": 2160.0})
-    assert (s.lifecycle.promote_sessions, s.llm.plan, s.llm.model, s.scheduler.timezone) == (
-        4, False, "m", "Asia/Shanghai")
-    assert (s.limits.max_text_bytes, s.limits.changes_maxlen, s.client.search_k, s.write.max_resolve_retries,
-            s.log_level) == (9, 11, 3, 2, "DEBUG")
+    assert (s.lifecycle.archive_below, s.llm.plan, s.llm.model, s.scheduler.timezone) == (
+        {"short_term": 0.2}, False, "m", "Asia/Shanghai")
+    assert (s.limits.max_text_bytes, s.limits.changes_maxlen, s.client.search_k, s.write.duplicate_threshold,
+            s.log_level) == (9, 11, 3, 0.9, "DEBUG")
 
 
 def test_flat_keywords_land_in_their_groups_and_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMFLOW_REDIS_URL", "redis://from-env:1/0")
     monkeypatch.setenv("MEMFLOW_EMBEDDER_URL", "http://from-env/v1")
     s = Settings(redis_url="redis://kw:1/0", embedder="openai", embedder_model="served", model="st",
-                 dense_weight=0.4, llm_plan_timeout_s=1.5, scheduler_misfire_grace_s=5, block_ms=3)
+                 dense_weight=0.4, llm_plan_timeout_s=1.5, scheduler_job_timeout_s=5, block_ms=3)
     assert (s.redis.url, s.embedder.kind, s.embedder.url) == ("redis://kw:1/0", "openai", "http://from-env/v1")
     assert (s.embedder.served_model, s.embedder.model, s.ranking.dense_weight) == ("served", "st", 0.4)
-    assert (s.llm.plan_timeout_s, s.scheduler.misfire_grace_s, s.consumer.block_ms) == (1.5, 5, 3)
+    assert (s.llm.plan_timeout_s, s.scheduler.job_timeout_s, s.consumer.block_ms) == (1.5, 5, 3)
 
 
 def test_an_unknown_keyword_is_refused_naming_it_and_the_name_meant() -> None:
@@ -245,20 +260,17 @@ def test_replace_takes_flat_names_validates_and_rereads_nothing(monkeypatch: pyt
 
 
 def test_each_group_converts_to_the_type_its_part_reads() -> None:
-    s = Settings(decay_tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2}, promote_sessions=5,
-                 pattern_days=3, pattern_sessions=4, review_after_hours=1.0, decay_floor=0.8, hotness_step=0.1,
+    s = Settings(decay_tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2}, decay_floor=0.8, hotness_step=0.1,
                  hotness_cap=0.3, long_term_bonus=0.2, type_quotas={"episode": 0.5}, reserved_types={"fact": 1},
-                 reserve_min_share=0.5, max_deliveries=2, reclaim_idle_ms=20, block_ms=3, read_count=4,
+                 reserve_min_share=0.5, max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
                  retry_base_s=0.5, retry_max_s=1.0, max_text_bytes=99)
-    assert s.lifecycle.policy() == Policy(tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2},
-                                          promote_sessions=5, pattern_days=3, pattern_sessions=4,
-                                          review_after_hours=1.0)
+    assert s.lifecycle.policy() == Policy(tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2})
     assert s.ranking.lifecycle(s.lifecycle.decay_tau_hours) == Lifecycle(
         tau_hours={"fact": 10.0}, floor=0.8, hotness_step=0.1, hotness_cap=0.3, long_term_bonus=0.2,
         quotas={"episode": 0.5}, reserved={"fact": 1}, reserve_min_share=0.5)
     assert Settings(lifecycle_scoring=False).ranking.lifecycle({}) == Lifecycle.off()
     assert ConsumerConfig.from_settings(s) == ConsumerConfig(max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
-                                                             count=4, retry_base_s=0.5, retry_max_s=1.0,
+                                                             count=READ_COUNT, retry_base_s=0.5, retry_max_s=1.0,
                                                              decode_context={"max_text_bytes": 99})
 
 
@@ -274,3 +286,26 @@ def test_a_flat_name_given_to_model_copy_is_refused_not_silently_dropped() -> No
     with pytest.raises(TypeError, match="replace"):
         Settings().model_copy(update={"embedder": "e5"})
     assert Settings().model_copy(update={"log_level": "DEBUG"}).log_level == "DEBUG"
+
+
+# -- docs/settings.md: generated from the model, checked here and in CI (.ci/run) ---------------------
+
+def test_docs_settings_md_is_the_model_as_it_is() -> None:
+    """Regenerate with the command it names when a setting changes."""
+    written = (Path(__file__).parents[1] / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert written == markdown(), f"docs/settings.md is stale: {COMMAND}"
+
+
+def test_every_setting_says_what_it_means_in_one_row_whatever_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # RankingSettings is still described by comments (issue 40 moves its tuned constants out of it).
+    undescribed = [f"{group}.{name}" for group, model in GROUPS.items() if group != "ranking"
+                   for name, field in model.model_fields.items() if not field.description]
+    assert undescribed == []
+    table = markdown()
+    variables = [row.split(" | ")[2].strip("`") for row in table.splitlines() if row.startswith("| `")
+                 or row.startswith("| —")]
+    assert sorted(variables) == sorted(f"MEMFLOW_{name.upper()}" for name in FLAT_NAMES)
+    monkeypatch.setenv("MEMFLOW_REDIS_URL", "redis://elsewhere:1/0")  # the defaults are the model's, not a process's
+    monkeypatch.setenv("MEMFLOW_DECAY_TAU_HOURS", '{"fact": 1}')
+    assert markdown() == table

@@ -331,7 +331,7 @@ def test_resolve_places_a_batch_from_one_store_call_as_it_would_one_at_a_time(st
         if candidate.key == "note.x":
             continue
         vector = embedder.encode_passages([candidate.content])[0]
-        alone = resolve.find_neighbours(counting.inner, candidate, vector, ctx.settings.write.neighbour_threshold)
+        alone = resolve.find_neighbours(counting.inner, candidate, vector, resolve.NEIGHBOUR_THRESHOLD)
         assert outcome == resolve.resolve_one(resolve.Resolver.of(ctx), candidate, vector, alone), candidate.content
     actions = [o[0].message.action for o in outcomes if isinstance(o, list) and isinstance(o[0].message, WriteBatch)]
     assert actions == [Action.duplicate, Action.add, Action.add]  # the second: another key, not a duplicate

@@ -1,7 +1,7 @@
 """resolve: `resolve` → `upsert`. Places a candidate against what the subject already has.
 
 Embeds the batch once, reads every candidate's neighbours (same key, or same dir and dense
-similarity ≥ neighbour_threshold) in one engine call, and lets `pipeline.resolve.decide` choose:
+similarity ≥ NEIGHBOUR_THRESHOLD) in one engine call, and lets `pipeline.resolve.decide` choose:
 duplicate, add, supersede, contest or review. It writes nothing itself.
 """
 
@@ -37,12 +37,20 @@ LIVE = (Status.active, Status.contested, Status.pending_review)
 # ...and what a later mention may bring back from the archive (pipeline.resolve._revives).
 NEARBY = (*LIVE, Status.archived)
 NEIGHBOURS = 10
+# The dense similarity at which a memory of the candidate's dir counts as its neighbour (shown to the rules
+# and the judge). Set in the first commit (46548a2) and not tuned on a benchmark since; it was
+# MEMFLOW_NEIGHBOUR_THRESHOLD.
+NEIGHBOUR_THRESHOLD = 0.7
+# Under load a short batch waits this long for more candidates, so that one embedding call serves many: with
+# 256 entries a read (shared/streams.READ_COUNT) it took bench perf's ingest from 0.29x to 0.438x of the raw
+# encode, against 20 ms and 64 (bench/RESULTS.md, "Ingest history"). It was MEMFLOW_RESOLVE_LINGER_MS.
+RESOLVE_LINGER_MS = 50
 
 
 @dataclass(frozen=True)
 class Resolver:
     """What the resolve stage touches: the store it reads neighbours from, the embedder of the statements, the
-    write settings (thresholds, retries), the LLM judge (None: the rules decide alone), and Redis for the forget
+    write settings (the duplicate threshold), the LLM judge (None: the rules decide alone), and Redis for the forget
     ledger, the pending layer and the upsert streams."""
 
     client: redis.Redis
@@ -61,7 +69,7 @@ class Resolver:
 
 def build(ctx: Context) -> StreamConsumer[Candidate]:
     config = ctx.consumer_config()
-    config.linger_ms = ctx.settings.consumer.resolve_linger_ms
+    config.linger_ms = RESOLVE_LINGER_MS
     # Unpacked per batch, as the context opens its store and loads its model when first used.
     return StreamConsumer(ctx.client, ctx.keys, "resolve", Candidate,
                           lambda candidates: handle(Resolver.of(ctx), candidates), config)
@@ -75,7 +83,7 @@ def handle(stage: Resolver, candidates: Sequence[Candidate]) -> list[Outcome]:
         vectors = passage_vectors(stage.embedder, [c.content for c in deciding])
     except Exception as exc:  # noqa: BLE001 - the whole batch is retried, nothing is lost
         return [exc for _ in candidates]
-    places = iter(zip(vectors, neighbourhoods(stage.store, stage.write.neighbour_threshold, deciding, vectors),
+    places = iter(zip(vectors, neighbourhoods(stage.store, NEIGHBOUR_THRESHOLD, deciding, vectors),
                       strict=True))
     outcomes: list[Outcome] = []
     for candidate, go in zip(candidates, plan, strict=True):

@@ -24,6 +24,13 @@ from memflow.shared.pending import settled_by
 from memflow.shared.streams import Emit, StreamConsumer, per_item
 from memflow.workers.runtime import Context
 
+# Times a candidate is sent back to resolve after its batch met a concurrent write, then the DLQ. Same-key
+# candidates in one resolve batch all see the store as it was: each stale round settles at least one of them,
+# so a burst of k writes on one key may need k rounds before the last one lands (a correction, its repeat at
+# session end and the session it corrects are three already). Raised from 3 for that burst (7197746); it was
+# MEMFLOW_MAX_RESOLVE_RETRIES.
+MAX_RESOLVE_RETRIES = 8
+
 
 @dataclass(frozen=True)
 class Upserter:
@@ -39,7 +46,7 @@ class Upserter:
 
     @classmethod
     def of(cls, ctx: Context) -> Upserter:
-        return cls(ctx.client, ctx.keys, lambda: ctx.applier, ctx.embedder, ctx.settings.write.max_resolve_retries)
+        return cls(ctx.client, ctx.keys, lambda: ctx.applier, ctx.embedder, MAX_RESOLVE_RETRIES)
 
 
 def build(ctx: Context) -> StreamConsumer[WriteBatch]:

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The production image (README "Production"): one image for every memflow process; the command
+# The production image (docs/operations.md#production): one image for every memflow process; the command
 # picks which (`worker trigger`, `query-worker`, `scheduler`, `serve`, `up`, …).
 # Build: docker build -t memflow:local .   (or `docker compose build`)
 

@@ -10,7 +10,7 @@ rollback — reaches the store as a `Mutation` applied here, and nowhere else. `
 3. writes: puts in one call, then patches and counts, then purges. Each write is conditional in
    the engine (a put only where no point is, a patch only on the revision it was planned on) and
    read back: the lock can expire under a stalled writer, the condition cannot (etcd's
-   compare-and-write; STYLE.md "Under races");
+   compare-and-write; docs/conventions.md#a-write-checks-its-own-precondition);
 4. announces each change on `changes` exactly once (within a day), still under the lock, so
    the feed is in revision order: a script appends the entry only if the op is not yet in the
    mutation's ledger, so a retry after a crash between the write and the announcement announces

@@ -61,7 +61,7 @@ class Durability:
                 "machine, can lose the last 2 s of them; run the server with appendfsync always")
 
     def is_weaker(self, wanted: bool) -> bool:
-        """Whether the promise is less than 'fsynced before acknowledged' (the README's)."""
+        """Whether the promise is less than 'fsynced before acknowledged' (docs/guarantees.md)."""
         return self.aof is False or not (self.waits_for_fsync(wanted) or self.appendfsync == "always")
 
 
@@ -107,7 +107,7 @@ def fsync_timeout_ms(client: redis.Redis | RedisCluster, url: str, wanted: bool,
 
 def warn_if_weaker(client: redis.Redis | RedisCluster, wanted: bool, where: str) -> Durability:
     """The server's durability; logged as a warning, once per server and process, when an acknowledged
-    publish survives less than the README promises."""
+    publish survives less than docs/guarantees.md promises."""
     found = durability(client)
     if found.is_weaker(wanted) and where not in _warned:
         _warned.add(where)

@@ -251,7 +251,7 @@ class PartitionCountMismatch(MemflowError):
             f"(recorded in Redis under {key}): with {configured}, a subject's new work would go to another partition "
             f"than its work in flight. Start with MEMFLOW_PARTITIONS={recorded}; to change the count, drain the "
             f"pipeline, stop every worker, run `memflow partitions set {configured}`, then start them with "
-            f"MEMFLOW_PARTITIONS={configured} (README, \"Scaling out\").")
+            f"MEMFLOW_PARTITIONS={configured} (docs/operations.md#scaling-out).")
         self.recorded, self.configured = recorded, configured
 
 
@@ -267,7 +267,8 @@ return ARGV[2]
 def id_space(client: redis.Redis, keys: Keys) -> IdSpace:
     """The deployment's id space (pipeline/ids.py): named with a secret of 32 random bytes that the first process
     records (SET NX) and every later one reads, so that every process names a memory alike and no tenant can
-    name one of another's. A store made before the secret keeps the ids it gave (docs/write-path.md#migration)."""
+    name one of another's. A store made before the secret keeps the ids it gave
+    (docs/write-path.md#ids-belong-to-their-subject)."""
     client.set(keys.id_secret, secrets.token_hex(32), nx=True)
     recorded = client.get(keys.id_secret)
     if recorded is None:  # deleted between the two calls: a second try records it again

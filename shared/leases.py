@@ -11,7 +11,7 @@ any number of consumer processes per stage:
   hosts whose clocks disagree still agree on who is alive), and takes free partitions while it owns
   fewer than its fair share, ceil(partitions / live consumers). One that owns more than its share
   releases the extra between two batches, so a consumer that joins gets work within a refresh or two;
-- a lease means progress (STYLE.md "Under races", Kafka's `max.poll.interval.ms`). The consumer loop
+- a lease means progress (docs/conventions.md#a-lease-means-progress, Kafka's `max.poll.interval.ms`). The consumer loop
   marks progress at every turn and after every entry it handles (`progress`); a thread of its own renews
   the leases between two marks, so a batch that takes longer than a lease (a slow LLM) keeps them, but
   only for `max_batch_s` (MEMFLOW_MAX_BATCH_S) without one. Past it — a call that never returns, a retry

@@ -1,11 +1,11 @@
 """Each API key's share of the front doors, kept in Redis: every `memflow serve` process and both doors (the
 HTTP API and /mcp) count one key's requests against one budget. pipeline/fairness.py decides; this module
-owns the record (STYLE 20).
+owns the record (docs/conventions.md#every-key-has-one-owner).
 
 One hash per key (`Keys.key_share`): `tokens` and `at` (its bucket) and `place:<id>` → when that place lapses,
 in seconds of the Redis server's clock (one clock for every process and host). `admit` reads the record
 under WATCH, decides, and writes it back in one MULTI that fails if another process changed it meanwhile
-(STYLE 19: the write checks its own precondition; a conflict reads again). `release` gives a place back
+(docs/conventions.md#a-write-checks-its-own-precondition: a conflict reads again). `release` gives a place back
 with one HDEL. A process that dies holding places leaks them only until they lapse (`Limits.lease_s`), and
 the hash expires once it says nothing a missing one does not (`fairness.keep_s`): its size is bounded by
 the key's concurrency, its life by the lease.
@@ -13,8 +13,9 @@ the key's concurrency, its life by the lease.
 A key's open change-feed streams (`GET /v1/changes` as Server-Sent Events) take places the same way, in a hash of
 their own (`Keys.key_streams`: place id → when it lapses): at most MEMFLOW_HTTP_MAX_STREAMS_PER_KEY across every
 process. A stream lives as long as its reader, so its place is renewed by the stream's own loop (`renew_stream`,
-STYLE 18: a stream that stopped progressing stops renewing), given back when it ends, and lapses `lease_s` after its
-last renewal if its process died; a stream whose place was counted away as lapsed ends at its next renewal.
+docs/conventions.md#a-lease-means-progress: a stream that stopped progressing stops renewing), given back when it
+ends, and lapses `lease_s` after its last renewal if its process died; a stream whose place was counted away as
+lapsed ends at its next renewal.
 
 Kept on the RPC queues' server: one server, never a cluster (RQ runs on none), the one whose queue these
 shares guard.

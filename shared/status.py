@@ -50,7 +50,7 @@ class PipelineStatus:
     throughput: str
     sample_s: float | None = None
     # What an acknowledged publish survives on this server (shared/durability.py), and whether that is less
-    # than the README's "fsynced before acknowledged".
+    # than docs/guarantees.md's "fsynced before acknowledged".
     durability: str = ""
     durability_weaker: bool = False
 

@@ -1,4 +1,4 @@
-"""The HTTP API's bounds under load (STYLE 21, issue 29 item 8): a route waiting for the query worker
+"""The HTTP API's bounds under load (docs/conventions.md#bounded-at-the-edge, issue 29 item 8): a route waiting for the query worker
 holds no thread, `/healthz` answers whatever the other routes wait for, and past its bound the API
 refuses at once (503, Retry-After) rather than queueing.
 

@@ -16,7 +16,7 @@ from memflow.workers import query
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("workers", "shared", "scheduler", "pipeline")
-# The runner builds the context and hands it to every stage: the composition root (STYLE.md 15).
+# The runner builds the context and hands it to every stage: the composition root (docs/conventions.md#a-composition-root).
 WHOLE_MODULES = {"workers/system.py"}
 # Where a Context is unpacked, by name, in every module: a stage's consumer handler, a typed view's constructor.
 ANYWHERE = {"build", "of"}

@@ -1,7 +1,7 @@
 """The production image and its compose file, checked without a Docker daemon: what every
 service runs is a real memflow command, the images are pinned, every service has a health check
 that can fail (the checks run here against a real Redis and stub HTTP servers), the memflow
-services wait for healthy servers, and the Dockerfile builds the way README "Production" says."""
+services wait for healthy servers, and the Dockerfile builds the way docs/operations.md#production says."""
 
 from __future__ import annotations
 

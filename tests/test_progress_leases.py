@@ -1,4 +1,4 @@
-"""Leases with progress semantics, on a real redis-server (issue 29, item 5; STYLE.md "Under races" 18).
+"""Leases with progress semantics, on a real redis-server (issue 29, item 5; docs/conventions.md#a-lease-means-progress).
 
 A partition's lease is renewed while its consumer's loop makes progress, not by a timer beside it
 (Kafka's max.poll.interval.ms): a consumer stuck in one batch past MEMFLOW_MAX_BATCH_S gives its

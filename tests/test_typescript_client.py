@@ -37,7 +37,7 @@ def run(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 2
 
 
 def cli_key(served: Served, name: str, subjects: str) -> str:
-    """A key made as the README's "Keys" says: `memflow keys create`, the key alone on the last line."""
+    """A key made as docs/front-doors.md#keys says: `memflow keys create`, the key alone on the last line."""
     env = {**os.environ, **to_env(served.settings)}
     done = subprocess.run([sys.executable, "-m", "memflow.workers.cli", "keys", "create", "--name", name,
                            "--subjects", subjects], env=env, capture_output=True, text=True, timeout=60)

@@ -12,8 +12,8 @@ FastAPI (on Starlette and uvicorn): request models are the pydantic models the S
 has, so validation, the field named in an error and the OpenAPI document come from one
 source; Starlette alone would have us write all three by hand.
 
-Bounded at the edge (STYLE 21). The routes are `async def`: a call of the query worker is enqueued
-in a thread (RQ is sync: milliseconds) and its reply waited for on the event loop (redis.asyncio),
+Bounded at the edge (docs/conventions.md#bounded-at-the-edge). The routes are `async def`: a call of the query worker
+is enqueued in a thread (RQ is sync: milliseconds) and its reply waited for on the event loop (redis.asyncio),
 so a search waiting 10 s for a busy worker holds no thread. The blocking Redis calls (an enqueue, a
 publish, a traces read) run in a pool of MEMFLOW_HTTP_THREADS threads of the API's own, each call
 bounded by its connection's socket timeout. At most MEMFLOW_HTTP_MAX_REQUESTS requests are worked on

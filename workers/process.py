@@ -53,7 +53,7 @@ def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[
 
 
 def say_durability(settings: Settings) -> None:
-    """At start: a warning when an acknowledged publish survives less on this Redis than the README promises
+    """At start: a warning when an acknowledged publish survives less on this Redis than docs/guarantees.md promises
     (no AOF, no WAITAOF: shared/durability.py). A server not up yet is the stage loops' to wait out."""
     try:
         warn_if_weaker(connect_streams(settings), settings.redis.wait_aof, safe_url(settings))

@@ -31,7 +31,7 @@ import type {
 
 export type * from "./schema.js";
 
-/** The API's stable error codes (README "HTTP API"), plus `network` and `bad_reply` from this client. */
+/** The API's stable error codes (docs/front-doors.md#http-api), plus `network` and `bad_reply` from this client. */
 export type ErrorCode = ErrorBody["code"] | "network" | "bad_reply";
 
 /** One line of an export: the header first, one record per stored point, then the end line counting them

@@ -1,4 +1,4 @@
-"""The change feed as a key holder reads it (`GET /v1/changes`, `MemoryClient.changes`): the `changes` stream's
+"""The change feed as an API key sees it (`GET /v1/changes`, `MemoryClient.changes`): the `changes` stream's
 entries (shared/applier.py announces one per change, in revision order) cut down to ids and kinds, filtered to
 what the reader may see, in pages or as Server-Sent Events (docs/changes.md).
 

@@ -57,7 +57,7 @@ LOCK_TIMEOUT_S = 60.0
 LOCK_WAIT_S = 30.0
 # The same step records the subject's last entry (its profile's revision) and drops its materialized profile
 # (shared/profiles.py): no profile outlives the change that made it stale, a forget's words included.
-# The holder's fence: a holder whose lock expired (another may hold it now) announces nothing, checked in
+# The owner's fence: an owner whose lock expired (another may hold it now) announces nothing, checked in
 # the same step as the append, so no stall between a check and the append can reorder the feed. The ledger is
 # marked after the append: a script is not rolled back when a command fails, and an append refused (the
 # feed's key unwritable, out of memory) must leave the op unannounced for the retry, not marked as announced.
@@ -144,7 +144,7 @@ class Held:
     """The subject's write lock, held: what is applied through it is read, planned, written and announced
     under it. The lock is an optimisation, never the only guard (docs/write-path.md#under-races): every
     store write is conditional on the revision it was planned on, and the lock is renewed before each step,
-    so a holder that stalled past its lease stops there instead of writing or announcing after a newer one."""
+    so an owner that stalled past its lease stops there instead of writing or announcing after a newer one."""
 
     def __init__(self, applier: Applier, subject: str, lock: Lock) -> None:
         self.applier, self.subject, self._lock = applier, subject, lock
@@ -206,7 +206,7 @@ class Held:
 
     def _check(self, written: Sequence[writes.Write]) -> None:
         """Each put and revision-moving patch landed: the engine refuses a conditional write silently, so
-        the points are read back. A write another writer beat (a holder that stalled past its lease, or one
+        the points are read back. A write another writer beat (an owner that stalled past its lease, or one
         that took an expired one) is not retried here: the mutation is, on the revision it finds."""
         stamped = {w.memory_id: w.op_key for w in written
                    if w.kind == "put" or (w.kind == "patch" and "last_op" in w.fields)}

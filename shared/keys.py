@@ -186,7 +186,7 @@ class Keys:
 
     def write_lock(self, subject: str) -> str:
         # Held while one subject's points are read, checked, written and announced. Beside the feed (one slot):
-        # the announcement checks, in the script that appends it, that the lock is still its holder's.
+        # the announcement checks, in the script that appends it, that the lock is still its owner's.
         return f"{self.prefix}{{changes}}:write-lock:{subject}"
 
     def plan_cache(self, subject: str, query_key: str) -> str:

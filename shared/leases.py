@@ -21,8 +21,8 @@ any number of consumer processes per stage:
   each entry it hands a per-entry handler (`confirm`), so it runs no further side effect of a partition
   it lost, and settles a batch only while it holds the partition's lease (checked in the same script as
   the XACK), so the entries of a batch whose lease was lost stay pending for the new owner. A lease
-  renewed at t (measured before the request) is the holder's in Redis until at least t + lease: a
-  confirmation within half of that is local (the holder's own clock, Gray and Cheriton's leases), an
+  renewed at t (measured before the request) is the owner's in Redis until at least t + lease: a
+  confirmation within half of that is local (the owner's own clock, Gray and Cheriton's leases), an
   older one asks Redis. So a healthy consumer pays no round trip per entry, and one whose renewals
   stopped (a stall, a blip) asks before its lease can have run out. What runs between a confirmation
   and the write it precedes is the store's to refuse (shared/applier.py: conditional writes).
@@ -70,7 +70,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 _LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
-# Take a free partition, or say in how many ms its holder's lease runs out (-1: held for good, never by us).
+# Take a free partition, or say in how many ms its owner's lease runs out (-1: held for good, never by us).
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, 0} end
 return {0, redis.call('PTTL', KEYS[1])}
@@ -112,14 +112,14 @@ class Leases:
 
     def due_in_s(self) -> float:
         """Seconds until the next `refresh` is due: a blocking read waits no longer, so that a partition whose
-        holder died is taken as its lease runs out, not a read later."""
+        owner died is taken as its lease runs out, not a read later."""
         return max(0.0, self._next_refresh - time.monotonic())
 
     def owned(self) -> list[int]:
         with self._lock:
             return sorted(self._owned)
 
-    def holds(self, partition: int) -> bool:
+    def owns(self, partition: int) -> bool:
         with self._lock:
             return partition in self._owned
 
@@ -241,10 +241,10 @@ class Leases:
 
     def _take(self, share: int) -> list[int]:
         """Free partitions up to our share. Short of it, the next refresh is due when the first lease held by
-        another runs out: a dead holder's partitions are taken a lease after its last renewal, at most a
+        another runs out: a dead owner's partitions are taken a lease after its last renewal, at most a
         lease after its death, not up to a refresh later."""
         taken: list[int] = []
-        free = [p for p in range(self.keys.partitions) if not self.holds(p)]
+        free = [p for p in range(self.keys.partitions) if not self.owns(p)]
         random.shuffle(free)  # consumers starting together do not all race for partition 0 first
         soonest_ms: float = math.inf
         for partition in free:

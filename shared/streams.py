@@ -468,7 +468,7 @@ class StreamConsumer(Generic[M]):
             for pair, outcome in zip(todo, self._outcomes(todo), strict=True):
                 if not isinstance(outcome, BaseException):
                     done.append((pair[0], outcome))
-                elif isinstance(outcome, LeaseLost) or not self.leases.holds(pair[0].partition):
+                elif isinstance(outcome, LeaseLost) or not self.leases.owns(pair[0].partition):
                     continue  # the partition has another owner (or soon will): its entry is that one's
                 elif isinstance(outcome, StaleVersion) and self._conflicted(conflicts, pair[0]):
                     failed.append((pair[0], Permanent(f"{CONFLICT}{conflicts[pair[0].id] - 1} rounds: "
@@ -509,7 +509,7 @@ class StreamConsumer(Generic[M]):
         deadline = time.monotonic() + wait_s
         while True:
             # A partition given up meanwhile (no progress for max_batch_s) is its next owner's: not held, not retried.
-            held = self._refresh_claim([pair for pair in held if self.leases.holds(pair[0].partition)])
+            held = self._refresh_claim([pair for pair in held if self.leases.owns(pair[0].partition)])
             left_s = deadline - time.monotonic()
             if not held or left_s <= 0 or self._stop.wait(min(left_s, every_s)):
                 return held

@@ -195,8 +195,8 @@ def test_a_stalled_put_does_not_overwrite_the_point_another_writer_put(ctx: Cont
     assert in_revision_order(feed(ctx))
 
 
-def test_a_holder_whose_lock_expired_announces_nothing_after_a_newer_one(ctx: Context,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_owner_whose_lock_expired_announces_nothing_after_a_newer_one(ctx: Context,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrote and then stalled before announcing; its lock expired. It stops there: whatever it wrote is
     announced by its retry only if still current, never after a newer change of the same memory."""
     m = keyed("I work at Acme", "work.employer", ["e1"], T0)

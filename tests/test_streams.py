@@ -222,7 +222,7 @@ def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, ke
     done: list[int] = []
     seen_by_second: list[int] = []
 
-    def holder(m: Note) -> list[Emit]:
+    def owner(m: Note) -> list[Emit]:
         if outage.is_set():
             first_failure[:1] = first_failure[:1] or [time.monotonic()]
             raise StoreUnavailable("qdrant restarting")
@@ -230,8 +230,8 @@ def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, ke
         return []
 
     # Waits between retries longer than reclaim_idle_ms: the claim must be refreshed during a wait too.
-    first = StreamConsumer(client, keys, "extract", Note, per_item(holder),
-                           config(reclaim_idle_ms=100, retry_base_s=0.05, retry_max_s=0.4), name="holder")
+    first = StreamConsumer(client, keys, "extract", Note, per_item(owner),
+                           config(reclaim_idle_ms=100, retry_base_s=0.05, retry_max_s=0.4), name="owner")
     run(first, running)
     send(client, keys, 8)
     wait_for(lambda: first_failure, what="the first consumer to hold the entry")
@@ -241,7 +241,7 @@ def test_waiting_out_an_outage_keeps_the_claim_from_a_second_consumer(client, ke
     run(second, running)
     wait_for(lambda: time.monotonic() - first_failure[0] > 1.0, what="an outage of ten reclaim periods")
     pending = client.xpending_range(keys.input_of("extract", 0), "extract", "-", "+", 10)
-    assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"holder", 1)], seen_by_second
+    assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"owner", 1)], seen_by_second
     outage.clear()
     wait_for(lambda: done == [8] and backlog(client, keys, ["extract"])["extract"] == (0, 0),
              what="the entry to pass once the store is back")

@@ -307,6 +307,8 @@ class MemoryState(Memory):
     last_change: LastChange
 
 
+# A subject's memories recalled and adopted over `days`, and the share adopted (counted by workers/ops.py
+# `UtilisationCounters`). No docstring: it would change the API's published schema (clients/typescript).
 class Utilisation(Wire):
     days: int
     recalled: int

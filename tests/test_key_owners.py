@@ -168,12 +168,12 @@ def ctx(settings: Settings) -> Iterator[Context]:
 def test_the_per_day_counters_keep_their_window_however_often_they_are_written(ctx: Context) -> None:
     for day in range(90):  # a subject used every day: its TTL never ran out, and every day's fields stayed
         at = T0 + timedelta(days=day)
-        ops.Utilisation(ctx.client, ctx.keys).count("ivy", at, recalled=3, adopted=1)
+        ops.UtilisationCounters(ctx.client, ctx.keys).count("ivy", at, recalled=3, adopted=1)
         count_usage(ctx.client, ctx.keys, "ivy", {"calls": 1, "prompt_tokens": 100}, at)
     assert ctx.client.hlen(ctx.keys.utilisation("ivy")) <= 2 * (ops.UTILISATION_KEEP.days + 1) + 1
     assert ctx.client.hlen(ctx.keys.llm_usage("ivy")) <= 2 * (USAGE_KEEP_DAYS + 1) + 1
     last = T0 + timedelta(days=89)
-    assert ops.Utilisation(ctx.client, ctx.keys).report("ivy", last)["recalled"] == 3 * 30  # what is reported is unchanged
+    assert ops.UtilisationCounters(ctx.client, ctx.keys).report("ivy", last).recalled == 3 * 30  # what is reported is unchanged
     assert llm_usage(ctx.client, ctx.keys, "ivy", last)["calls"] == 30
 
 
@@ -221,7 +221,7 @@ def _trace(subject: str) -> Trace:
 def record_search_trace(ctx: Context, subject: str) -> None:
     """A search's trace recorded as the query worker records it."""
     result = SearchResult(subject=subject, query="q", status="ok", latency_ms=1.0)
-    query.record_trace(ctx.traces, ops.Utilisation(ctx.client, ctx.keys), SearchRequest(subject=subject, query="q", now=T0),
+    query.record_trace(ctx.traces, ops.UtilisationCounters(ctx.client, ctx.keys), SearchRequest(subject=subject, query="q", now=T0),
                        result, [], T0)
 
 
@@ -276,7 +276,7 @@ def _a_day_of_use(ctx: Context, client: MemoryClient, subject: str, day: int) ->
         record_search_trace(ctx, subject)
     used = [f"m{i}" for i in range(day % 7, day % 7 + 3)]  # a pack a day adopts a few of its memories
     Uses(ctx.client, ctx.keys).record(subject, f"pack-{day}", used, at, int(at.timestamp() * 1000))
-    ops.Utilisation(ctx.client, ctx.keys).count(subject, at, recalled=5, adopted=3)
+    ops.UtilisationCounters(ctx.client, ctx.keys).count(subject, at, recalled=5, adopted=3)
     count_usage(ctx.client, ctx.keys, subject, {"calls": 2, "prompt_tokens": 300, "completion_tokens": 40}, at)
 
 

@@ -205,7 +205,7 @@ def test_uses_counted_from_many_threads_are_all_kept(store_ctx: Context, embedde
     ctx = store_ctx
     memory = keyed("我住在北京", "location.city", 1, ["e1"], T0)
     ctx.store.put([memory], embedder.encode_passages([memory.content]))
-    applier, uses, utilisation = ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys)
+    applier, uses, utilisation = ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys)
     threads = [threading.Thread(target=lambda: [ops.feedback(applier, uses, utilisation, "u1", [memory.id], T0,
                                                              uuid.uuid4().hex) for _ in range(20)])
                for _ in range(4)]

@@ -28,6 +28,7 @@ from memflow.shared.applier import Applier
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError, NotFound, StaleVersion
 from memflow.shared.keys import Keys
+from memflow.shared.rpc import Utilisation
 from memflow.shared.store import MemoryFilter, Store
 from memflow.shared.usage import DailyCounters
 from memflow.shared.uses import Uses
@@ -117,7 +118,7 @@ def apply_steps(applier: Applier, steps: list[Step], action: str, at: datetime) 
     return applier.apply(mutation(subject, action, action, at, patches(steps))).stale
 
 
-def feedback(applier: Applier, uses: Uses, utilisation: Utilisation, subject: str, memory_ids: list[str],
+def feedback(applier: Applier, uses: Uses, utilisation: UtilisationCounters, subject: str, memory_ids: list[str],
              when: datetime, request_id: str, *, recalled: int = 0) -> int:
     """Count memories of `subject` as adopted (used in an answer): access_count + 1 each, once per request
     (`request_id`: a retry of the same request counts nothing more, nor its `recalled` memories). Recorded
@@ -162,9 +163,10 @@ def _clock_ms() -> int:
 
 
 @dataclass(frozen=True)
-class Utilisation:
+class UtilisationCounters:
     """Each subject's per-day counters of memories recalled (returned by a search) and adopted (used in an answer):
-    the owner of `Keys.utilisation`, kept UTILISATION_KEEP (shared/usage.py prunes the days past it)."""
+    the owner of `Keys.utilisation`, kept UTILISATION_KEEP (shared/usage.py prunes the days past it). What they
+    add up to is reported as the reply model `inspect` returns (`shared.rpc.Utilisation`)."""
 
     client: redis.Redis
     keys: Keys
@@ -177,15 +179,15 @@ class Utilisation:
         DailyCounters(self.client, UTILISATION_KEEP.days).add(
             self.keys.utilisation(subject), at, {f"recalled:{day}": recalled, f"adopted:{day}": adopted}, via=via)
 
-    def report(self, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> dict[str, Any]:
+    def report(self, subject: str, now: datetime, days: int = UTILISATION_DAYS) -> Utilisation:
         """The subject's memories recalled and adopted over the `days` up to `now`, and the share adopted."""
         raw = self.client.hgetall(self.keys.utilisation(subject))
         counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
         window = {(now - timedelta(days=d)).date().isoformat() for d in range(days)}
         recalled = sum(v for k, v in counts.items() if k.startswith("recalled:") and k.split(":", 1)[1] in window)
         adopted = sum(v for k, v in counts.items() if k.startswith("adopted:") and k.split(":", 1)[1] in window)
-        return {"days": days, "recalled": recalled, "adopted": adopted,
-                "share": round(adopted / recalled, 4) if recalled else None}
+        return Utilisation(days=days, recalled=recalled, adopted=adopted,
+                           share=round(adopted / recalled, 4) if recalled else None)
 
 
 def people_of(memories: list[Memory]) -> list[dict[str, Any]]:

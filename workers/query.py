@@ -168,7 +168,7 @@ def search(ctx: Context, req: SearchRequest) -> SearchResult:
         scored, result = [], SearchResult(subject=req.subject, query=req.query, status="failed", plan=plan,
                                           error=f"{type(exc).__name__}: {exc}")
     result.latency_ms = (time.perf_counter() - started) * 1000
-    record_trace(ctx.traces, ops.Utilisation(ctx.client, ctx.keys), req, result, scored, now, plan_error)
+    record_trace(ctx.traces, ops.UtilisationCounters(ctx.client, ctx.keys), req, result, scored, now, plan_error)
     return result
 
 
@@ -581,7 +581,7 @@ def _query(store: Store, flt: MemoryFilter, mode: SearchMode, text: str | None, 
     return [(s.memory, s.score) for s in store.query(flt, mode=mode, dense=dense, text=text, limit=pool)]
 
 
-def record_trace(traces: Traces, utilisation: ops.Utilisation, req: SearchRequest, result: SearchResult,
+def record_trace(traces: Traces, utilisation: ops.UtilisationCounters, req: SearchRequest, result: SearchResult,
                  scored: list[tuple[Memory, float]], now: datetime, plan_error: str | None = None) -> None:
     plan = result.plan
     dirs = sorted({d.value for route in plan.routes for d in route.dirs}) if plan else []
@@ -619,7 +619,7 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
     hits = ranked(ctx.settings, scored, when, search_req.k, shown)
     packed = build_prompt(hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
     # Its uses are recorded once per request and counted on the points without waiting for the write lock.
-    ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys), req.subject,
+    ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys), req.subject,
                  packed.used_ids, when, req.request_id, recalled=len(hits))
     return packed
 
@@ -629,7 +629,7 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
 
 def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
-    count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.Utilisation(ctx.client, ctx.keys),
+    count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys),
                          req.subject, req.memory_ids, req.at or datetime.now(UTC), req.request_id)
     return Adopted(count=count)
 
@@ -656,7 +656,7 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
                                         "everyone": llm_usage(ctx.client, ctx.keys, None, when)}
     return InspectReport.model_validate({
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
-        "utilisation": ops.Utilisation(ctx.client, ctx.keys).report(req.subject, when), "llm": llm,
+        "utilisation": ops.UtilisationCounters(ctx.client, ctx.keys).report(req.subject, when), "llm": llm,
         "backlog": backlog(ctx.client, ctx.keys, STAGES), "people": ops.people_of(memories),
         "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
                     for s in pending.read(ctx.client, ctx.keys, req.subject)

@@ -41,12 +41,12 @@ from memflow.bench.llm_stub import ScriptedLLM
 from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from memflow.pipeline.models import Hit
 from memflow.shared import dlq, sparse
+from memflow.shared.backlog import backlog
 from memflow.shared.embedder import Embedder
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import usage as llm_usage
 from memflow.shared.settings import FLAT_NAMES, Settings
 from memflow.shared.store import MemoryFilter
-from memflow.shared.streams import backlog
 from memflow.workers.embedded import Embedded, embedded
 
 DEPTH = max(KS)

@@ -17,7 +17,7 @@ Reported per subject ("without" = quiet, "with" = live), each next to the limit 
 Idle: after the live session's realtime statements are stored (at idle they are pending for tens of ms; the
 turns without a signal stay pending until the session ends). Under a burst: `burst` events of other subjects
 (small talk and realtime statements, sessions closed) are published at once (a second or two), a new live
-session right behind them, and queries run while the pipeline has a backlog (`shared.streams.backlog`,
+session right behind them, and queries run while the pipeline has a backlog (`shared.backlog.backlog`,
 sampled before each query); the burst's figures cover only those queries.
 """
 
@@ -56,11 +56,11 @@ from memflow.pipeline.models import QueryPlan, Role, SearchRequest
 from memflow.pipeline.pending import Said
 from memflow.pipeline.score import Found
 from memflow.pipeline.triggers import realtime_signals
+from memflow.shared.backlog import backlog
 from memflow.shared.client import MemoryClient
 from memflow.shared.keys import STAGES
 from memflow.shared.pending_search import Shown
 from memflow.shared.settings import Settings
-from memflow.shared.streams import backlog
 from memflow.workers.embedded import Embedded
 from memflow.workers.query import PendingRoutes, dated, pending_of, plan_for, query_vectors, run_routes
 

@@ -39,6 +39,7 @@ from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, R
 from memflow.pipeline.profile import ProfileReply
 from memflow.shared import feed as feed_pages
 from memflow.shared import pending, transfer
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode
 from memflow.shared.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
 from memflow.shared.durability import fsync_timeout_ms
@@ -73,7 +74,6 @@ from memflow.shared.rpc import (
     Waiting,
 )
 from memflow.shared.settings import Settings, get_settings
-from memflow.shared.streams import backlog
 
 
 class MemoryClient:

@@ -15,7 +15,7 @@ processes with two counts would send one subject's work through two partitions (
 order), and a smaller count would leave partitions no one owns. The first process that opens the
 streams records it in Redis (`partition_count`); every consumer and publisher after it checks it and
 refuses another (`check_partitions`). It changes only drained, through `memflow partitions set`
-(shared/streams.change_partitions).
+(shared/backlog.change_partitions).
 """
 
 from __future__ import annotations
@@ -293,6 +293,6 @@ def check_partitions(client: redis.Redis, keys: Keys) -> None:
 
 def swap_partitions(client: redis.Redis, keys: Keys, recorded: int | None, count: int) -> bool:
     """Record `count` if `recorded` is still the recorded count (None: none is); False if it changed meanwhile.
-    Only after checking the pipeline drained under `recorded` (shared/streams.change_partitions)."""
+    Only after checking the pipeline drained under `recorded` (shared/backlog.change_partitions)."""
     got = client.eval(_SWAP_COUNT, 1, keys.partition_count, "" if recorded is None else str(recorded), str(count))
     return int(got) == count

@@ -49,8 +49,8 @@ from memflow.pipeline.fairness import (
 )
 from memflow.shared.client import MemoryClient, Sent
 from memflow.shared.keys import Keys
+from memflow.shared.polling import backoff_s
 from memflow.shared.settings import HttpSettings
-from memflow.shared.streams import backoff_s
 
 # How many times `admit` reads again after another request of the same key changed the record first. Only a
 # key's own requests conflict: a flood of one key retries among its own, another key's record is untouched.

@@ -12,11 +12,11 @@ import redis
 from rq import Queue, Worker
 
 from memflow.pipeline.models import LLMTrace, Trace
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode, json_object, validated
 from memflow.shared.dlq import server_now_ms
 from memflow.shared.durability import durability
 from memflow.shared.keys import FIELD, STAGES, Keys
-from memflow.shared.streams import backlog
 
 WINDOW_MS = 60_000
 _COUNT_PAGE = 1_000

@@ -1,6 +1,7 @@
 """The one consumer loop every stage runs on.
 
-A stage supplies `(stage name, input model, handler)`. The loop:
+A stage supplies `(stage name, input model, handler)` (shared/handlers.py: what a handler returns, and what
+it may ask of the loop while it runs). The loop:
 - owns some of the stage's partitions (shared/leases.py: leases in Redis, a fair share each, taken
   over from a consumer that died once its lease runs out, or that made no progress for
   MEMFLOW_MAX_BATCH_S) and creates the stage's consumer group on every partition's stream (ignoring
@@ -32,12 +33,15 @@ A stage supplies `(stage name, input model, handler)`. The loop:
   counting a delivery), so that no other consumer reclaims them;
 - leaves an entry that failed otherwise pending (redelivered after `reclaim_idle_ms`),
   backing off while a whole batch fails;
-- trims the acknowledged past of its partitions' streams once it is `retention_ms` old;
+- trims the acknowledged past of its partitions' streams once it is `retention_ms` old (shared/backlog.py);
 - outlives anything a batch raises: a Redis outage is waited out, and any other error
   escaping a step (a bug outside the handler) is logged with its traceback and backed off,
   never the silent end of the stage's thread;
 - stops between batches when asked: a batch in hand is finished or left pending,
   never half-applied; its partitions are released for the others to take at once.
+
+What the streams hold as a whole — each stage's backlog, the trimming of the acknowledged past, the partition
+count — is shared/backlog.py's.
 """
 
 from __future__ import annotations
@@ -46,22 +50,23 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 import orjson
 import redis
-from pydantic import BaseModel
 from redis.cluster import RedisCluster
 
 from memflow.shared import pending
+from memflow.shared.backlog import trim_acknowledged
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import replicated
-from memflow.shared.errors import DecodeError, MemflowError, Permanent, Retryable, StaleVersion
-from memflow.shared.keys import FIELD, STAGES, Keys, check_partitions, recorded_partitions, swap_partitions
-from memflow.shared.leases import LeaseLost, Leases, live_consumers
+from memflow.shared.errors import DecodeError, Permanent, Retryable, StaleVersion
+from memflow.shared.handlers import BatchHandler, Emit, M, Outcome, handing
+from memflow.shared.keys import FIELD, Keys, check_partitions
+from memflow.shared.leases import LeaseLost, Leases
+from memflow.shared.polling import backoff_s
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,85 +77,6 @@ log = logging.getLogger(__name__)
 OUTAGE = "outage: "
 # How a dead letter that kept meeting a conflicting write says so (`_conflicted`).
 CONFLICT = "conflict that did not resolve in "
-
-M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class Emit:
-    """A message a handler wants added to a stream when its input is acknowledged."""
-
-    stream: str  # a partition stream of the message's subject: Keys.work(name, subject)
-    message: BaseModel
-
-
-# Per input entry, in order: what to emit, or the exception that entry failed with.
-Outcome = list[Emit] | BaseException
-BatchHandler = Callable[[Sequence[M]], Sequence[Outcome]]
-
-
-def per_item(handle: Callable[[M], list[Emit]]) -> BatchHandler[M]:
-    """Turn a one-message handler into a batch handler that isolates each message's failure, hands a message
-    over only while its partition's lease is still ours (confirmed just before: `Leases.confirm`), and marks
-    progress after each message it is done with (one failing with a `Retryable` error is not done: it is
-    retried in place, and a retry in place that never ends loses the partitions after MEMFLOW_MAX_BATCH_S)."""
-
-    def run(items: Sequence[M]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        for i, item in enumerate(items):
-            try:
-                confirmed = _confirmed(i)
-            except redis.RedisError as exc:  # cannot tell: left pending, retried once Redis answers
-                outcomes.append(exc)
-                continue
-            if not confirmed:
-                outcomes.append(LeaseLost("the partition's lease was lost before this entry was handled"))
-                continue
-            try:
-                outcome: Outcome = handle(item)
-            # A consumer loop must outlive any one bad message: the error is kept and the
-            # message retried, then dead-lettered, never swallowed.
-            except Exception as exc:  # noqa: BLE001
-                outcome = exc
-            outcomes.append(outcome)
-            if not isinstance(outcome, Retryable):
-                progress()
-        return outcomes
-
-    return run
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """The batch a consumer loop has handed its handler: the partition of each message, by index."""
-
-    leases: Leases
-    partitions: Sequence[int]
-
-
-# The batch in hand on this thread, while its handler runs (StreamConsumer._outcomes).
-_TURN: ContextVar[_Turn | None] = ContextVar("memflow_stream_turn", default=None)
-
-
-def progress() -> None:
-    """From inside a batch handler: the batch moves on (a message done), so its consumer keeps its partitions
-    for another MEMFLOW_MAX_BATCH_S (Temporal's activity heartbeat). A handler whose one batch makes many
-    slow calls says so after each; outside a consumer loop, nothing."""
-    turn = _TURN.get()
-    if turn is not None:
-        turn.leases.progress()
-
-
-def _confirmed(index: int) -> bool:
-    """Is the lease of the partition of message `index` of the batch in hand still ours (True outside a loop)?"""
-    turn = _TURN.get()
-    return turn is None or turn.leases.confirm(turn.partitions[index])
-
-
-def backoff_s(failures: int, base_s: float, max_s: float, rand: Callable[[], float] = random.random) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(max, base * 2^failures)]."""
-    return float(rand() * min(max_s, base_s * (2 ** min(failures, 30))))
-
 
 @dataclass
 class Entry:
@@ -530,14 +456,12 @@ class StreamConsumer(Generic[M]):
         """The handler's outcome per item; an exception from the batch as a whole is every item's
         (retried, then dead-lettered with its reason), never the end of the stage's thread. While it
         runs, the handler can confirm each item's lease and mark progress (`per_item`, `progress`)."""
-        turn = _TURN.set(_Turn(self.leases, [entry.partition for entry, _ in pairs]))
-        try:
-            return self.handler([item for _, item in pairs])
-        except Exception as exc:  # noqa: BLE001 - a batch handler's bug must not stop the stream
-            log.exception("stage %s: the batch handler failed as a whole", self.stage)
-            return [exc for _ in pairs]
-        finally:
-            _TURN.reset(turn)
+        with handing(self.leases, [entry.partition for entry, _ in pairs]):
+            try:
+                return self.handler([item for _, item in pairs])
+            except Exception as exc:  # noqa: BLE001 - a batch handler's bug must not stop the stream
+                log.exception("stage %s: the batch handler failed as a whole", self.stage)
+                return [exc for _ in pairs]
 
     def _record_outage(self, entries: list[Entry], why: str) -> None:
         """Mark entries that meet an outage (once per batch that meets one, so a few writes per outage)."""
@@ -653,39 +577,6 @@ return 1
 """
 
 
-def trim_acknowledged(client: redis.Redis, stream: str, retention_ms: int) -> int:
-    """Trim the entries of `stream` that every group has read and acknowledged and that are older than
-    `retention_ms` (by the server's clock); never one that is unread or pending. Returns how many went.
-
-    The bound is the slowest group's position: the smaller of its last delivered id and its oldest
-    pending one. Both only move forwards (a new entry is delivered after the last one, a reclaimed one
-    was pending already), so a bound read here is still safe when XTRIM runs.
-    """
-    try:
-        groups: Any = client.xinfo_groups(stream)
-    except redis.ResponseError:  # no such stream yet
-        return 0
-    if not groups:
-        return 0  # nobody reads it yet: everything is unread
-    bound = _server_now_id(client, retention_ms)
-    for group in groups:
-        bound = min(bound, _id(group["last-delivered-id"]))
-        if int(group["pending"]):
-            oldest: Any = client.xpending(stream, _text(group["name"]))
-            bound = min(bound, _id(oldest["min"]))
-    return int(client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=True))
-
-
-def _server_now_id(client: redis.Redis, retention_ms: int) -> tuple[int, int]:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000 - retention_ms, 0
-
-
-def _id(value: bytes | str) -> tuple[int, int]:
-    ms, _, seq = _text(value).partition("-")
-    return int(ms), int(seq or 0)
-
-
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -694,83 +585,3 @@ def _field(value: Any) -> bytes | str | int | float:
     if isinstance(value, (bytes, str, int, float)):
         return value
     return orjson.dumps(value)
-
-
-def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """(entries not yet read, entries read but not acknowledged) for each stage's group, summed over
-    the partitions.
-
-    Each partition is one snapshot of all its stages, read in one MULTI (its keys share a slot).
-    An entry moves from one stage to the next in one script (XADD downstream + XACK, `_settle`),
-    and not only forwards: upsert sends a batch built on a stale state back to resolve. Read one
-    stage after another, a hand-over landing between two reads is counted by neither: resolve read
-    idle, upsert sends a candidate back, upsert reads idle, and `wait_idle` returned while a
-    correction was still to be written (the "lost" same-key correction). In one transaction every
-    entry is counted where it is. Partitions need no common snapshot: an entry never leaves its
-    subject's partition.
-    """
-    totals = {stage: (0, 0) for stage in stages}
-    for partition in range(keys.partitions):
-        pipe = client.pipeline(transaction=True)
-        for stage in stages:
-            pipe.xinfo_stream(keys.input_of(stage, partition))
-            pipe.xinfo_groups(keys.input_of(stage, partition))
-        # A stream nobody has written to yet answers "no such key": that stage has nothing to do.
-        replies = pipe.execute(raise_on_error=False)
-        for stage, info, groups in zip(stages, replies[0::2], replies[1::2], strict=True):
-            lag, pending = _stage_backlog(keys.group(stage), info, groups)
-            totals[stage] = (totals[stage][0] + lag, totals[stage][1] + pending)
-    return totals
-
-
-class PartitionChangeRefused(MemflowError):
-    """`memflow partitions set` while the pipeline holds work, dead letters or live consumers."""
-
-
-def change_partitions(client: redis.Redis, keys: Keys, count: int, lease_ms: int) -> int | None:
-    """Record `count` as the deployment's partition count (`memflow partitions set`); the count it replaces.
-
-    Only drained: a subject's partition depends on the count, so an entry in flight (unread or pending in any
-    stage), a dead letter (replayed to the partition it came from) or a consumer still running on the old count
-    would carry a subject's work through two partitions, or leave it in one no one owns. The checks read the
-    partitions of the recorded count; the record changes only if it is still that count.
-    """
-    if not 1 <= count <= 1024:
-        raise PartitionChangeRefused(f"a partition count is between 1 and 1024, not {count}")
-    recorded = recorded_partitions(client, keys)
-    old = Keys(keys.prefix, recorded or keys.partitions)
-    busy = {stage: f"{lag} unread, {unacked} pending"
-            for stage, (lag, unacked) in backlog(client, old, STAGES).items() if lag or unacked}
-    dead = {stage: n for stage in STAGES if (n := sum(int(client.xlen(s)) for s in old.dlqs(stage)))}
-    live = {stage: n for stage in STAGES if (n := live_consumers(client, old, stage, lease_ms))}
-    why = [*(f"{stage}: {what}" for stage, what in busy.items()),
-           *(f"{stage}: {n} dead letters (replay or drop them first)" for stage, n in dead.items()),
-           *(f"{stage}: {n} consumers running (stop every worker first)" for stage, n in live.items())]
-    if why:
-        raise PartitionChangeRefused(f"cannot change the partition count from {old.partitions} to {count} while "
-                                     f"the pipeline is not drained: {'; '.join(why)}")
-    if not swap_partitions(client, keys, recorded, count):
-        raise PartitionChangeRefused(f"the partition count changed meanwhile (from {recorded}): check again")
-    return recorded
-
-
-def _stage_backlog(group_name: str, info: Any, groups: Any) -> tuple[int, int]:
-    if isinstance(info, redis.ResponseError):
-        return 0, 0
-    # A cluster client's MULTI hands back raw replies: bytes keys, a group as a flat [name, value, ...] list.
-    info = _fields(info)
-    groups = [_fields(g) for g in groups]
-    if not info["length"]:
-        return 0, 0
-    group = next((g for g in groups if _text(g["name"]) == group_name), None)
-    if group is None:
-        return int(info["length"]), 0
-    lag = group.get("lag")
-    if lag is None:  # Redis cannot count it (entries were deleted): compare ids instead
-        lag = 0 if _text(group["last-delivered-id"]) == _text(info["last-generated-id"]) else 1
-    return int(lag), int(group["pending"])
-
-
-def _fields(reply: Any) -> dict[str, Any]:
-    pairs = reply.items() if isinstance(reply, dict) else zip(reply[0::2], reply[1::2], strict=True)
-    return {_text(k): v for k, v in pairs}

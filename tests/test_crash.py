@@ -7,9 +7,9 @@ import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 
+from memflow.shared.backlog import backlog
 from memflow.shared.rpc import MemoryState
 from memflow.shared.settings import Settings
-from memflow.shared.streams import backlog
 from memflow.workers.process import spawn_stage
 from tests.conftest import start_system, wait_for
 

@@ -36,12 +36,13 @@ from memflow.shared import dlq, pending
 from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
 from memflow.shared.errors import Permanent
+from memflow.shared.handlers import Outcome
 from memflow.shared.keys import FIELD
 from memflow.shared.llm import USAGE_KEEP_DAYS, count_usage
 from memflow.shared.llm import usage as llm_usage
 from memflow.shared.settings import Settings, get_settings
 from memflow.shared.status import recent_traces, subject_footprint, subject_keys
-from memflow.shared.streams import ConsumerConfig, Outcome, StreamConsumer
+from memflow.shared.streams import ConsumerConfig, StreamConsumer
 from memflow.shared.uses import Uses
 from memflow.workers import forgetting, ops, query, trigger
 from memflow.workers.cli import app

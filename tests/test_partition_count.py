@@ -10,11 +10,13 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
+from memflow.shared.backlog import PartitionChangeRefused, change_partitions
 from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
+from memflow.shared.handlers import Emit
 from memflow.shared.keys import FIELD, Keys, PartitionCountMismatch, recorded_partitions
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, Emit, PartitionChangeRefused, StreamConsumer, change_partitions
+from memflow.shared.streams import ConsumerConfig, StreamConsumer
 
 LEASE_MS = 3000
 

@@ -16,11 +16,13 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode
 from memflow.shared.errors import StoreUnavailable
+from memflow.shared.handlers import Emit, per_item
 from memflow.shared.keys import FIELD, Keys
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, Emit, StreamConsumer, backlog, per_item
+from memflow.shared.streams import ConsumerConfig, StreamConsumer
 from tests.conftest import wait_for
 
 P = 2

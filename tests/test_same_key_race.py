@@ -31,13 +31,15 @@ from memflow.pipeline.models import (
     Wire,
     WriteBatch,
 )
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import decode, encode
 from memflow.shared.connections import connect
 from memflow.shared.embedder import Embedder
+from memflow.shared.handlers import Emit, Outcome, per_item
 from memflow.shared.keys import FIELD, STAGES
 from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
-from memflow.shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, per_item
+from memflow.shared.streams import ConsumerConfig, StreamConsumer
 from memflow.workers import extract, resolve, trigger, upsert
 from memflow.workers.runtime import Context
 

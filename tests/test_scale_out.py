@@ -21,9 +21,10 @@ from qdrant_client import QdrantClient
 
 from memflow.shared.client import MemoryClient
 from memflow.shared.embedder import Embedder
+from memflow.shared.handlers import Outcome
 from memflow.shared.server_store import ServerStore
 from memflow.shared.settings import Settings
-from memflow.shared.streams import Outcome, StreamConsumer
+from memflow.shared.streams import StreamConsumer
 from memflow.workers.query import build_worker
 from memflow.workers.runtime import STORE_STAGES, Context
 from memflow.workers.system import build_consumer, start_consumers

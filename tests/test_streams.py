@@ -12,10 +12,13 @@ import redis
 
 from memflow.pipeline.models import Wire
 from memflow.shared import dlq
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode
 from memflow.shared.errors import Permanent
+from memflow.shared.handlers import Emit, Outcome, per_item
 from memflow.shared.keys import FIELD, Keys
-from memflow.shared.streams import ConsumerConfig, Emit, Outcome, StreamConsumer, backlog, backoff_s, per_item
+from memflow.shared.polling import backoff_s
+from memflow.shared.streams import ConsumerConfig, StreamConsumer
 from tests.conftest import wait_for
 
 

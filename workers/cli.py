@@ -26,6 +26,7 @@ from memflow.scheduler.app import build_scheduler, next_fire_times
 from memflow.shared import dlq as dead
 from memflow.shared import rpc
 from memflow.shared.apikeys import KeyStore
+from memflow.shared.backlog import change_partitions
 from memflow.shared.client import MemoryClient
 from memflow.shared.connections import connect_queue, connect_streams, require_url, running
 from memflow.shared.embedder import Embedder, build_embedder
@@ -36,7 +37,6 @@ from memflow.shared.rpc import Rep
 from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
 from memflow.shared.store import Catalog, catalog_for
-from memflow.shared.streams import change_partitions
 from memflow.workers.process import QUERY, own_redis, run_stages, say_durability, temporary_data_dir
 from memflow.workers.system import Part
 

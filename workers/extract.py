@@ -21,9 +21,10 @@ from memflow.pipeline.llm_extract import Batch
 from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
 from memflow.shared import pending
+from memflow.shared.handlers import Emit, per_item
 from memflow.shared.keys import Keys
 from memflow.shared.llm import LLM, Asked, Reading
-from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.shared.streams import StreamConsumer
 from memflow.workers.runtime import Context
 
 

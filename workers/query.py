@@ -75,6 +75,7 @@ from memflow.pipeline.score import (
 )
 from memflow.pipeline.timeref import asked_period
 from memflow.shared import metrics, pending, profiles, sparse
+from memflow.shared.backlog import backlog
 from memflow.shared.codec import decode, encode
 from memflow.shared.embedder import Embedder, summed
 from memflow.shared.errors import InvalidInput, MemflowError, NotFound, Retryable, StoreUnavailable
@@ -139,7 +140,6 @@ from memflow.shared.settings import Fusion, PendingSettings, RankingSettings, Se
 from memflow.shared.status import Traces
 from memflow.shared.store import MemoryFilter, Query, SearchMode, Store, admits, narrowed
 from memflow.shared.store import Scored as StoreScored
-from memflow.shared.streams import backlog
 from memflow.shared.uses import Uses
 from memflow.workers import forgetting, jobs, ops, transfer
 from memflow.workers.runtime import Context

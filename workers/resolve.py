@@ -23,12 +23,13 @@ from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_key
 from memflow.shared import pending
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected
+from memflow.shared.handlers import Emit, Outcome, progress
 from memflow.shared.keys import Keys
 from memflow.shared.llm import LLM, Reading
 from memflow.shared.pending import settled_by
 from memflow.shared.settings import WriteSettings
 from memflow.shared.store import MemoryFilter, Query, Scored, Store
-from memflow.shared.streams import Emit, Outcome, StreamConsumer, progress
+from memflow.shared.streams import StreamConsumer
 from memflow.workers import forgetting
 from memflow.workers.runtime import Context
 

@@ -18,9 +18,10 @@ from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerR
 from memflow.pipeline.triggers import realtime_signals
 from memflow.shared import pending
 from memflow.shared.buffers import SessionBuffers
+from memflow.shared.handlers import Emit, per_item
 from memflow.shared.keys import Keys
 from memflow.shared.llm import LLM
-from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.shared.streams import StreamConsumer
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ from memflow.shared import pending
 from memflow.shared.applier import Applier
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import Permanent
+from memflow.shared.handlers import Emit, per_item
 from memflow.shared.keys import Keys
 from memflow.shared.pending import settled_by
-from memflow.shared.streams import Emit, StreamConsumer, per_item
+from memflow.shared.streams import StreamConsumer
 from memflow.workers.runtime import Context
 
 # Times a candidate is sent back to resolve after its batch met a concurrent write, then the DLQ. Same-key

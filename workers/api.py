@@ -47,10 +47,10 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memflow.pipeline.checks import MAX_META_TEXT
 from memflow.pipeline.fairness import Refused
 from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import (
-    MAX_META_TEXT,
     ChatEvent,
     PackedPrompt,
     SearchRequest,

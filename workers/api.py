@@ -20,6 +20,11 @@ bounded by its connection's socket timeout. At most MEMFLOW_HTTP_MAX_REQUESTS re
 at once; past it, or when no thread frees within MEMFLOW_HTTP_THREAD_WAIT_S, a request is refused at
 once (503 `busy`, Retry-After) rather than queued. `/healthz` takes no place among them and has
 threads of its own: it answers whatever the other routes wait for.
+
+This module builds the app. Beside it: api_edge.py (the key, the bounds, the calls of the query worker),
+api_errors.py (how a refusal is answered), and the routes: memories_api.py (/v1's memory routes),
+transfer_api.py (export, import), changes_api.py (the change feed), ops_api.py (/healthz, /metrics),
+inspector.py (the pages) and mcp.py (/mcp).
 """
 
 from __future__ import annotations

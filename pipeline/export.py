@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
+from memflow.pipeline.checks import aware, finite_vector
 from memflow.pipeline.gate import injected, redact_secrets
 from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import (
@@ -33,8 +34,6 @@ from memflow.pipeline.models import (
     Status,
     Subject,
     Wire,
-    aware,
-    finite_vector,
 )
 from memflow.pipeline.writes import mutation, op_key
 

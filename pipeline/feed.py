@@ -26,7 +26,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from memflow.pipeline.models import Subject, Wire, aware
+from memflow.pipeline.checks import aware
+from memflow.pipeline.models import Subject, Wire
 
 # A stream id, `<ms>-<seq>` (or `<ms>`, read as `<ms>-0`); "0": from the oldest entry the stream holds. At most
 # 19 digits each: every such number is a valid part of a stream id (under 2^64), so no cursor reaches Redis bad.

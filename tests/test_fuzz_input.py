@@ -40,9 +40,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from memflow.pipeline.checks import DEFAULT_MAX_TEXT_BYTES, EVENT_YEARS
 from memflow.pipeline.models import (
-    DEFAULT_MAX_TEXT_BYTES,
-    EVENT_YEARS,
     SCHEMA_VERSION,
     Candidate,
     ChatEvent,

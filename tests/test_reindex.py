@@ -384,11 +384,11 @@ def _copied(progress: Path) -> int:
 @pytest.fixture
 def cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> Iterator[Path]:
     """`memflow reindex` on an Edge shard in tmp_path, with the session's MiniLM (loaded once per run)."""
-    from memflow.workers import cli
+    from memflow.workers.cli import maintenance
 
     monkeypatch.setenv("MEMFLOW_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("MEMFLOW_QDRANT_URL", raising=False)
-    monkeypatch.setattr(cli, "build_embedder", lambda settings: embedder)
+    monkeypatch.setattr(maintenance, "build_embedder", lambda settings: embedder)
     get_settings.cache_clear()
     yield tmp_path
     get_settings.cache_clear()

@@ -44,7 +44,7 @@ from memflow.shared.feed import SCAN_BATCH, decoded, opening_async, page_async
 from memflow.shared.keys import Keys, id_space
 from memflow.shared.settings import Settings
 from memflow.shared.shares import KeyShares, Place
-from memflow.workers.api import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
+from memflow.workers.api_edge import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
 from memflow.workers.front import ApiError, allowed, authenticate_async, bearer
 
 SSE = "text/event-stream"

@@ -41,11 +41,11 @@ from memflow.shared import rpc
 from memflow.shared.apikeys import ApiKey, KeyStore
 from memflow.shared.errors import InvalidInput
 from memflow.shared.status import StageStatus, read_status, recent_traces
-from memflow.workers.api import Client, ask, blocking, key_place, principal
-from memflow.workers.api import history as history_of
-from memflow.workers.api import inspect as inspect_of
-from memflow.workers.api import subjects as subjects_of
+from memflow.workers.api_edge import Client, ask, blocking, key_place, principal
 from memflow.workers.front import ApiError, allowed
+from memflow.workers.memories_api import history as history_of
+from memflow.workers.memories_api import inspect as inspect_of
+from memflow.workers.memories_api import subjects as subjects_of
 
 COOKIE = "memflow_key"
 SEARCH_K = 10

@@ -25,7 +25,7 @@ from memflow.pipeline.models import Subject
 from memflow.shared import rpc
 from memflow.shared.shares import KeyShares, Place
 from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
-from memflow.workers.api import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
+from memflow.workers.api_edge import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
 from memflow.workers.front import ApiError, allowed
 
 T = TypeVar("T")

@@ -1,0 +1,60 @@
+"""What the commands share: the settings (with logging set up), `--json` output, a typed call of the running
+system, a time given on the command line, Redis's streams, and the one-line failure."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+import typer
+from pydantic import BaseModel
+
+from memflow.shared import rpc
+from memflow.shared.client import MemoryClient
+from memflow.shared.connections import connect_streams
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import Keys
+from memflow.shared.rpc import Rep
+from memflow.shared.settings import Settings, get_settings
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def load_settings(level: str | None = None) -> Settings:
+    settings = get_settings()
+    logging.basicConfig(level=level or settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return settings
+
+
+def print_json(value: Any) -> None:
+    if isinstance(value, BaseModel):  # a typed reply: as it travels
+        value = value.model_dump(mode="json")
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def when(value: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except ValueError as exc:
+        raise typer.BadParameter(f"not an ISO time: {value!r}") from exc
+
+
+def ask(call: rpc.Rpc[Any, Rep], **fields: Any) -> Rep:
+    """The typed reply of one call; what memflow refuses is told as a bad parameter."""
+    try:
+        return MemoryClient(load_settings()).call(call, **fields)
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def redis_target() -> tuple[Any, Keys]:
+    settings = load_settings()
+    return connect_streams(settings), settings.keys
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"memflow: {message}\n")
+    raise SystemExit(1)

@@ -1,0 +1,139 @@
+"""How the running pipeline is doing: `status` (per stage, or what one subject takes in Redis), `partitions`
+(the streams' partition count) and `traces tail` (how searches and LLM calls were answered)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import orjson
+import typer
+
+from memflow.shared import dlq as dead
+from memflow.shared.connections import connect_queue
+from memflow.shared.errors import MemflowError
+from memflow.shared.keys import FIELD, recorded_partitions
+from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
+from memflow.shared.streams import change_partitions
+from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
+
+partitions_app = typer.Typer(help="The partition count of the streams, recorded in Redis.", no_args_is_help=True)
+traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
+
+
+def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SECONDS", min=0.0, help=(
+               "Measure read/s as what each group reads over SECONDS (waits that long) instead of "
+               "the last minute's arrivals already read."))] = None,
+           subject: Annotated[str | None, typer.Option("--subject", help=(
+               "Instead: every Redis key memflow keeps for SUBJECT, its bytes and time left."))] = None,
+           as_json: JsonFlag = False) -> None:
+    """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and
+    the live query workers. With --subject: what one subject takes in Redis."""
+    client, keys = redis_target()
+    if subject is not None:
+        footprint = subject_footprint(client, keys, subject)
+        if as_json:
+            print_json(asdict(footprint) | {"bytes": footprint.bytes})
+            return
+        _print_footprint(footprint)
+        return
+    settings = load_settings()
+    report = read_status(client, keys, sample, connect_queue(settings, client), settings.redis.wait_aof)
+    if as_json:
+        print_json(asdict(report))
+        return
+    _print_status(report)
+
+
+def _print_footprint(footprint: SubjectFootprint) -> None:
+    typer.echo(f"{'key':<28} {'memory':>10} {'expires in':>11}")
+    for k in footprint.keys:
+        left = "never" if k.ttl_s is None else dead.format_duration(k.ttl_s * 1000)
+        typer.echo(f"{k.what[:28]:<28} {_bytes(k.bytes):>10} {left:>11}")
+    typer.echo(f"{footprint.subject}: {len(footprint.keys)} keys, {_bytes(footprint.bytes)}")
+
+
+def _print_status(report: PipelineStatus) -> None:
+    typer.echo(f"{'stage':<8} {'length':>9} {'memory':>9} {'lag':>9} {'pending':>9} {'dlq':>9} {'read/s':>9}")
+    for s in report.stages:
+        rate = "-" if s.read_per_s is None else f"{s.read_per_s:.2f}"
+        typer.echo(f"{s.stage:<8} {s.length:>9} {_bytes(s.memory_bytes):>9} {s.lag:>9} {s.pending:>9} {s.dead:>9} "
+                   f"{rate:>9}")
+    typer.echo(f"query queue {report.query_queue}, jobs queue {report.jobs_queue}, "
+               f"query workers {report.query_workers}")
+    measured = (f"read over {report.sample_s:g} s" if report.sample_s is not None
+                else "arrived in the last 60 s and read")
+    typer.echo(f"read/s: entries {measured}, per second; length and memory: the input streams, "
+               "acknowledged entries kept for the retention window (MEMFLOW_RETENTION_S)")
+    typer.echo(f"durability: {'WARNING: ' if report.durability_weaker else ''}{report.durability}")
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+# -- partitions -------------------------------------------------------------------------
+
+
+@partitions_app.command("show")
+def partitions_show() -> None:
+    """The count recorded for this deployment, and MEMFLOW_PARTITIONS here."""
+    client, keys = redis_target()
+    typer.echo(f"recorded: {recorded_partitions(client, keys) or 'none yet'}; MEMFLOW_PARTITIONS: {keys.partitions}")
+
+
+@partitions_app.command("set")
+def partitions_set(count: Annotated[int, typer.Argument(help="The new partition count (1-1024).")]) -> None:
+    """Change the partition count, drained: nothing unread, pending or dead-lettered in any stage and no
+    worker running (refused otherwise, saying what is left). Then start every process with
+    MEMFLOW_PARTITIONS=COUNT."""
+    client, keys = redis_target()
+    try:
+        was = change_partitions(client, keys, count, load_settings().consumer.lease_ms)
+    except MemflowError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"partitions: {was or 'none recorded'} -> {count}; start every process with MEMFLOW_PARTITIONS={count}")
+
+
+# -- traces ---------------------------------------------------------------------------
+
+
+@traces_app.command("tail")
+def traces_tail(count: int = 20, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+                as_json: JsonFlag = False) -> None:
+    """The last searches (query redacted: intent, dirs, fallback, chosen ids, latency) and LLM calls."""
+    client, keys = redis_target()
+    entries = list(reversed(client.xrevrange(keys.traces, count=count)))
+    last = "$"
+    for entry_id, fields in entries:
+        _print_trace(fields[FIELD.encode()], as_json)
+        last = entry_id
+    while follow:
+        reply = client.xread({keys.traces: last}, block=5000, count=100)
+        for entry_id, fields in (reply[0][1] if reply else []):
+            _print_trace(fields[FIELD.encode()], as_json)
+            last = entry_id
+
+
+def _print_trace(raw: bytes, as_json: bool) -> None:
+    trace = orjson.loads(raw)
+    if as_json:
+        typer.echo(raw.decode())
+        return
+    if trace.get("kind") == "llm":  # an LLM call: extraction batch, judgement or plan
+        why = f" {trace['reason']}" if trace.get("reason") else ""
+        typer.echo(f"{trace['at'][:19]} {trace['subject']:<16} llm    {trace['purpose']:<18} "
+                   f"{trace['outcome'].upper()}{why} items={trace['items']} stand_ins={trace['stand_ins']} "
+                   f"tokens={trace['prompt_tokens']}+{trace['completion_tokens']} {trace['latency_ms']:.1f} ms")
+        return
+    flag = " FALLBACK" if trace.get("fallback") else ""
+    if trace.get("plan_error"):
+        flag += f" (llm plan: {trace['plan_error']})"
+    typer.echo(f"{trace['now'][:19]} {trace['subject']:<16} {trace['status']:<6} {trace['intent']:<18} "
+               f"dirs={','.join(trace['dirs']) or '*'}{flag} chosen={len(trace['chosen'])} "
+               f"{trace['latency_ms']:.1f} ms  {trace['query']!r}")

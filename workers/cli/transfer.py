@@ -1,0 +1,47 @@
+"""`memflow export` and `memflow import`: memories as JSON Lines, out of one store and into another
+(docs/export-format.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memflow.pipeline.export import FormatError
+from memflow.shared.client import MemoryClient
+from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json
+
+
+def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="Subjects to export.")] = None,
+                    every: Annotated[bool, typer.Option("--all", help="Every subject in the store.")] = False,
+                    with_vectors: Annotated[bool, typer.Option("--with-vectors", help=(
+                        "Include each memory's dense vector and the model that made it (an import into a store "
+                        "of that model stores them as they are; others encode again)."))] = False) -> None:
+    """Write memories as JSON Lines to stdout, with their versions, history and provenance (docs/export-format.md)."""
+    if bool(subjects) == every:
+        raise typer.BadParameter("name the subjects to export, or --all (not both)")
+    out = sys.stdout.buffer
+    for line in MemoryClient(load_settings()).export(None if every else subjects, with_vectors=with_vectors):
+        out.write(line)
+    out.flush()
+
+
+def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON Lines); - for stdin.")],
+                    as_json: JsonFlag = False) -> None:
+    """Import an export: checked whole first, then each subject gets what it lacks (the same file twice changes
+    nothing; a memory forgotten here is not brought back)."""
+    try:
+        with (sys.stdin.buffer if str(path) == "-" else path.open("rb")) as lines:
+            report = MemoryClient(load_settings()).import_(lines)
+    except FormatError as exc:
+        fail(f"{path}: {exc}: nothing was imported")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc}")
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+        return
+    for s in report.subjects:
+        typer.echo(f"{s.subject}: {s.memories} in the file — {s.written} written ({s.reembedded} encoded here), "
+                   f"{s.already} already here, {s.kept} kept as this store has them, {s.forgotten} forgotten here")

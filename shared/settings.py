@@ -510,7 +510,7 @@ class Settings(BaseSettings):
 FLAT_NAMES: frozenset[str] = frozenset({*_FLAT, "log_level"})
 # MEMFLOW_* variables that are not settings: read by a command itself, never named in the unknown warning.
 OTHER_VARIABLES: frozenset[str] = frozenset({
-    "MEMFLOW_MCP_SUBJECT",  # `memflow mcp --subject` (workers/cli.py)
+    "MEMFLOW_MCP_SUBJECT",  # `memflow mcp --subject` (workers/cli/run.py)
     "MEMFLOW_SERVE_AUTH",  # `memflow serve --workers N` to its processes (workers/api.AUTH_VARIABLE)
     "MEMFLOW_KEY",  # an API key for clients (the README's TypeScript example): often set beside a server
 })

@@ -10,11 +10,11 @@ import orjson
 import typer
 
 from memflow.shared import dlq as dead
+from memflow.shared.backlog import change_partitions
 from memflow.shared.connections import connect_queue
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import FIELD, recorded_partitions
 from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
-from memflow.shared.streams import change_partitions
 from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
 
 partitions_app = typer.Typer(help="The partition count of the streams, recorded in Redis.", no_args_is_help=True)

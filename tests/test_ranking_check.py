@@ -41,7 +41,7 @@ CONVERSATION = {
          "category": 5},
     ],
 }
-MADIAL = {
+MADIAL: dict[str, list[dict[str, Any]]] = {
     "memory": [{"1": {"time": "2023-05-15", "event": "Bart tried the mango ice cream at the new shop.", "user-id": 1}},
                {"2": {"time": "2023-08-16", "event": "Bart was flying a kite at the beach.", "user-id": 1}}],
     "dialogue": [{"dialogue": ["<BOD>\n", "<Bart>: \"I want some ice cream!\"\n", "<Assistant>: \"Which one?\"\n",
@@ -107,7 +107,7 @@ def test_a_record_missing_a_query_or_with_moved_scores_only() -> None:
     hit = {"content": "x", "mtype": "episode", "key": "k", "status": "active", "about": "self", "contested": False,
            "sources": ["e1"], "pending": False}
     query = {"query": "q", "status": "ok", "hits": [hit], "scores": [0.5], "ids": ["m1"], "ties": []}
-    a = {"format": 1, "top": 10, "store": {"path": "s", "sources": {}}, "sets": {"locomo": {"c/0": query, "c/1": query}}}
+    a: dict[str, Any] = {"format": 1, "top": 10, "store": {"path": "s", "sources": {}}, "sets": {"locomo": {"c/0": query, "c/1": query}}}
     b = copy.deepcopy(a)
     del b["sets"]["locomo"]["c/1"]
     b["sets"]["locomo"]["c/0"]["scores"] = [0.6]

@@ -39,7 +39,7 @@ from memflow.bench.ablation import built, ingest_key, ladder, split
 from memflow.bench.llm_echo import echo
 from memflow.bench.llm_stub import ScriptedLLM
 from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
-from memflow.pipeline.models import Hit
+from memflow.pipeline.models import Hit, SearchResult
 from memflow.pipeline.ranking import RankingProfiles
 from memflow.shared import dlq, sparse
 from memflow.shared.embedder import Embedder
@@ -246,13 +246,19 @@ def ask_memflow(system: Embedded, convs: Sequence[Conversation], tokens: CountTo
     for conv in convs:
         for q in conv.questions:
             started = time.perf_counter()
-            top = system.client.search(conv.sample_id, q.text, DEPTH, now=conv.now)
+            top = search(system, conv, q)
             asked.latencies_s.append(time.perf_counter() - started)
-            deep = system.client.search(conv.sample_id, q.text, POOL_DEPTH, now=conv.now)
+            deep = search(system, conv, q, POOL_DEPTH)
             asked.failed += (top.status == "failed") + (deep.status == "failed")
             asked.answers.append(Answered(q.category, q.evidence, _items(top.hits, tokens), _items(deep.hits, tokens)))
             progress.note(f"memflow: {len(asked.answers)}/{total} questions")
     return asked
+
+
+def search(system: Embedded, conv: Conversation, q: Question, k: int = DEPTH) -> SearchResult:
+    """One question as the benchmark asks it: the conversation's subject, as of just after its last session
+    (bench/ranking_check.py asks the same way)."""
+    return system.client.search(conv.sample_id, q.text, k, now=conv.now)
 
 
 def _items(hits: Sequence[Hit], tokens: CountTokens) -> tuple[Item, ...]:

@@ -34,7 +34,7 @@ import orjson
 
 from memflow.bench.locomo import Progress, dense_ranker, own_namespace, wait_until_idle
 from memflow.bench.recall import Item, evidence_recall, percentile_ms
-from memflow.pipeline.models import Hit, MType, Status
+from memflow.pipeline.models import Hit, MType, SearchResult, Status
 from memflow.pipeline.models import Memory as Stored
 from memflow.pipeline.statements import CJK
 from memflow.shared.embedder import Embedder
@@ -259,12 +259,18 @@ def madial_ids(hits: Sequence[Hit], by_event: Mapping[str, str]) -> Ranked:
     return tuple(Item(tuple(by_event[e] for e in h.source_event_ids if e in by_event), 0) for h in hits)
 
 
+def search(system: Embedded, split: Split, d: Dialogue) -> SearchResult:
+    """One dialogue as the benchmark asks it: the top 10 of its user's memories, as of a day after the newest
+    (bench/ranking_check.py asks the same way)."""
+    return system.client.search(subject_of(split.lang, d.user), d.query, DEPTH, now=split.now)
+
+
 def search_all(system: Embedded, split: Split, progress: Progress) -> Searched:
     """One top-10 search per dialogue through the RPC path, as an agent would ask it."""
     searched, by_event = Searched(), {event_id_of(split.lang, m.id): m.id for m in split.memories}
     for d in split.dialogues:
         started = time.perf_counter()
-        result = system.client.search(subject_of(split.lang, d.user), d.query, DEPTH, now=split.now)
+        result = search(system, split, d)
         searched.latencies_s.append(time.perf_counter() - started)
         searched.failed += result.status == "failed"
         searched.ranked.append(madial_ids(result.hits, by_event))

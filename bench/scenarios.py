@@ -33,7 +33,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from memflow.bench.ablation import ladder
 from memflow.bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
-from memflow.pipeline.models import Dir, MType, Role, Subject
+from memflow.pipeline.models import Dir, MType, Role, SearchResult, Subject
 from memflow.shared.codec import json_object
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.errors import DecodeError, MemflowError
@@ -272,6 +272,27 @@ class Replay:
                 outcomes.append(outcome)
         return outcomes, None
 
+    def prepare(self) -> list[int]:
+        """Every step but the queries, then wait until the pipeline is idle: the store the queries are asked of.
+        The query steps' indices (bench/ranking_check.py asks them later, of a copy of that store); ValueError
+        when a query comes before a step of another kind (it would be asked of a later store than it was)."""
+        steps = self.scenario.steps
+        queries = [i for i, step in enumerate(steps) if step.query is not None]
+        if queries != list(range(len(steps) - len(queries), len(steps))):
+            raise ValueError(f"{self.scenario.id}: a query comes before another step; only trailing queries can be "
+                             "asked of the finished store")
+        for i, step in enumerate(steps):
+            if step.query is None:
+                self.handlers[step.actions()[0]](i, step)
+        self._idle(len(steps))
+        return queries
+
+    def search(self, step: Step) -> SearchResult:
+        """A query step's search as the runner asks it: the step's subject, options and time."""
+        assert step.query is not None
+        return self.client.search(self._subject(step), step.query.text, step.query.k, now=step.at,
+                                  dirs=step.query.dirs, mtypes=step.query.mtypes)
+
     def _subject(self, step: Step) -> str:
         return step.subject or self.scenario.subject
 
@@ -318,8 +339,7 @@ class Replay:
         self._idle(i)
         subject, text = self._subject(step), step.query.text
         started = time.perf_counter()
-        result = self.client.search(subject, text, step.query.k, now=step.at, dirs=step.query.dirs,
-                                    mtypes=step.query.mtypes)
+        result = self.search(step)
         client_ms = (time.perf_counter() - started) * 1000
         got = returned(result)
         checks = [c.model_copy(update={"step": i, "query": text}) for c in score(step.expect or {}, got)]

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Generic
 
-from pydantic import TypeAdapter
 from rq import Queue
 from rq.serializers import JSONSerializer
 
@@ -196,26 +195,7 @@ def run_job(ctx: Context, req: RunJobRequest) -> JobReport:
     """A maintenance job, run here because this process holds the store."""
     report = jobs.run(ctx, req.name, req.subject, req.now or datetime.now(UTC), req.dry_run,
                       req.tier.value if req.tier else None)
-    return report_of(report, ctx.foreground.step_aside)
-
-
-# A report names every memory a job changed: at 20k memories, 20k entries and ~0.1 s of validation.
-REPORT_CHUNK = 1000
-
-
-def report_of(report: dict[str, Any], between: Callable[[], object]) -> JobReport:
-    """The reply of a job, its long lists validated REPORT_CHUNK entries at a time (`between` the chunks: the
-    searches of the process go first) rather than in one stretch a search arriving would wait for."""
-    lists = {name: report[name] for name in ("changed", "written", "sent", "undecided")}
-    reply = JobReport.model_validate({**report, **dict.fromkeys(lists, [])})
-    for name, entries in lists.items():
-        adapter: TypeAdapter[list[Any]] = TypeAdapter(JobReport.model_fields[name].annotation or list[Any])
-        validated: list[Any] = []
-        for start in range(0, len(entries), REPORT_CHUNK):
-            between()
-            validated += adapter.validate_python(entries[start:start + REPORT_CHUNK])
-        setattr(reply, name, validated)
-    return reply
+    return jobs.report_of(report, ctx.foreground.step_aside)
 
 
 def history(ctx: Context, req: HistoryRequest) -> History:

@@ -4,12 +4,14 @@ Each step adds overrides to the previous one, starting from everything off. A st
 settings do not exist yet (the mechanism is not built) is reported "not built", never
 silently run as if it were the previous step. `INGEST_SETTINGS` change what is written;
 the rest only change how it is searched, so steps that agree on them can share one ingest.
+An override names a setting or a tuned ranking value (pipeline/ranking.py `TUNABLE`; `split`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from memflow.pipeline.ranking import tunable
 from memflow.shared.settings import FLAT_NAMES
 
 # Everything off: one flat route, engine-side RRF of dense and BM25, turns indexed alone.
@@ -28,7 +30,14 @@ INGEST_SETTINGS = frozenset({"episode_context"})
 
 
 def built(overrides: dict[str, Any]) -> bool:
-    return all(name in FLAT_NAMES for name in overrides)
+    return all(name in FLAT_NAMES or tunable(name) is not None for name in overrides)
+
+
+def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the settings, the tuned ranking values) an override names: the first go to `Settings.replace`, the
+    others to the searches' profiles (`RankingProfiles.tuned`)."""
+    settings = {name: value for name, value in overrides.items() if name in FLAT_NAMES}
+    return settings, {name: value for name, value in overrides.items() if name not in settings}
 
 
 def ladder() -> list[tuple[str, dict[str, Any] | None]]:

@@ -35,17 +35,18 @@ from typing import Any, TextIO
 import numpy as np
 import orjson
 
-from memflow.bench.ablation import ingest_key, ladder
+from memflow.bench.ablation import built, ingest_key, ladder, split
 from memflow.bench.llm_echo import echo
 from memflow.bench.llm_stub import ScriptedLLM
 from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from memflow.pipeline.models import Hit, SearchResult
+from memflow.pipeline.ranking import RankingProfiles
 from memflow.shared import dlq, sparse
 from memflow.shared.backlog import backlog
 from memflow.shared.embedder import Embedder
 from memflow.shared.keys import STAGES
 from memflow.shared.llm import usage as llm_usage
-from memflow.shared.settings import FLAT_NAMES, Settings
+from memflow.shared.settings import Settings
 from memflow.shared.store import MemoryFilter
 from memflow.workers.embedded import Embedded, embedded
 
@@ -361,13 +362,15 @@ def run_memflow(steps: Sequence[Step], convs: Sequence[Conversation], base: Sett
     """
     with tempfile.TemporaryDirectory(prefix="memflow-locomo-") as tmp:
         own = own_namespace(Path(tmp), "locomo")
-        settings = base.replace(**{**(steps[0].overrides or {}), **own})
+        settings = base.replace(**{**split(steps[0].overrides or {})[0], **own})
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
             progress.note(f"memflow ({steps[0].label}): ingesting {len(convs)} conversation(s)", force=True)
             figures = ingest(system, convs, progress, jobs)
             tokens = lru_cache(maxsize=None)(system.ctx.embedder.count_tokens)
             for step in steps:
-                system.ctx.settings = base.replace(**{**(step.overrides or {}), **own})
+                chosen, tuned = split(step.overrides or {})
+                system.ctx.settings = base.replace(**{**chosen, **own})
+                system.ctx.ranking = RankingProfiles().tuned(tuned)
                 progress.note(f"memflow ({step.label}): asking", force=True)
                 step.ingest, step.asked = figures, ask_memflow(system, convs, tokens, progress)
             if figures["llm"] is not None:  # the searches' plans, on top of the ingest's extraction and judgement
@@ -528,14 +531,14 @@ def _ablation_table(out: dict[str, Any]) -> list[str]:
 
 
 def read_variants(path: Path) -> dict[str, dict[str, Any]]:
-    """{name: {setting: value}} from a JSON file; ValueError naming the first unknown setting."""
+    """{name: {setting or tuned ranking value: value}} from a JSON file; ValueError naming the first unknown one."""
     variants = orjson.loads(path.read_bytes())
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         raise ValueError("expected a JSON object of {name: {setting: value}}")
     for name, overrides in variants.items():
-        unknown = sorted(set(overrides) - FLAT_NAMES)
+        unknown = sorted(name for name in overrides if not built({name: None}))
         if unknown:
-            raise ValueError(f"variant {name!r}: unknown setting(s) {', '.join(unknown)}")
+            raise ValueError(f"variant {name!r}: unknown setting(s) or ranking value(s) {', '.join(unknown)}")
     return variants
 
 

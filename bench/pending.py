@@ -11,7 +11,7 @@ Reported per subject ("without" = quiet, "with" = live), each next to the limit 
 - the search through the RPC path (`MemoryClient.search`), p50 / p95;
 - the limit: one in-process query encode + one hybrid store query (as bench perf);
 - the layer alone, in process: reading the subject's pending entries, then `about_to_be_written` and
-  `with_pending` over the routes' candidates (found beforehand, untimed) — what `workers.query.retrieve`
+  `with_pending` over the routes' candidates (found beforehand, untimed) — what `pipeline.search.retrieve`
   adds; for the quiet subject that is the read of an empty hash;
 - how many entries were pending at each search ("with": never 0, else the figure measures nothing).
 Idle: after the live session's realtime statements are stored (at idle they are pending for tens of ms; the
@@ -55,14 +55,15 @@ from memflow.pipeline.gate import gate
 from memflow.pipeline.models import QueryPlan, Role, SearchRequest
 from memflow.pipeline.pending import Said
 from memflow.pipeline.score import Found
+from memflow.pipeline.search import dated, plan_for, query_vectors
 from memflow.pipeline.triggers import realtime_signals
 from memflow.shared.backlog import backlog
 from memflow.shared.client import MemoryClient
 from memflow.shared.keys import STAGES
 from memflow.shared.pending_search import Shown
+from memflow.shared.search_reader import PendingRoutes, pending_of, profile_for, run_routes
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import Embedded
-from memflow.workers.query import PendingRoutes, dated, pending_of, plan_for, query_vectors, run_routes
 
 QUIET, LIVE = "bench-quiet", "bench-live"
 NOW = AT + timedelta(days=1)
@@ -204,7 +205,7 @@ def ask(system: Embedded, phase: Phase, query: str, alone: str, i: int) -> None:
 
 
 def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, float]:
-    """The time `workers.query.retrieve` spends on the pending layer for this search: the read of the pending
+    """The time `pipeline.search.retrieve` spends on the pending layer for this search: the read of the pending
     entries, then (when there are some) the ranking of what is pending among the routes' candidates, found
     in between and not timed. Twice: as this search meets it, and again at once, when every passage vector
     it needed is in the process's cache: the difference is what the model spent encoding."""
@@ -214,10 +215,11 @@ def layer_seconds(system: Embedded, subject: str, query: str) -> tuple[float, fl
     if not said:
         return read_s, timed(lambda: pending_of(ctx.settings.pending, ctx.client, ctx.keys, subject))
     req = SearchRequest(subject=subject, query=query, k=5, now=NOW)
-    plan = dated(ctx.settings, plan_for(ctx.settings, req), query, NOW)
-    ranking = ctx.settings.ranking
-    vectors = query_vectors(ctx.embedder, ranking, [query, *(r.text for r in plan.routes if r.strategy == "semantic")])
-    found = run_routes(ctx.store, ranking.fusion, req, plan.routes, vectors, max(ranking.candidate_pool, req.k * 4))
+    profile = profile_for(ctx.settings, ctx.ranking, query)
+    plan = dated(profile, plan_for(profile, req), query, NOW)
+    vectors = query_vectors(ctx.search_reader, profile, [query, *(r.text for r in plan.routes
+                                                                  if r.strategy == "semantic")])
+    found = run_routes(ctx.store, profile.fusion, req, plan.routes, vectors, max(profile.candidate_pool, req.k * 4))
     met = read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
     return met, read_s + timed(lambda: ranked_with(system, req, plan, vectors, found, said))
 

@@ -56,7 +56,7 @@ class NotDurable(MemflowError):
 # much, a socket that has heard nothing is talking to a server that stopped answering (a half-open
 # connection, a paused or wedged server), and the read raises instead of holding the stage forever.
 READ_MARGIN_S = 10.0
-# The query worker's dequeue: RQ blocks at most 1 s (workers/query.DEQUEUE_WAIT_S: 0.25 s), and
+# The query worker's dequeue: RQ blocks at most 1 s (workers/rq_adapter.DEQUEUE_WAIT_S: 0.25 s), and
 # raises the socket timeout of the pool it is given to that + 10 s when it is lower. The stage
 # connection starts at least there, so that RQ never changes a pool the stream stages share.
 RQ_DEQUEUE_S = 1.0

@@ -32,6 +32,7 @@ import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from memflow.pipeline.tokens import approximate_tokens
+from memflow.pipeline.vectors import to_unit
 from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable
 from memflow.shared.settings import Settings
 from memflow.shared.tokenizer import e5_model, readable
@@ -282,7 +283,7 @@ class TurnLock:
             self._waiting[ticket], self._passes[ticket] = cost, 0
             try:
                 self._changed.wait_for(lambda: lane not in self._held and self._next(lane) == ticket)
-            except BaseException:  # a job's deadline is raised in its thread wherever it waits (workers/query.py)
+            except BaseException:  # a job's deadline is raised in its thread wherever it waits (workers/rq_adapter.py)
                 self._leave(ticket)
                 raise
             self._leave(ticket)
@@ -395,17 +396,7 @@ class Paired:
 
 def joined(halves: Sequence[tuple[float, Sequence[float]]]) -> list[float]:
     """The weighted halves end to end, scaled to unit length."""
-    return _to_unit([w * x for w, half in halves for x in half])
-
-
-def summed(vectors: Sequence[Sequence[float]]) -> list[float]:
-    """The unit vector along the sum: its cosine with any unit vector ranks as the sum of theirs."""
-    return _to_unit([math.fsum(column) for column in zip(*vectors, strict=True)])
-
-
-def _to_unit(values: list[float]) -> list[float]:
-    norm = math.sqrt(math.fsum(x * x for x in values)) or 1.0
-    return [x / norm for x in values]
+    return to_unit([w * x for w, half in halves for x in half])
 
 
 # -- any OpenAI-compatible /v1/embeddings endpoint ----------------------------------------

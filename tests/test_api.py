@@ -288,7 +288,7 @@ def test_feedback_at_far_from_the_servers_clock_is_refused(served: Served) -> No
 
 def test_a_memory_that_does_not_exist_is_a_quiet_404(served: Served, caplog: pytest.LogCaptureFixture) -> None:
     # Not the worker's error: RQ logged ERROR with a traceback for every history of an unknown id.
-    caplog.set_level(logging.DEBUG, logger="memflow.workers.query")
+    caplog.set_level(logging.DEBUG, logger="memflow.workers.rq_adapter")
     missing = str(uuid.uuid4())
     with served.http(served.admin) as http:
         assert http.get(f"/v1/memories/{missing}/history").status_code == 404

@@ -2,7 +2,7 @@
 
 The entry points take the process's Context: the query worker's RPC handlers (the RQ jobs), the stream stages'
 `build` (the consumer loop's handler), the jobs' `run`, the runner that assembles the stages (workers/system.py),
-and the `of` constructors of the typed views a step takes (query.Retrieval, forgetting.Places, resolve.Resolver...).
+and the `of` constructors of the typed views a step takes (forgetting.Places, resolve.Resolver...).
 Every other function takes what it uses (a store, an applier, keys and a client, a settings section), so that its
 signature says what it touches and a test builds just that.
 """
@@ -21,7 +21,7 @@ WHOLE_MODULES = {"workers/system.py"}
 # Where a Context is unpacked, by name, in every module: a stage's consumer handler, a typed view's constructor.
 ANYWHERE = {"build", "of"}
 ENTRY_POINTS = {
-    "workers/query.py": {h.run.__name__ for h in query.HANDLERS.values()} | {"serve", "bound_to", "build_worker"},
+    "workers/query.py": {h.run.__name__ for h in query.HANDLERS.values()} | {"serve", "build_worker"},
     "workers/jobs.py": {"run"},  # the RUN_JOB call and `memflow jobs run`
     "workers/trigger.py": {"buffers"},  # the session buffers, bounded as the settings say
 }

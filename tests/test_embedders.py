@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from memflow.pipeline.vectors import summed
 from memflow.shared.embedder import (
     E5Embedder,
     Embedder,
@@ -31,7 +32,6 @@ from memflow.shared.embedder import (
     Prefixes,
     approximate_tokens,
     build_embedder,
-    summed,
 )
 from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
 from memflow.shared.settings import Settings

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from memflow.bench.ablation import split
 from memflow.bench.llm_echo import data_of, purpose
 from memflow.bench.llm_stub import Reply, ScriptedLLM
 from memflow.pipeline.models import Status
+from memflow.pipeline.ranking import RankingProfiles
 from memflow.shared.embedder import Embedder
 from memflow.shared.keys import FIELD
 from memflow.shared.rpc import LLMUse, MemoryState
+from memflow.shared.search_reader import profile_for
 from memflow.shared.settings import Settings
 from tests.conftest import System, run_cli, start_system, wait_for
 
@@ -61,11 +64,13 @@ def prefers(kind: str, turns: list[dict[str, Any]], **extra: Any) -> Reply:
 def llm_system(settings: Settings, embedder: Embedder, request: pytest.FixtureRequest) -> Iterator[tuple[System,
                                                                                                        ScriptedLLM]]:
     script, overrides = request.param if isinstance(request.param, tuple) else (request.param, {})
+    chosen, tuned = split(overrides)  # settings, and tuned ranking values (pipeline/ranking.py)
     with ScriptedLLM(script) as server:
         configured = settings.replace(**{"llm_base_url": server.url, "llm_model": "scripted",
                                          "llm_timeout_s": 2.0, "llm_max_retries": 1,
-                                         "llm_api_key": SecretStr("sk-test-do-not-log-0123456789abcdef")} | overrides)
+                                         "llm_api_key": SecretStr("sk-test-do-not-log-0123456789abcdef")} | chosen)
         running = start_system(configured, embedder)
+        running.ctx.ranking = RankingProfiles().tuned(tuned)
         try:
             yield running, server
         finally:
@@ -319,10 +324,11 @@ def _wide_planner(body: dict[str, Any]) -> Reply:
                                         (_wide_planner, {"whole_subject_weight": 0.0}),
                                         (_wide_planner, {"bm25_route_weight": 0.7})], indirect=True)
 def test_an_llm_plan_obeys_the_route_settings(llm_system: tuple[System, ScriptedLLM]) -> None:
-    """Risk 8 (issue 15): the route weights and dir scoping in settings apply to an LLM plan as to the heuristic
-    one: a route they switch off never comes back because a model proposed it; a bm25 route weighs what they say."""
+    """Risk 8 (issue 15): the route weights of the ranking profile and dir scoping in settings apply to an LLM plan as
+    to the heuristic one: a route they switch off never comes back because a model proposed it; a bm25 route weighs
+    what they say."""
     system, server = llm_system
-    s = system.ctx.settings.ranking
+    s = profile_for(system.ctx.settings, system.ctx.ranking, "What did we pick for that project?")
     for _ in range(2):  # asked, then read from the plan cache
         plan = system.client.search("ana", "What did we pick for that project?", now=T0).plan
         assert plan is not None and plan.source == "llm"

@@ -227,11 +227,15 @@ def test_variants_name_known_settings_or_are_refused(tmp_path: Path) -> None:
     from memflow.bench.locomo import read_variants
 
     good = tmp_path / "good.json"
-    good.write_bytes(orjson.dumps({"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}}))
-    assert read_variants(good) == {"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}}
+    named = {"floor 0.5": {"decay_floor": 0.5}, "rrf": {"fusion": "rrf"}, "dialogues": {"dialogue.dense_weight": 1.0}}
+    good.write_bytes(orjson.dumps(named))
+    assert read_variants(good) == named  # settings, and tuned ranking values (pipeline/ranking.py)
     bad = tmp_path / "bad.json"
     bad.write_bytes(orjson.dumps({"typo": {"decay_flor": 0.5}}))
     with pytest.raises(ValueError, match="decay_flor"):
+        read_variants(bad)
+    bad.write_bytes(orjson.dumps({"no such kind": {"chat.dense_weight": 0.5}}))
+    with pytest.raises(ValueError, match="chat.dense_weight"):
         read_variants(bad)
     bad.write_bytes(b"[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):

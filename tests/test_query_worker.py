@@ -12,11 +12,11 @@ import pytest
 import redis
 import rq.worker.base as rq_base
 from rq import Queue
+from rq.exceptions import StopRequested
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
-from rq.worker.base import StopRequested  # type: ignore[attr-defined]
 
-from memflow.workers.query import QueryWorker, Watchdog, WatchedDeathPenalty
+from memflow.workers.rq_adapter import QueryWorker, Watchdog, WatchedDeathPenalty
 from tests.conftest import wait_for
 
 

@@ -5,6 +5,7 @@ Real redis-server, real Edge shard, the real model; time is the events' and the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -102,13 +103,13 @@ def test_chinese_is_found_by_meaning_and_a_dialogue_by_what_was_just_said(paired
 
 
 def test_a_dialogue_leans_on_meaning_and_a_request_on_its_words() -> None:
-    from memflow.shared.settings import Settings
-    from memflow.workers.query import dense_weight_for
+    from memflow.pipeline.ranking import RankingProfiles
 
-    settings = Settings(dense_weight=0.4, dialogue_dense_weight=1.6)
-    assert dense_weight_for(settings, "Who do I report to?") == 0.4
-    assert dense_weight_for(settings, "I prefer tabs.\nWhat do I like?") == 0.4
-    assert dense_weight_for(settings, "A: hi\nB: hello\nA: I lost my kite") == 1.6
+    profiles = RankingProfiles().tuned({"request.dense_weight": 0.4, "dialogue.dense_weight": 1.6})
+    assert profiles.of("Who do I report to?").dense_weight == 0.4
+    assert profiles.of("I prefer tabs.\nWhat do I like?").dense_weight == 0.4
+    assert profiles.of("A: hi\nB: hello\nA: I lost my kite").dense_weight == 1.6
+    assert (RankingProfiles().of("Who?").dense_weight, RankingProfiles().of("a\nb\nc").dense_weight) == (0.5, 1.5)
 
 
 def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System) -> None:
@@ -136,14 +137,15 @@ def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System
 
 
 def test_a_request_names_a_period_and_a_dialogue_does_not() -> None:
+    from memflow.pipeline.ranking import REQUEST, RankingProfiles
     from memflow.pipeline.score import flat_plan
-    from memflow.shared.settings import Settings
-    from memflow.workers.query import dated
+    from memflow.pipeline.search import dated
 
     now = datetime(2026, 6, 1, tzinfo=UTC)
     request = "What did I find last summer, in 2025?"
     dialogue = "A: 你好\nB: 你好呀\nA: 其实我去年夏天发现了一个白色的乒乓球！"
-    period = dated(Settings(), flat_plan(request), request, now).period
+    profiles = RankingProfiles()
+    period = dated(profiles.of(request), flat_plan(request), request, now).period
     assert period is not None and period.label == "2025"
-    assert dated(Settings(), flat_plan(dialogue), dialogue, now).period is None
-    assert dated(Settings(period_boost=0), flat_plan(request), request, now).period is None
+    assert dated(profiles.of(dialogue), flat_plan(dialogue), dialogue, now).period is None
+    assert dated(replace(REQUEST, period_boost=0), flat_plan(request), request, now).period is None

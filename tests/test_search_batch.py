@@ -1,6 +1,6 @@
 """The read path asks the store once per search: every route's queries in one batch (`Store.query_many`), and a
 scoped route that covers nearly the whole subject read off the whole-subject route's candidates — with the same
-candidates, hits and order as the route-by-route search it replaces (`workers.query._run_route`).
+candidates, hits and order as the route-by-route search it replaces (`shared.search_reader.run_route`).
 
 A realistic store: a few hundred memories of two subjects in every directory, type, status and topic key, with
 the real model's vectors; "wide" keeps most of them where an entity question looks, "narrow" few.
@@ -16,13 +16,16 @@ from typing import Any
 
 import pytest
 
+from memflow.pipeline import search as recipe
 from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source, Status
+from memflow.pipeline.ranking import RankingProfile
 from memflow.pipeline.score import Found
+from memflow.shared import search_reader
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
+from memflow.shared.search_reader import profile_for
 from memflow.shared.settings import Fusion, Settings
 from memflow.shared.store import MemoryFilter, Query, Scored, Store
-from memflow.workers import query
 from memflow.workers.runtime import Context
 
 # Each test searches a few hundred real vectors many times over, twice: slow on a busy machine.
@@ -102,15 +105,23 @@ def counted(ctx: Context, **kwargs: Any) -> Counted:
 
 def route_by_route(store: Store, fusion: Fusion, req: SearchRequest, routes: Sequence[Any],
                    vectors: dict[str, list[float]], pool: int) -> list[Found]:
-    return [query._run_route(store, fusion, req, route, vectors, pool) for route in routes]
+    return [search_reader.run_route(store, fusion, req, route, vectors, pool) for route in routes]
+
+
+def profile(ctx: Context, query: str) -> RankingProfile:
+    return profile_for(ctx.settings, ctx.ranking, query)
+
+
+def plan_for(ctx: Context, req: SearchRequest) -> Any:
+    return recipe.plan_for(profile(ctx, req.query), req)
 
 
 def vectors_for(ctx: Context, texts: list[str]) -> dict[str, list[float]]:
-    return query.query_vectors(ctx.embedder, ctx.settings.ranking, texts)
+    return recipe.query_vectors(ctx.search_reader, profile(ctx, texts[0]), texts)
 
 
 def retrieve(ctx: Context, req: SearchRequest, plan: Any) -> Any:
-    return query.retrieve(query.Retrieval.of(ctx), req, plan)
+    return recipe.retrieve(ctx.search_reader, profile(ctx, req.query), req, plan)
 
 
 def by_score(found: Sequence[tuple[Memory, float]], above: float = -1e9) -> dict[float, set[str]]:
@@ -147,10 +158,10 @@ def at_the_cut(found: Sequence[Found], pool: int) -> set[str]:
 def search_both_ways(ctx: Context, text: str, subject: str, monkeypatch: pytest.MonkeyPatch) -> None:
     now = T0 + timedelta(days=30)
     req = SearchRequest(subject=subject, query=text, k=8, now=now)
-    plan = query.dated(ctx.settings, query.plan_for(ctx.settings, req), text, now)
+    plan = recipe.dated(profile(ctx, text), plan_for(ctx, req), text, now)
     vectors = vectors_for(ctx, [text, *(r.text for r in plan.routes if r.strategy == "semantic")])
     tied: set[str] = set()
-    for path in (query.run_routes, route_by_route):
+    for path in (search_reader.run_routes, route_by_route):
         tied |= at_the_cut(path(ctx.store, ctx.settings.ranking.fusion, req, plan.routes, vectors, 50), 50)
     (new, new_fallback, _), (old, old_fallback, _) = retrieve(ctx, req, plan), old_retrieve(ctx, req, plan,
                                                                                            monkeypatch)
@@ -158,14 +169,15 @@ def search_both_ways(ctx: Context, text: str, subject: str, monkeypatch: pytest.
     new, old = [c for c in new if c[0].id not in tied], [c for c in old if c[0].id not in tied]
     twentieth = old[min(19, len(old) - 1)][1] if old else 0.0
     assert by_score(new, twentieth) == by_score(old, twentieth)
-    new_hits, old_hits = query.ranked(ctx.settings, new, now, req.k), query.ranked(ctx.settings, old, now, req.k)
+    ranked = [recipe.ranked(profile(ctx, text), found, now, req.k) for found in (new, old)]
+    new_hits, old_hits = ranked
     assert [h.score for h in new_hits] == pytest.approx([h.score for h in old_hits], abs=1e-6)
     assert by_score([(h, h.score) for h in new_hits]) == by_score([(h, h.score) for h in old_hits])
 
 
 def old_retrieve(ctx: Context, req: SearchRequest, plan: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as patched:
-        patched.setattr(query, "run_routes", route_by_route)
+        patched.setattr(search_reader, "run_routes", route_by_route)
         return retrieve(ctx, req, plan)
 
 
@@ -183,7 +195,7 @@ def test_rrf_fusion_searches_route_by_route(ctx: Context) -> None:
     ctx.settings = ctx.settings.replace(fusion="rrf")
     store = counted(ctx)
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
-    plan = query.plan_for(ctx.settings, req)
+    plan = plan_for(ctx, req)
     retrieve(ctx, req, plan)
     assert store.calls == ["query"] * len(plan.routes)
 
@@ -193,9 +205,9 @@ def test_each_route_finds_what_it_found_alone(ctx: Context) -> None:
     for subject in ("wide", "narrow"):
         for text in QUERIES:
             req = SearchRequest(subject=subject, query=text, k=8)
-            routes = query.plan_for(ctx.settings, req).routes
+            routes = plan_for(ctx, req).routes
             vectors = vectors_for(ctx, [text, *(r.text for r in routes if r.strategy == "semantic")])
-            same_found(query.run_routes(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50),
+            same_found(search_reader.run_routes(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50),
                        route_by_route(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50))
 
 
@@ -204,7 +216,7 @@ def test_a_scope_covering_nearly_the_whole_subject_costs_no_second_search(ctx: C
     subject: in "wide" the scope holds 92 % of it, so its candidates come from the whole-subject route's."""
     store = counted(ctx)
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
-    plan = query.plan_for(ctx.settings, req)
+    plan = plan_for(ctx, req)
     assert any(r.dirs and r.text == req.query for r in plan.routes) and plan.routes[-1].dirs == []
     retrieve(ctx, req, plan)
     scoped = sum(1 for r in plan.routes if r.dirs and r.text == req.query)
@@ -215,16 +227,16 @@ def test_a_scope_covering_nearly_the_whole_subject_costs_no_second_search(ctx: C
 def test_a_narrow_scope_is_searched_in_a_second_batch(ctx: Context) -> None:
     store = counted(ctx)
     req = SearchRequest(subject="narrow", query="Which database does Atlas use?", k=8)
-    retrieve(ctx, req, query.plan_for(ctx.settings, req))
+    retrieve(ctx, req, plan_for(ctx, req))
     assert len(store.calls) == 2 and all(c.startswith("batch") for c in store.calls), store.calls
 
 
 def test_a_failed_batch_is_searched_route_by_route(ctx: Context) -> None:
     """A batch that fails is asked again one route at a time, where a scoped route's failure is stood in for."""
     req = SearchRequest(subject="wide", query="Which database does Atlas use?", k=8)
-    routes = query.plan_for(ctx.settings, req).routes
+    routes = plan_for(ctx, req).routes
     vectors = vectors_for(ctx, [req.query])
     expected = route_by_route(ctx.store, ctx.settings.ranking.fusion, req, routes, vectors, 50)
     store = counted(ctx, fail_batches=True)
-    same_found(query.run_routes(store, ctx.settings.ranking.fusion, req, routes, vectors, 50), expected)
+    same_found(search_reader.run_routes(store, ctx.settings.ranking.fusion, req, routes, vectors, 50), expected)
     assert store.calls[0].startswith("batch") and set(store.calls[1:]) == {"query"}

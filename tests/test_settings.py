@@ -11,7 +11,9 @@ import pytest
 from pydantic import SecretStr
 
 from memflow.pipeline.lifecycle import Policy
+from memflow.pipeline.ranking import RankingProfiles
 from memflow.pipeline.score import Lifecycle
+from memflow.shared.search_reader import profile_for
 from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env, unknown_variables
 from memflow.shared.settings_doc import COMMAND, markdown
 from memflow.shared.streams import READ_COUNT, ConsumerConfig
@@ -20,7 +22,7 @@ from memflow.shared.streams import READ_COUNT, ConsumerConfig
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     parent = Settings(redis_url="redis://127.0.0.1:1/0", stream_prefix="p:", data_dir=Path("/tmp/x"),
                       reclaim_idle_ms=300, intent_planning=False, qdrant_api_key=SecretStr("k"),
-                      whole_subject_weight=0.25, decay_tau_hours={"preference": 100.0},
+                      candidate_pool=80, decay_tau_hours={"preference": 100.0},
                       type_quotas={"episode": 0.5}, reserved_types={}, fusion="rrf")
     for name, value in to_env(parent).items():
         monkeypatch.setenv(name, value)
@@ -70,24 +72,22 @@ def test_no_llm_unless_a_base_url_is_set(monkeypatch: pytest.MonkeyPatch) -> Non
 # settings were one flat object. A group may rename its fields; none of these may change.
 ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     "archive_below", "edge_shards", "block_ms", "consumers", "pending_enabled", "pending_per_subject", "pending_subjects",
-    "pending_ttl_s", "lease_ms", "partitions", "retention_s", "bm25_route_weight", "candidate_pool", "changes_maxlen", "collapse_records",
-    "collection", "context_smoothing", "data_dir", "decay_floor", "decay_tau_hours", "dense_floor", "dense_weight",
-    "dialogue_dense_weight", "dir_scoping", "duplicate_threshold", "embedder", "embedder_api_key", "embedder_dim",
+    "pending_ttl_s", "lease_ms", "partitions", "retention_s", "candidate_pool", "changes_maxlen", "collapse_records",
+    "collection", "data_dir", "decay_tau_hours",
+    "dir_scoping", "duplicate_threshold", "embedder", "embedder_api_key", "embedder_dim",
     "embedder_input_type", "embedder_max_retries", "embedder_model", "embedder_passage_prefix",
     "embedder_query_prefix", "embedder_timeout_s", "embedder_url", "encode_batch", "episode_context",
-    "exact_match_weight", "fusion", "hotness_cap", "hotness_step", "intent_planning", "lifecycle_scoring",
+    "fusion", "intent_planning", "lifecycle_scoring",
     "llm_api_key", "llm_base_url", "llm_daily_token_budget", "llm_extract", "llm_json_mode", "llm_judge",
     "llm_max_concurrency", "llm_max_output_tokens", "llm_max_retries", "llm_model", "llm_plan",
-    "llm_plan_cache_ttl_s", "llm_plan_timeout_s", "llm_timeout_s", "log_level", "long_term_bonus", "max_deliveries",
+    "llm_plan_cache_ttl_s", "llm_plan_timeout_s", "llm_timeout_s", "log_level", "max_deliveries",
     "max_text_bytes", "model",
-    "period_boost", "holder_mismatch", "keyword_ceiling", "dialogue_keyword_ceiling",
-    "second_look", "second_look_depth", "second_look_weight", "dialogue_second_look_weight", "qdrant_api_key", "qdrant_url", "recent_turns",
-    "reclaim_idle_ms", "redis_server", "redis_url", "reserve_min_share", "reserved_types",
-    "retry_base_s", "retry_max_s", "rpc_timeout_s", "scheduler_job_timeout_s", "scheduler_timezone", "scope_min_share", "search_k", "search_timeout_s",
-    "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "topic_route_weight", "traces_maxlen",
-    "type_quotas", "whole_subject_weight",
-    # issue 39: an assistant's turn below the user's facts, an answer in the other language read by the judge
-    "assistant_turn", "cross_language_weight",
+    "second_look", "qdrant_api_key", "qdrant_url",
+    "reclaim_idle_ms", "redis_server", "redis_url", "reserved_types",
+    "retry_base_s", "retry_max_s", "rpc_timeout_s", "scheduler_job_timeout_s",
+    "scheduler_timezone", "search_k", "search_timeout_s",
+    "session_buffer_max_turns", "session_buffer_ttl_s", "stream_prefix", "traces_maxlen",
+    "type_quotas",
     # issue 16: `memflow serve` and `memflow mcp`
     "http_host", "http_port", "http_max_body_bytes", "http_max_batch", "api_key",
     # issue 17: a cluster, and writes acknowledged once replicas hold them
@@ -122,7 +122,7 @@ def every_name_set() -> Settings:
                     redis_queue_url="redis://127.0.0.1:2/0",
                     qdrant_api_key=SecretStr("qk"), embedder="openai", embedder_url="http://e/v1",
                     embedder_api_key=SecretStr("ek"), embedder_dim=8, llm_base_url="http://l/v1",
-                    llm_api_key=SecretStr("lk"), dense_floor=0.1, api_key=SecretStr("mf_x"))
+                    llm_api_key=SecretStr("lk"), api_key=SecretStr("mf_x"))
 
 
 def test_every_flat_name_is_still_a_variable_of_the_environment() -> None:
@@ -140,7 +140,7 @@ def test_a_removed_setting_is_named_as_unknown_never_read_silently() -> None:
 def test_flat_variables_land_in_their_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"REDIS_URL": "redis://h:1/0", "STREAM_PREFIX": "p:", "QDRANT_URL": "http://q:6333",
                         "COLLECTION": "c", "EMBEDDER": "openai", "EMBEDDER_URL": "http://e/v1", "MODEL": "st-model",
-                        "EMBEDDER_MODEL": "served", "MAX_DELIVERIES": "7", "DENSE_WEIGHT": "0.25",
+                        "EMBEDDER_MODEL": "served", "MAX_DELIVERIES": "7", "CANDIDATE_POOL": "25",
                         "DECAY_TAU_HOURS": '{"preference": 2160}', "ARCHIVE_BELOW": '{"short_term": 0.2}',
                         "LLM_PLAN": "false",
                         "LLM_MODEL": "m", "SCHEDULER_TIMEZONE": "Asia/Shanghai", "MAX_TEXT_BYTES": "9",
@@ -152,8 +152,8 @@ def test_flat_variables_land_in_their_groups(monkeypatch: pytest.MonkeyPatch) ->
         "redis://h:1/0", "p:", "http://q:6333", "c")
     assert (s.embedder.kind, s.embedder.url, s.embedder.model, s.embedder.served_model) == (
         "openai", "http://e/v1", "st-model", "served")
-    assert (s.consumer.max_deliveries, s.ranking.dense_weight, s.lifecycle.decay_tau_hours) == (7, 0.25,
-                                                                                            {"preference": 2160.0})
+    assert (s.consumer.max_deliveries, s.ranking.candidate_pool, s.lifecycle.decay_tau_hours) == (
+        7, 25, {"preference": 2160.0})
     assert (s.lifecycle.archive_below, s.llm.plan, s.llm.model, s.scheduler.timezone) == (
         {"short_term": 0.2}, False, "m", "Asia/Shanghai")
     assert (s.limits.max_text_bytes, s.limits.changes_maxlen, s.client.search_k, s.write.duplicate_threshold,
@@ -164,9 +164,9 @@ def test_flat_keywords_land_in_their_groups_and_win_over_the_environment(monkeyp
     monkeypatch.setenv("MEMFLOW_REDIS_URL", "redis://from-env:1/0")
     monkeypatch.setenv("MEMFLOW_EMBEDDER_URL", "http://from-env/v1")
     s = Settings(redis_url="redis://kw:1/0", embedder="openai", embedder_model="served", model="st",
-                 dense_weight=0.4, llm_plan_timeout_s=1.5, scheduler_job_timeout_s=5, block_ms=3)
+                 candidate_pool=40, llm_plan_timeout_s=1.5, scheduler_job_timeout_s=5, block_ms=3)
     assert (s.redis.url, s.embedder.kind, s.embedder.url) == ("redis://kw:1/0", "openai", "http://from-env/v1")
-    assert (s.embedder.served_model, s.embedder.model, s.ranking.dense_weight) == ("served", "st", 0.4)
+    assert (s.embedder.served_model, s.embedder.model, s.ranking.candidate_pool) == ("served", "st", 40)
     assert (s.llm.plan_timeout_s, s.scheduler.job_timeout_s, s.consumer.block_ms) == (1.5, 5, 3)
 
 
@@ -179,7 +179,7 @@ def test_an_unknown_keyword_is_refused_naming_it_and_the_name_meant() -> None:
     with pytest.raises(TypeError, match=r"qdrant_ur\b.*did you mean qdrant_url"):
         Settings().replace(qdrant_ur="http://q:6333")
     with pytest.raises(TypeError, match="colour"):
-        Settings().replace(colour="red", dense_weight=0.3)
+        Settings().replace(colour="red", candidate_pool=30)
     # Groups and their own fields are still taken whole.
     assert Settings(redis=RedisSettings(url="redis://h:1/0")).replace(redis={"url": "redis://g:1/0"}).redis.url \
         == "redis://g:1/0"
@@ -193,11 +193,11 @@ def test_an_unknown_variable_is_named_in_one_warning_at_start(monkeypatch: pytes
     monkeypatch.setenv("memflow_no_such_setting", "1")
     monkeypatch.setenv("MEMFLOW_MCP_SUBJECT", "ann")  # read by `memflow mcp`, not a setting: no warning
     monkeypatch.setenv("MEMFLOW_SERVE_AUTH", "on")  # `memflow serve --workers N` to its processes
-    monkeypatch.setenv("MEMFLOW_DENSE_WEIGHT", "0.3")
+    monkeypatch.setenv("MEMFLOW_CANDIDATE_POOL", "30")
     get_settings.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="memflow.shared.settings"):
-            assert get_settings().ranking.dense_weight == 0.3  # the known ones are read, the unknown ignored
+            assert get_settings().ranking.candidate_pool == 30  # the known ones are read, the unknown ignored
             get_settings.cache_clear()
             get_settings()
     finally:
@@ -206,7 +206,7 @@ def test_an_unknown_variable_is_named_in_one_warning_at_start(monkeypatch: pytes
     assert len(warnings) == 1, warnings
     assert "MEMFLOW_QDRANT_UR (did you mean MEMFLOW_QDRANT_URL?)" in warnings[0]
     assert "MEMFLOW_NO_SUCH_SETTING" in warnings[0].upper()
-    assert "MCP_SUBJECT" not in warnings[0] and "SERVE_AUTH" not in warnings[0] and "DENSE" not in warnings[0]
+    assert "MCP_SUBJECT" not in warnings[0] and "SERVE_AUTH" not in warnings[0] and "POOL" not in warnings[0]
 
 
 def test_every_caller_in_the_repository_passes_only_known_names() -> None:
@@ -247,28 +247,29 @@ def _settings_call(node: ast.Call) -> bool:
 
 
 def test_replace_takes_flat_names_validates_and_rereads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    parent = Settings(stream_prefix="p:", dense_weight=0.4)
+    parent = Settings(stream_prefix="p:", candidate_pool=40)
     monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", "from-env:")
     child = parent.replace(redis_url="redis://h:1/0", reclaim_idle_ms=2000, embedder="e5")
     assert (child.redis.url, child.redis.stream_prefix, child.consumer.reclaim_idle_ms) == ("redis://h:1/0", "p:",
                                                                                           2000)
-    assert (child.embedder.kind, child.ranking.dense_weight, parent.redis.url) == ("e5", 0.4, None)
-    with pytest.raises(ValueError, match="dense_weight"):
-        parent.replace(dense_weight=-1.0)
+    assert (child.embedder.kind, child.ranking.candidate_pool, parent.redis.url) == ("e5", 40, None)
+    with pytest.raises(ValueError, match="candidate_pool"):
+        parent.replace(candidate_pool=0)
     with pytest.raises(ValueError, match="MEMFLOW_EMBEDDER_URL"):
         parent.replace(embedder="openai")
 
 
 def test_each_group_converts_to_the_type_its_part_reads() -> None:
-    s = Settings(decay_tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2}, decay_floor=0.8, hotness_step=0.1,
-                 hotness_cap=0.3, long_term_bonus=0.2, type_quotas={"episode": 0.5}, reserved_types={"fact": 1},
-                 reserve_min_share=0.5, max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
+    s = Settings(decay_tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2}, type_quotas={"episode": 0.5},
+                 reserved_types={"fact": 1}, max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
                  retry_base_s=0.5, retry_max_s=1.0, max_text_bytes=99)
     assert s.lifecycle.policy() == Policy(tau_hours={"fact": 10.0}, archive_below={"short_term": 0.2})
-    assert s.ranking.lifecycle(s.lifecycle.decay_tau_hours) == Lifecycle(
+    tuned = RankingProfiles().tuned({"decay_floor": 0.8, "hotness_step": 0.1, "hotness_cap": 0.3,
+                                     "long_term_bonus": 0.2, "reserve_min_share": 0.5})
+    assert profile_for(s, tuned, "What do I like?").lifecycle() == Lifecycle(
         tau_hours={"fact": 10.0}, floor=0.8, hotness_step=0.1, hotness_cap=0.3, long_term_bonus=0.2,
         quotas={"episode": 0.5}, reserved={"fact": 1}, reserve_min_share=0.5)
-    assert Settings(lifecycle_scoring=False).ranking.lifecycle({}) == Lifecycle.off()
+    assert profile_for(Settings(lifecycle_scoring=False), RankingProfiles(), "?").lifecycle() == Lifecycle.off()
     assert ConsumerConfig.from_settings(s) == ConsumerConfig(max_deliveries=2, reclaim_idle_ms=20, block_ms=3,
                                                              count=READ_COUNT, retry_base_s=0.5, retry_max_s=1.0,
                                                              decode_context={"max_text_bytes": 99})
@@ -276,7 +277,7 @@ def test_each_group_converts_to_the_type_its_part_reads() -> None:
 
 def test_the_defaults_are_the_parts_own() -> None:
     s = Settings()
-    assert s.lifecycle.policy() == Policy() and s.ranking.lifecycle(s.lifecycle.decay_tau_hours) == Lifecycle()
+    assert s.lifecycle.policy() == Policy() and profile_for(s, RankingProfiles(), "?").lifecycle() == Lifecycle()
 
 
 def test_a_flat_name_given_to_model_copy_is_refused_not_silently_dropped() -> None:

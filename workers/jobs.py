@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from pydantic import TypeAdapter
 
 from memflow.pipeline.ids import PUBLIC, IdSpace
 from memflow.pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, plan_promotions, plan_review, reread
@@ -29,6 +30,7 @@ from memflow.shared.codec import encode
 from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError
 from memflow.shared.keys import FIELD, Keys
+from memflow.shared.rpc import JobReport
 from memflow.shared.store import MemoryFilter, Optimizable, Store
 from memflow.shared.uses import Uses
 from memflow.workers import ops
@@ -210,3 +212,22 @@ def _plain(fields: dict[str, Any]) -> dict[str, Any]:
 
 def now_or_clock(now: str | None) -> datetime:
     return datetime.fromisoformat(now) if now else datetime.now(UTC)
+
+
+# A report names every memory a job changed: at 20k memories, 20k entries and ~0.1 s of validation.
+REPORT_CHUNK = 1000
+
+
+def report_of(report: dict[str, Any], between: Callable[[], object]) -> JobReport:
+    """The reply of a job, its long lists validated REPORT_CHUNK entries at a time (`between` the chunks: the
+    searches of the process go first) rather than in one stretch a search arriving would wait for."""
+    lists = {name: report[name] for name in ("changed", "written", "sent", "undecided")}
+    reply = JobReport.model_validate({**report, **dict.fromkeys(lists, [])})
+    for name, entries in lists.items():
+        adapter: TypeAdapter[list[Any]] = TypeAdapter(JobReport.model_fields[name].annotation or list[Any])
+        validated: list[Any] = []
+        for start in range(0, len(entries), REPORT_CHUNK):
+            between()
+            validated += adapter.validate_python(entries[start:start + REPORT_CHUNK])
+        setattr(reply, name, validated)
+    return reply

@@ -20,14 +20,16 @@ from numpy.typing import NDArray
 
 from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import LLMTrace, Memory, Trace
+from memflow.pipeline.ranking import RankingProfiles
 from memflow.pipeline.score import UNRELATED
 from memflow.shared.applier import Applier
 from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
 from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.foreground import Foreground
-from memflow.shared.judge import Judge
+from memflow.shared.judge import Reranker
 from memflow.shared.keys import Keys, id_space
 from memflow.shared.llm import LLM
+from memflow.shared.search_reader import SearchReader
 from memflow.shared.settings import Settings
 from memflow.shared.status import Traces
 from memflow.shared.store import Identity, Store, open_store
@@ -52,6 +54,8 @@ class Context:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The searches this process is answering: its maintenance jobs step aside for them (shared/foreground.py).
     foreground: Foreground = field(default_factory=Foreground)
+    # What its searches rank by (pipeline/ranking.py): the tuned constants, or a benchmark variant's.
+    ranking: RankingProfiles = field(default_factory=RankingProfiles)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, embedder: Embedder | None = None) -> Context:
@@ -74,9 +78,16 @@ class Context:
         return id_space(self.client, self.keys)
 
     @cached_property
-    def judge(self) -> Judge | None:
-        """The second look's judge (shared/judge.py), or None when the settings turn it off."""
-        return Judge.use() if self.settings.ranking.second_look == "use" else None
+    def reranker(self) -> Reranker | None:
+        """The second look's reranker (shared/judge.py), or None when the settings turn it off."""
+        return Reranker.use() if self.settings.ranking.second_look == "use" else None
+
+    @property
+    def search_reader(self) -> SearchReader:
+        """What a search reads through (shared/search_reader.py); the noise floor's passages measured when first
+        asked for."""
+        return SearchReader(self.settings, self.store, self.embedder, self.reranker, lambda: self.unrelated,
+                            self.client, self.keys, self.llm)
 
     @cached_property
     def unrelated(self) -> NDArray[np.float64]:

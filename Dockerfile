@@ -47,7 +47,7 @@ WORKDIR /home/memflow
 # The proof at build time: as this user, with the network cut off, the CLI starts and both bundled
 # models load and encode (the default embedder, e5+st, pairs them).
 RUN --network=none memflow --help >/dev/null \
-    && python -c "from memflow.shared.embedder import E5Embedder, SentenceTransformerEmbedder; \
+    && python -c "from memflow.shared.inference.embedder import E5Embedder, SentenceTransformerEmbedder; \
 [m.encode_queries(['offline']) for m in (E5Embedder(), SentenceTransformerEmbedder())]"
 EXPOSE 8765
 ENTRYPOINT ["memflow"]

@@ -50,8 +50,8 @@ from memflow.pipeline import export
 from memflow.pipeline.export import End, Record
 from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source
 from memflow.pipeline.tokens import MAX_QUERY_TOKENS, approximate_tokens
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.client import MemoryClient
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.embedded import Embedded
 from memflow.workers.query import search as search_in_process

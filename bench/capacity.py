@@ -43,14 +43,14 @@ import redis
 from memflow.bench.load import plan
 from memflow.bench.perf import AT, NAMES, NOUNS, bulk_load, machine, pct_ms, say
 from memflow.pipeline.models import Memory
-from memflow.shared import sparse
-from memflow.shared.backlog import backlog
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD, STAGES, Keys
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter, Store
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.storage import sparse
+from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.streaming.backlog import backlog
+from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.workers.embedded import Embedded
 from memflow.workers.process import own_redis
 from memflow.workers.runtime import Context

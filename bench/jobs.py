@@ -5,13 +5,13 @@ store stages, the query worker and the jobs worker in this process) is filled wi
 through the store (random unit vectors, in subjects of SUBJECT_SIZE, nothing through the LLM path). Then one
 thread sends searches of random subjects at `rate` per second, first with nothing else running (idle), then
 while the `index` job runs (an HNSW build of everything written: on an Edge shard, in a process of its own,
-shared/edge_build.py) and then while `consolidate` runs (`--jobs`: others, e.g. decay and review), each
+shared/storage/edge_build.py) and then while `consolidate` runs (`--jobs`: others, e.g. decay and review), each
 enqueued as the scheduler enqueues it, its report left unread as the scheduler leaves it. A search's latency is
 counted from the moment it was due, not when it was sent: a stall delays every search due meanwhile, and each one
 counts (no coordinated omission). `partitions_lost`: partitions a live stream consumer of this process lost during
-the job, counted from the lease owner's own warnings (shared/leases.py logs each loss). `stalls`: each search during
-a job slower than 2x idle p99, with what ran meanwhile (`Timeline`: the index build's steps, which EdgeStore logs at
-DEBUG as each ends, and the collector's pauses): why p99 is what it is.
+the job, counted from the lease owner's own warnings (shared/streaming/leases.py logs each loss). `stalls`: each search
+during a job slower than 2x idle p99, with what ran meanwhile (`Timeline`: the index build's steps, which EdgeStore logs
+at DEBUG as each ends, and the collector's pauses): why p99 is what it is.
 
 Target (issue 29): during each job p99 <= 2x idle p99, no failed search, no partition lost.
 """
@@ -35,8 +35,8 @@ from rq.serializers import JSONSerializer
 
 from memflow.bench.perf import NAMES, NOUNS, bulk_load_subjects, emit, on_fresh_system, pct_ms, say
 from memflow.scheduler.firings import Entry, enqueue_firing
-from memflow.shared.edge_store import STEP_LOG
 from memflow.shared.settings import Settings
+from memflow.shared.storage.edge_store import STEP_LOG
 from memflow.workers.embedded import Embedded
 
 SUBJECT_SIZE = 1000
@@ -44,14 +44,14 @@ JOBS = ("index", "consolidate")
 JOB_TIMEOUT_S = 3600.0
 # A collection shorter than this is not worth naming as what a slow search met.
 GC_NOTED_S = 0.005
-STORE_LOGGER = "memflow.shared.edge_store"
+STORE_LOGGER = "memflow.shared.storage.edge_store"
 # The Redis server's moments at least this slow are noted (its latency monitor), to name what a slow search met.
 REDIS_SLOW_MS = 20
 
 
 class LeaseLosses(logging.Handler):
-    """Counts the partitions stream consumers lose, from shared/leases.py's warnings: "consumer %s lost partition
-    %d of %s" (one), and "... giving up partitions %s of %s ..." (a stalled consumer: each of them)."""
+    """Counts the partitions stream consumers lose, from shared/streaming/leases.py's warnings: "consumer %s lost
+    partition %d of %s" (one), and "... giving up partitions %s of %s ..." (a stalled consumer: each of them)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -230,7 +230,7 @@ def measure(system: Embedded, *, size: int, rate: float, idle_s: float,
     # ratio. Written out before: the idle figure is the steady state's.
     os.sync()
     losses, timeline = LeaseLosses(), Timeline()
-    leases = logging.getLogger("memflow.shared.leases")
+    leases = logging.getLogger("memflow.shared.streaming.leases")
     leases.addHandler(losses)
     timeline.start()
     system.ctx.client.config_set("latency-monitor-threshold", REDIS_SLOW_MS)

@@ -25,14 +25,14 @@ import orjson
 from memflow.bench.perf import AT, SESSION_TURNS, message, peak_rss_mb, realistic_turns, say
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import MType, Role
-from memflow.shared import dlq
-from memflow.shared.backlog import backlog
-from memflow.shared.client import MemoryClient
-from memflow.shared.keys import STAGES
-from memflow.shared.redis_cluster import start_cluster
-from memflow.shared.redis_server import start_redis
+from memflow.shared.redisdb.cluster import start_cluster
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.redisdb.server import start_redis
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.backlog import backlog
 from memflow.workers.embedded import Embedded, embedded
 
 SUBJECTS_PER_PUBLISHER = 4

@@ -41,13 +41,14 @@ from memflow.bench.llm_stub import ScriptedLLM
 from memflow.bench.recall import BUDGETS_TOKENS, CATEGORIES, KS, Answered, Item, percentile_ms, summarise
 from memflow.pipeline.models import Hit, SearchResult
 from memflow.pipeline.ranking import RankingProfiles
-from memflow.shared import dlq, sparse
-from memflow.shared.backlog import backlog
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import STAGES
-from memflow.shared.llm import usage as llm_usage
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.inference.llm import usage as llm_usage
+from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage import sparse
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.backlog import backlog
 from memflow.workers.embedded import Embedded, embedded
 
 DEPTH = max(KS)
@@ -270,7 +271,7 @@ def _items(hits: Sequence[Hit], tokens: CountTokens) -> tuple[Item, ...]:
 
 class Bm25:
     """BM25 over a conversation's turns, scored as memflow's store scores its sparse vectors:
-    the term-frequency weights of `shared.sparse`, times IDF = ln(1 + (N − df + 0.5) / (df + 0.5))
+    the term-frequency weights of `shared.storage.sparse`, times IDF = ln(1 + (N − df + 0.5) / (df + 0.5))
     (Qdrant's IDF modifier), counted over these turns only. Turns sharing no term are not returned."""
 
     def __init__(self, texts: Sequence[str]) -> None:

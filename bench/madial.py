@@ -37,9 +37,9 @@ from memflow.bench.recall import Item, evidence_recall, percentile_ms
 from memflow.pipeline.models import Hit, MType, SearchResult, Status
 from memflow.pipeline.models import Memory as Stored
 from memflow.pipeline.statements import CJK
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from memflow.workers.embedded import Embedded, embedded
 
 LANGS = ("zh", "en")
@@ -48,7 +48,7 @@ DEPTH = max(KS)
 ASKED_AFTER = timedelta(days=1)  # "now" for the searches: after the newest memory
 SYSTEMS = ("memflow", "bm25", "dense")
 # Okapi BM25's textbook parameters: this baseline is the classic one, not memflow's tuned sparse
-# side (shared/sparse.py), so that the comparison says what memflow adds over plain keywords.
+# side (shared/storage/sparse.py), so that the comparison says what memflow adds over plain keywords.
 K1 = 1.2
 B = 0.75
 

@@ -1,4 +1,4 @@
-"""`memflow bench pending`: what the read-your-writes layer (issue 18, shared/pending.py) adds to a search.
+"""`memflow bench pending`: what the read-your-writes layer (issue 18, shared/unstored/pending.py) adds to a search.
 
 Per store size, two subjects are bulk-loaded with the same memories (bench/perf.py's `bulk_load`) and the
 search indexes built (`loaded`): `bench-quiet`, which never has a pending entry, and `bench-live`, into which
@@ -17,7 +17,7 @@ Reported per subject ("without" = quiet, "with" = live), each next to the limit 
 Idle: after the live session's realtime statements are stored (at idle they are pending for tens of ms; the
 turns without a signal stay pending until the session ends). Under a burst: `burst` events of other subjects
 (small talk and realtime statements, sessions closed) are published at once (a second or two), a new live
-session right behind them, and queries run while the pipeline has a backlog (`shared.backlog.backlog`,
+session right behind them, and queries run while the pipeline has a backlog (`shared.streaming.backlog.backlog`,
 sampled before each query); the burst's figures cover only those queries.
 """
 
@@ -57,12 +57,12 @@ from memflow.pipeline.pending import Said
 from memflow.pipeline.score import Found
 from memflow.pipeline.search import dated, plan_for, query_vectors
 from memflow.pipeline.triggers import realtime_signals
-from memflow.shared.backlog import backlog
-from memflow.shared.client import MemoryClient
-from memflow.shared.keys import STAGES
-from memflow.shared.pending_search import Shown
-from memflow.shared.search_reader import PendingRoutes, pending_of, profile_for, run_routes
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.sdk.client import MemoryClient
+from memflow.shared.search.pending import Shown
+from memflow.shared.search.reader import PendingRoutes, pending_of, profile_for, run_routes
 from memflow.shared.settings import Settings
+from memflow.shared.streaming.backlog import backlog
 from memflow.workers.embedded import Embedded
 
 QUIET, LIVE = "bench-quiet", "bench-live"

@@ -37,12 +37,12 @@ import numpy as np
 import orjson
 
 from memflow.pipeline.models import Dir, Memory, MType, Source
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
-from memflow.shared.embedder import uncached
-from memflow.shared.keys import FIELD
+from memflow.shared.inference.embedder import uncached
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from memflow.workers import jobs
 from memflow.workers.embedded import Embedded, embedded
 

@@ -8,7 +8,7 @@ some forty people in their life, and a few open contests. Then, `reads` times ea
 moment on a shared machine hits them alike:
 
 - `floor`: one GET of the kept profile's bytes from Redis on an event loop, the physical limit of a read;
-- `cached`: the plain read as `GET /v1/subjects/{s}/profile` serves it, in process (shared/profiles.py
+- `cached`: the plain read as `GET /v1/subjects/{s}/profile` serves it, in process (shared/changes/profiles.py
   `served_async`: the same GET, the header checked, the bytes served as they are);
 - `parsed`: a read asking for the prompt text (`max_tokens=600`, as the MCP tool does): parsed, `as_of`,
   the prompt built within its budget;
@@ -41,10 +41,10 @@ from memflow.bench.api import serving
 from memflow.bench.perf import AT, DAYS, NAMES, NOUNS, emit, machine, on_fresh_system, pct_ms, say
 from memflow.pipeline import profile as assembly
 from memflow.pipeline.models import SEARCHABLE_STATUSES, Dir, Memory, MType, Source, Status
-from memflow.shared import profiles
-from memflow.shared.apikeys import KeyStore
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.changes import profiles
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from memflow.workers.embedded import Embedded
 
 SUBJECT = "bench-profile"
@@ -197,7 +197,7 @@ def rebuild_parts(system: Embedded, n: int) -> dict[str, Any]:
     parts: dict[str, list[float]] = {"scroll": [], "assemble": [], "serialize": []}
     for _ in range(n):
         started = time.perf_counter()
-        memories = system.ctx.store.get(MemoryFilter(SUBJECT))  # every status, as shared/profiles.py reads
+        memories = system.ctx.store.get(MemoryFilter(SUBJECT))  # every status, as shared/changes/profiles.py reads
         scrolled = time.perf_counter()
         found = assembly.assemble(SUBJECT, "0-0", memories, datetime.now(UTC))
         assembled = time.perf_counter()

@@ -1,6 +1,6 @@
 """`memflow bench publish`: what an fsynced acknowledgement costs a publish, next to the raw XADD limit.
 
-Each variant runs on a fresh server of its own (shared/redis_server.py, its AOF on this machine's
+Each variant runs on a fresh server of its own (shared/redisdb/server.py, its AOF on this machine's
 disk): the server's `appendfsync` policy, and whether `publish` waits on WAITAOF 1 0
 (MEMFLOW_REDIS_WAIT_AOF). Measured per variant:
 - one at a time, p50 / p99 ms: a bare XADD of the same bytes (the limit), and `MemoryClient.publish`
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from memflow.bench.perf import AT, emit, machine, message, pct_ms, say
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
-from memflow.shared.connections import connect
-from memflow.shared.keys import FIELD
-from memflow.shared.redis_server import start_redis
+from memflow.shared.redisdb.connections import connect
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.redisdb.server import start_redis
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 
 # (name, the server's arguments, publish waits on WAITAOF). `hz`: how often the server's cron runs, which is
@@ -78,7 +78,7 @@ def measure(settings: Settings, *, n: int, threads: int, batch: int, budget_s: f
 
 
 def _promise(settings: Settings) -> str:
-    from memflow.shared.durability import durability
+    from memflow.shared.redisdb.durability import durability
 
     return durability(connect(settings.redis.url or "")).promise(settings.redis.wait_aof)
 

@@ -43,9 +43,9 @@ import orjson
 from memflow.bench import locomo, madial, scenarios
 from memflow.bench.locomo import Progress
 from memflow.pipeline.models import Hit, SearchResult
-from memflow.shared.connections import RUNNING_FILE
-from memflow.shared.embedder import Embedder, build_embedder
-from memflow.shared.redis_server import start_redis
+from memflow.shared.inference.embedder import Embedder, build_embedder
+from memflow.shared.redisdb.connections import RUNNING_FILE
+from memflow.shared.redisdb.server import start_redis
 from memflow.shared.settings import Settings, get_settings
 from memflow.workers.embedded import embedded
 

@@ -35,11 +35,11 @@ from memflow.bench.ablation import ladder
 from memflow.bench.expectations import Check, QueryOutcome, fail_all, metrics, rate, returned, score
 from memflow.pipeline.models import Dir, MType, Role, SearchResult, Subject
 from memflow.shared.codec import json_object
-from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.errors import DecodeError, MemflowError
-from memflow.shared.redis_server import start_redis
+from memflow.shared.inference.embedder import Embedder, build_embedder
+from memflow.shared.redisdb.server import start_redis
 from memflow.shared.settings import Settings
-from memflow.shared.store import INDEX_SEPARATOR, is_index_of
+from memflow.shared.storage.store import INDEX_SEPARATOR, is_index_of
 from memflow.workers.embedded import Embedded, embedded
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import orjson
 from memflow.bench.locomo import Progress, own_namespace, wait_until_idle
 from memflow.bench.madial import LANGS, Split, load, subject_of, write_all
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter, Optimizable
+from memflow.shared.storage.store import MemoryFilter, Optimizable
 from memflow.workers.embedded import Embedded, embedded
 
 OWN = {"last_op", "last_count"}

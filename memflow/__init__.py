@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchResult
-    from memflow.shared.client import MemoryClient
     from memflow.shared.errors import InvalidInput, RpcError
+    from memflow.shared.sdk.client import MemoryClient
     from memflow.shared.settings import Settings, get_settings
 
 _EXPORTS = {
-    "MemoryClient": "memflow.shared.client",
+    "MemoryClient": "memflow.shared.sdk.client",
     "ChatEvent": "memflow.pipeline.models",
     "SearchResult": "memflow.pipeline.models",
     "PackedPrompt": "memflow.pipeline.models",

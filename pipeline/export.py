@@ -5,7 +5,7 @@ vectors travel — the model that made them and their dimension), then one line 
 memory: its whole payload (every version is a point of its own; statuses, holder, provenance, lifecycle
 state and the revisions that are its history), and optionally its dense vector.
 
-An import is a set of puts through the one write path (shared/applier.py): a point the target lacks is
+An import is a set of puts through the one write path (shared/writer/applier.py): a point the target lacks is
 written as it was exported, one it already holds stays as it is there, and one whose events or words were
 forgotten there is not written back (the applier reads forget's tombstones for every put). Ids are the target's
 to give: a record keeps its id only where the target would give it that id in that subject (`named`).

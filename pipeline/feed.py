@@ -1,5 +1,5 @@
 """The change feed as an API key sees it (`GET /v1/changes`, `MemoryClient.changes`): the `changes` stream's
-entries (shared/applier.py announces one per change, in revision order) cut down to ids and kinds, filtered to
+entries (shared/writer/applier.py announces one per change, in revision order) cut down to ids and kinds, filtered to
 what the reader may see, in pages or as Server-Sent Events (docs/changes.md).
 
 An entry of the stream carries the memory's words before and after; an entry of the feed never does: a consumer
@@ -91,8 +91,8 @@ class Sealed:
     """Places of the stream a reader may resume from but not read: where a page stopped among entries its key may
     not see, whose ids would date another's writes. A place is sealed as `~` and base64url of a random nonce (12
     bytes), the place's 16 bytes XORed with HMAC-SHA256(key, nonce) and a 16-byte HMAC-SHA256 tag over both; the key
-    is derived from the deployment's secret (shared/keys.py `id_space`), so every server process opens what any of
-    them sealed, and a reader can neither read one nor make one up."""
+    is derived from the deployment's secret (shared/redisdb/keys.py `id_space`), so every server process opens what any
+    of them sealed, and a reader can neither read one nor make one up."""
 
     NONCE, _PLACE, _TAG = 12, 16, 16
 

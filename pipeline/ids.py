@@ -5,8 +5,8 @@ A redelivered write therefore rewrites its point instead of adding one. Keyed me
 (episodes, events, skills — many per key) by subject + key + the events they came from.
 
 Deterministic is not predictable: ids are named in a deployment's `IdSpace`, a keyed hash (HMAC-SHA256) under
-a secret the deployment keeps (shared/keys.py `id_space`). Another tenant knows the subject, the key and the events of a
-memory it wants to plant or touch, never the secret, so it cannot name the id this store will give it
+a secret the deployment keeps (shared/redisdb/keys.py `id_space`). Another tenant knows the subject, the key and the
+events of a memory it wants to plant or touch, never the secret, so it cannot name the id this store will give it
 (docs/write-path.md#ids-belong-to-their-subject). `PUBLIC` is the old, secret-free naming (uuid5 of the public
 inputs): what stores made before the secret named their memories, and what pure tests use.
 """

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from memflow.pipeline.checks import DEFAULT_MAX_TEXT_BYTES, encodable, finite_vector, plain_meta
 
-# shared/rpc.py takes the timestamp checks from here, with the models they check.
+# shared/sdk/rpc.py takes the timestamp checks from here, with the models they check.
 from memflow.pipeline.checks import aware as aware
 from memflow.pipeline.checks import event_time as event_time
 from memflow.pipeline.tokens import within_query_limit
@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 SUBJECT_PATTERN = r"^[A-Za-z0-9._:/-]{1,128}$"
 Subject = Annotated[str, Field(pattern=SUBJECT_PATTERN)]
 # A memory's id is a UUID (pipeline/ids.py; the store takes no other point id): anything else is
-# refused where it comes in, naming the field, instead of failing in the store (shared/rpc.py `MemoryId`).
+# refused where it comes in, naming the field, instead of failing in the store (shared/sdk/rpc.py `MemoryId`).
 MEMORY_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 Extractor = Literal["rules", "llm"]
 # Whom a memory is about (pipeline/holders.py): "self", a relation chain ("wife.sister"), a name (":tom") or both
@@ -299,7 +299,7 @@ class Memory(Wire):
     # cut short recognises what it already wrote (docs/write-path.md#the-applier).
     last_op: str | None = None
     # The count that last added uses to this point ("<mutation id>:<op index>"): a fold of uses redone after
-    # a crash (shared/uses.py) counts them once. Apart from `last_op`: a count moves no revision.
+    # a crash (shared/writer/uses.py) counts them once. Apart from `last_op`: a count moves no revision.
     last_count: str | None = None
     # Whom it is about (Candidate.about). Points written before it was recorded: the user's own.
     about: Holder = "self"

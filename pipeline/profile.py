@@ -1,7 +1,7 @@
 """A subject's profile (docs/profile.md): what memflow knows that holds now, without a query — who the user is
 (facts about them), how they want things (standing preferences) and what must always be done (rules), the people
 in their life with what is known of each, and the contests still open, flagged. Pure assembly from the memories
-of one subject; the cache that keeps it current from the `changes` feed is shared/profiles.py.
+of one subject; the cache that keeps it current from the `changes` feed is shared/changes/profiles.py.
 
 "Holds now": a memory searchable now (active, or contested: a contest is shown, flagged, never decided here),
 not past its `valid_to` or `expires_at`. A superseded, archived or forgotten memory is not in it, so a

@@ -5,7 +5,7 @@ shorter is a request. They differ in six values (`DIALOGUE`); everything else is
 were tuned on the benchmarks and are constants, not settings: each one's measurement is in docs/ranking.md, under
 the section its comment names. What a deployment chooses (the candidate pool, fusion, the feature switches of the
 ablation ladder, the quotas, τ) comes from its settings (shared/settings.py `RankingSettings`) and is written into
-the profile when a search resolves it (shared/search_reader.py `profile_for`). A benchmark's variant replaces
+the profile when a search resolves it (shared/search/reader.py `profile_for`). A benchmark's variant replaces
 values here by name (`RankingProfiles.tuned`), never through the environment.
 """
 

@@ -84,7 +84,7 @@ class Neighbour:
 def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_threshold: float = 0.92,
            records: Sequence[Memory] = (), judge: Judge | None = None, space: IdSpace = PUBLIC) -> WriteBatch:
     """The write batch for one candidate (vector left None: the worker attaches it), its new memories named in
-    `space` (the deployment's: shared/keys.py `id_space`).
+    `space` (the deployment's: shared/redisdb/keys.py `id_space`).
 
     `records` are the episodes of the events the same-key rivals came from (see `retire_records`).
     `judge` is asked about each memory the rules cannot place (an LLM, through the resolve worker);

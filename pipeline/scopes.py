@@ -3,7 +3,7 @@
 A pattern is a subject id in which `*` stands for any run of characters, `/` included
 (`team-a/*` covers `team-a/alice` and `team-a/bots/7`; `*` alone covers every subject).
 Nothing else is special: subject ids never hold `?` or `[`, so a pattern means exactly what
-it shows. Pure: the key store (shared/apikeys.py) and the HTTP API decide with these.
+it shows. Pure: the key store (shared/admission/apikeys.py) and the HTTP API decide with these.
 """
 
 from __future__ import annotations

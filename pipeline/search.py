@@ -6,7 +6,7 @@
     ─▶ relevance × lifecycle, quotas ─▶ the top k, pending memories marked
 
 `search` is that order. What it reads — the store, the encoders, the reranker, the pending layer, a model's plan —
-it reads through a `Reader` (shared/search_reader.py); every value it ranks by is one `RankingProfile`
+it reads through a `Reader` (shared/search/reader.py); every value it ranks by is one `RankingProfile`
 (pipeline/ranking.py), a request's or a dialogue's, chosen once for the search.
 """
 
@@ -54,13 +54,14 @@ Reread = Callable[[list[Scored]], list[Scored]]
 
 
 class Reranks(Protocol):
-    """A second judge of relevance (shared/judge.py): how far each text stands above unrelated, for the queries."""
+    """A second judge of relevance (shared/inference/reranker.py): how far each text stands above unrelated, for the
+    queries."""
 
     def margins(self, queries: Sequence[str], texts: Sequence[str]) -> list[float]: ...
 
 
 class PendingCandidates(Protocol):
-    """The memories about to be written that one search ranks among the stored ones (shared/pending_search.py)."""
+    """The memories about to be written that one search ranks among the stored ones (shared/search/pending.py)."""
 
     @property
     def by_id(self) -> Mapping[str, Pending]: ...
@@ -78,7 +79,7 @@ class ModelPlan(NamedTuple):
 
 
 class Reader(Protocol):
-    """What a search reads through (shared/search_reader.py `SearchReader`)."""
+    """What a search reads through (shared/search/reader.py `SearchReader`)."""
 
     @property
     def reranker(self) -> Reranks | None:

@@ -2,7 +2,7 @@
 
 Pure and cheap (one regex pass: a 32 KB text in about a millisecond), so a front door can bound a
 request's cost by it before any work starts. What the encoder reads of a query is counted past it by
-the encoder's own tokenizer, where a process has installed one (shared/tokenizer.py)."""
+the encoder's own tokenizer, where a process has installed one (shared/inference/tokenizer.py)."""
 
 from __future__ import annotations
 

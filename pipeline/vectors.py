@@ -1,4 +1,5 @@
-"""Unit vectors as lists of floats: what the encoders (shared/embedder.py) and a search (pipeline/search.py) combine."""
+"""Unit vectors as lists of floats: what the encoders (shared/inference/embedder.py) and a search (pipeline/search.py)
+combine."""
 
 from __future__ import annotations
 

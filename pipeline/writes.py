@@ -1,6 +1,6 @@
 """What a mutation does to the points it names: the applier's rules (docs/write-path.md#the-applier).
 
-`plan` is pure: the applier (shared/applier.py) reads the points, asks `plan` what to write, writes
+`plan` is pure: the applier (shared/writer/applier.py) reads the points, asks `plan` what to write, writes
 it and announces the changes. Per op the answer is one of: write this (and announce that), already
 written by an earlier attempt of this mutation (announce only: the feed may not have heard of it), or
 stale (built on a revision that has moved on). A non-quiet write moves the revision by one, logs

@@ -20,8 +20,8 @@ from rq.serializers import JSONSerializer
 
 from memflow.pipeline.models import Tier
 from memflow.scheduler.firings import Entry, enqueue_firing, last_fire_time
-from memflow.shared.connections import connect_queue
 from memflow.shared.errors import MemflowError
+from memflow.shared.redisdb.connections import connect_queue
 from memflow.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ SCHEDULE = (
     Entry("consolidate", None, {"hour": 3, "minute": 30}, timedelta(days=1)),
     Entry("review", None, {"hour": 4, "minute": 0}, timedelta(days=1)),
     Entry("index", None, {"minute": "*/10"}, timedelta(minutes=10)),
-    # Uses a pack or feedback could not count at once (the write lock was taken: shared/uses.py).
+    # Uses a pack or feedback could not count at once (the write lock was taken: shared/writer/uses.py).
     Entry("uses", None, {"minute": "*/5"}, timedelta(minutes=5)),
 )
 # Looking back two periods finds the latest firing even when a day lasts 25 h (DST).

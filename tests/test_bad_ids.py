@@ -12,8 +12,8 @@ from urllib.parse import quote
 import pytest
 from mcp import Client
 
-from memflow.shared import rpc
 from memflow.shared.errors import InvalidInput
+from memflow.shared.sdk import rpc
 from memflow.workers.mcp import SUBJECT_HEADER
 from tests import test_api
 from tests.test_api import Served, error_of, subject

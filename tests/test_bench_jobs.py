@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from memflow.bench.jobs import STORE_LOGGER, LeaseLosses, Searches, Timeline, measure, print_report, stalls
-from memflow.shared.edge_store import STEP_LOG
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
+from memflow.shared.storage.edge_store import STEP_LOG
 from memflow.workers.embedded import embedded
 
 FIGURES = {"seconds", "p99_ms", "failed", "partitions_lost", "stalls"}
@@ -36,7 +36,7 @@ def test_the_bench_reports_search_p99_idle_and_during_each_job(settings: Setting
 
 
 def test_lost_partitions_are_counted_from_the_lease_owners_warnings() -> None:
-    losses, leases = LeaseLosses(), logging.getLogger("memflow.shared.leases")
+    losses, leases = LeaseLosses(), logging.getLogger("memflow.shared.streaming.leases")
     leases.addHandler(losses)
     try:
         leases.warning("consumer %s lost partition %d of %s", "c1", 3, "upsert")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memflow.bench.pending import live_session, measure, print_report
-from memflow.shared.embedder import CachedPassages, Embedder
+from memflow.shared.inference.embedder import CachedPassages, Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 
@@ -16,7 +16,7 @@ FIGURES = {"p50_ms", "p95_ms", "failed", "limit_p50_ms", "limit_p95_ms", "layer_
 
 def test_the_bench_reports_search_with_and_without_pending_entries_idle_and_under_a_burst(
         settings: Settings, embedder: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
-    # Wrapped as every process's embedder is (shared.embedder.build_embedder): the layer reads the pending
+    # Wrapped as every process's embedder is (shared.inference.embedder.build_embedder): the layer reads the pending
     # turns' vectors from the passage cache after the first search.
     with embedded(settings, light_in_process=True, embedder=CachedPassages(embedder)) as system:
         report = measure(system, sizes=[200], queries=10, burst=100)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memflow.bench.profile import CONTESTS, measure, print_report
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 

@@ -20,14 +20,14 @@ import pytest
 
 from memflow.pipeline.feed import order
 from memflow.pipeline.models import Change
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.client import MemoryClient
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.changes.feed import MAX_SCAN
 from memflow.shared.codec import encode
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput
-from memflow.shared.feed import MAX_SCAN
-from memflow.shared.keys import FIELD
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 from tests.test_api import Served, error_of, serving, start_serve, stop
@@ -273,7 +273,7 @@ def test_a_revoked_keys_stream_ends(served: Served) -> None:
 
 
 def announced(client: MemoryClient, subject: str, n: int) -> list[str]:
-    """`n` changes of `subject` on the feed, as the applier appends them (shared/applier.py)."""
+    """`n` changes of `subject` on the feed, as the applier appends them (shared/writer/applier.py)."""
     ids = []
     for i in range(n):
         change = Change(memory_id=str(uuid.uuid4()), subject=subject, action="add", why=f"secret words {i}",

@@ -15,9 +15,9 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
-from memflow.shared import connections
-from memflow.shared.connections import NotReplicated, ServerTooOld, connect, replicated
-from memflow.shared.redis_cluster import LocalCluster, start_cluster
+from memflow.shared.redisdb import connections
+from memflow.shared.redisdb.cluster import LocalCluster, start_cluster
+from memflow.shared.redisdb.connections import NotReplicated, ServerTooOld, connect, replicated
 from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 

@@ -19,11 +19,11 @@ import httpx
 import pytest
 import redis
 
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.redis_cluster import LocalCluster, start_cluster
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.cluster import LocalCluster, start_cluster
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import start_system, wait_for
 from tests.faults.common import account, events, read_by_groups

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from memflow.pipeline.models import ChatEvent, Kind, MType, Role, Status
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from tests.conftest import System
 
 T0 = datetime(2026, 4, 6, 18, 0, tzinfo=UTC)

@@ -24,8 +24,8 @@ import pytest
 from memflow.bench.poisoning import figures
 from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import Role
-from memflow.shared.keys import FIELD
-from memflow.shared.rpc import MemoryState
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk.rpc import MemoryState
 from tests.conftest import System
 
 CORPUS = Path(__file__).parent / "corpus"

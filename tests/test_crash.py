@@ -7,9 +7,9 @@ import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from memflow.shared.backlog import backlog
-from memflow.shared.rpc import MemoryState
+from memflow.shared.sdk.rpc import MemoryState
 from memflow.shared.settings import Settings
+from memflow.shared.streaming.backlog import backlog
 from memflow.workers.process import spawn_stage
 from tests.conftest import start_system, wait_for
 
@@ -56,7 +56,7 @@ def frozen_in_flight(system, procs) -> bool:
 def test_kill_dash_nine_of_the_store_process_loses_no_acknowledged_write(settings: Settings) -> None:
     """The process holding the Edge shard (resolve, upsert, query) dies mid-stream and
     comes back on the same shard: every statement ends up stored exactly once."""
-    from memflow.shared.client import MemoryClient
+    from memflow.shared.sdk.client import MemoryClient
 
     client = MemoryClient(settings.replace(rpc_timeout_s=60.0))
     procs = [spawn_stage(settings, "trigger"), spawn_stage(settings, "extract"), spawn_stage(settings, "resolve", "upsert", "query")]

@@ -12,11 +12,11 @@ import pytest
 import redis
 
 from memflow.pipeline.models import SCHEMA_VERSION
-from memflow.shared import dlq
-from memflow.shared.dlq import DeadLetter, Where
 from memflow.shared.errors import InvalidInput
-from memflow.shared.keys import FIELD, Keys
-from memflow.shared.rpc import MemoryState
+from memflow.shared.redisdb.keys import FIELD, Keys
+from memflow.shared.sdk.rpc import MemoryState
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.dlq import DeadLetter, Where
 from tests.conftest import System, run_cli, wait_for
 
 SEC, MIN, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000

@@ -1,4 +1,4 @@
-"""The Edge shard's index build runs in a process of its own and is handed over (shared/edge_build.py): searches are
+"""The Edge shard's index build runs in a process of its own and is handed over (shared/storage/edge_build.py): searches are
 answered while it builds, writes made meanwhile are in its result, and a crash mid-handover loses nothing."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from memflow.pipeline.models import Dir, Memory, MType, Source
-from memflow.shared import edge_build
-from memflow.shared.edge_store import STEP_LOG, EdgeStore
-from memflow.shared.foreground import Foreground
-from memflow.shared.store import MemoryFilter
+from memflow.shared.search.foreground import Foreground
+from memflow.shared.storage import edge_build
+from memflow.shared.storage.edge_store import STEP_LOG, EdgeStore
+from memflow.shared.storage.store import MemoryFilter
 
 DIM = 768
 T0 = datetime(2026, 4, 1, 9, 0, tzinfo=UTC)
@@ -104,9 +104,9 @@ def test_a_handover_a_crash_interrupted_gives_back_the_shard_from_before(shard: 
 
 def test_the_handover_steps_aside_for_the_searches_in_flight(shard: EdgeStore, caplog: pytest.LogCaptureFixture) -> None:
     """Loading the built shard and closing the old one hold the interpreter lock: each waits for the searches
-    the process is answering (a job's `between`, shared/foreground.py) before it starts. Each step is logged at
+    the process is answering (a job's `between`, shared/search/foreground.py) before it starts. Each step is logged at
     DEBUG as it ends (`memflow bench jobs` matches slow searches to them)."""
-    caplog.set_level(logging.DEBUG, logger="memflow.shared.edge_store")
+    caplog.set_level(logging.DEBUG, logger="memflow.shared.storage.edge_store")
     foreground = Foreground(patience_s=0.05)
     in_flight, done = threading.Event(), threading.Event()
 

@@ -1,4 +1,4 @@
-"""An embedded index as N Edge shards keyed by subject hash (shared/edge_shards.py): a shard's handover holds only its
+"""An embedded index as N Edge shards keyed by subject hash (shared/storage/edge_shards.py): a shard's handover holds only its
 own subjects, the reads that name no subject fan out and merge, a crash mid-handover is recovered per shard, and a
 directory written before shards opens as one."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from memflow.shared import edge_build
-from memflow.shared.edge_shards import EdgeCatalog, ShardedStore, open_index, shard_of
-from memflow.shared.edge_store import EdgeStore
-from memflow.shared.store import Identity, MemoryFilter, Query
+from memflow.shared.storage import edge_build
+from memflow.shared.storage.edge_shards import EdgeCatalog, ShardedStore, open_index, shard_of
+from memflow.shared.storage.edge_store import EdgeStore
+from memflow.shared.storage.store import Identity, MemoryFilter, Query
 from tests.test_edge_build import memories
 from tests.test_edge_build import units as units_of
 

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from memflow.pipeline.vectors import summed
-from memflow.shared.embedder import (
+from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
+from memflow.shared.inference.embedder import (
     E5Embedder,
     Embedder,
     OpenAIEmbedder,
@@ -33,7 +34,6 @@ from memflow.shared.embedder import (
     approximate_tokens,
     build_embedder,
 )
-from memflow.shared.errors import EmbedderRejected, EmbedderUnavailable, Permanent, Retryable
 from memflow.shared.settings import Settings
 from memflow.workers.resolve import passage_vectors
 from tests.conftest import start_system, wait_for
@@ -240,7 +240,7 @@ def test_the_default_backend_pairs_e5_with_minilm_and_minilm_stays_symmetric(emb
 
 
 def test_a_process_on_e5_or_an_endpoint_never_imports_torch_and_e5_threads_wait_passively() -> None:
-    script = ("import sys; from shared.settings import Settings; from shared.embedder import build_embedder;"
+    script = ("import sys; from shared.settings import Settings; from shared.inference.embedder import build_embedder;"
               "import workers.query, workers.resolve, workers.embedded;"
               "e = build_embedder(Settings(embedder='e5')); e.encode_queries(['x']);"
               "build_embedder(Settings(embedder='openai', embedder_url='http://127.0.0.1:9/v1', embedder_dim=8));"

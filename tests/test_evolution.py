@@ -11,8 +11,8 @@ import pytest
 
 from memflow.pipeline.ids import episode_key, new_memory
 from memflow.pipeline.models import Candidate, Dir, MType, Source
-from memflow.shared.keys import FIELD
-from memflow.shared.rpc import MemoryState
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk.rpc import MemoryState
 from tests.conftest import System, run_cli
 from tests.test_system import end, memories, say
 

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.models import Dir, Memory, MType, Revision, Source, Status, Tier
-from memflow.shared.applier import copy_points
-from memflow.shared.embedder import Embedder
-from memflow.shared.rpc import ImportRequest
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.rpc import ImportRequest
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.writer.applier import copy_points
 from memflow.workers import transfer
 from memflow.workers.runtime import Context
 

@@ -1,7 +1,7 @@
 """Fairness per key (issue 30, item 2): one tenant's searches cannot hold another's. A key has at most
 MEMFLOW_HTTP_KEY_CONCURRENCY requests in flight and MEMFLOW_HTTP_KEY_RATE_PER_S a second (429 with
 Retry-After past either; a tool error saying when over /mcp), counted across every server process and both
-doors (shared/shares.py), and a process runs MEMFLOW_QUERY_WORKERS search workers, so a key's slow searches
+doors (shared/admission/shares.py), and a process runs MEMFLOW_QUERY_WORKERS search workers, so a key's slow searches
 hold some of them, never all.
 
 Real parts: the query stage's workers as `memflow worker` lays them out (workers/system.stage_parts), a real
@@ -34,15 +34,15 @@ from mcp_types import CallToolResult
 from rq.timeouts import JobTimeoutException
 
 from bench.llm_stub import Reply, ScriptedLLM
-from memflow.pipeline.fairness import Admitted, Limits, Refused, Share, admit, keep_s, renewed, take_stream
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import connect_async
-from memflow.shared.embedder import CHEAP_ENCODE_CHARS, E5Embedder, Embedder, TurnLock
-from memflow.shared.keys import Keys
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.admission.fairness import Admitted, Limits, Refused, Share, admit, keep_s, renewed, take_stream
+from memflow.shared.admission.shares import KeyShares, Place
+from memflow.shared.inference.embedder import CHEAP_ENCODE_CHARS, E5Embedder, Embedder, TurnLock
+from memflow.shared.redisdb.connections import connect_async
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.shares import KeyShares, Place
 from memflow.workers.mcp import SUBJECT_HEADER
 from memflow.workers.runtime import Context
 from memflow.workers.system import QUERY, Runner, stage_parts

@@ -22,11 +22,11 @@ import pytest
 
 from memflow.pipeline.feed import order
 from memflow.pipeline.models import Change
-from memflow.shared.apikeys import KeyStore
+from memflow.shared.admission.apikeys import KeyStore
 from memflow.shared.codec import encode
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.redisdb.server import RedisServer
 from tests.conftest import wait_for
 from tests.test_api import Served, serving
 from tests.test_changes_api import announced

@@ -9,7 +9,7 @@ import pytest
 from memflow.pipeline.models import ChatEvent, Kind, Role
 from memflow.shared.codec import encode
 from memflow.shared.errors import InvalidInput
-from memflow.shared.keys import FIELD
+from memflow.shared.redisdb.keys import FIELD
 from tests.conftest import System, run_cli
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

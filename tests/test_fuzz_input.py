@@ -50,10 +50,10 @@ from memflow.pipeline.models import (
     Role,
     WriteBatch,
 )
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import decode
 from memflow.shared.errors import InvalidInput
-from memflow.shared.keys import FIELD, STAGES
+from memflow.shared.redisdb.keys import FIELD, STAGES
+from memflow.shared.sdk.client import MemoryClient
 from tests.conftest import System, wait_for
 
 DEEP = bool(os.environ.get("HYPOTHESIS_DEEP"))

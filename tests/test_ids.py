@@ -16,13 +16,13 @@ import pytest
 from memflow.pipeline import export
 from memflow.pipeline.ids import PUBLIC, IdSpace
 from memflow.pipeline.models import Change, Dir, Memory, MType, Source, Status
-from memflow.shared.applier import copy_points
 from memflow.shared.codec import decode
-from memflow.shared.edge_shards import shard_of
 from memflow.shared.errors import MemflowError, NotFound
-from memflow.shared.keys import FIELD, id_space, partition_of
-from memflow.shared.store import MemoryFilter
-from memflow.shared.streams import CONFLICT
+from memflow.shared.redisdb.keys import FIELD, id_space, partition_of
+from memflow.shared.storage.edge_shards import shard_of
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.streaming.consumer import CONFLICT
+from memflow.shared.writer.applier import copy_points
 from tests.conftest import System, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -26,8 +26,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from memflow.shared.keys import STAGES
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.redisdb.server import RedisServer
 from memflow.workers.cli import app
 from memflow.workers.process import QUERY
 

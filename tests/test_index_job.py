@@ -1,5 +1,5 @@
 """The index job: the Edge shard's HNSW graphs are built by a scheduled job once enough points changed, never by
-a search (shared/edge_store.py: a build holds the process's interpreter lock)."""
+a search (shared/storage/edge_store.py: a build holds the process's interpreter lock)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source
 from memflow.scheduler.app import SCHEDULE
 from memflow.shared.settings import Settings
-from memflow.shared.store import Optimizable
+from memflow.shared.storage.store import Optimizable
 from memflow.workers import jobs, query
 from memflow.workers.runtime import Context
 from tests.hash_model import HashModel

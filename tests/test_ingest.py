@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from memflow.pipeline.models import ChatEvent, Kind, Role
-from memflow.shared.embedder import CachedPassages, Embedder, OpenAIEmbedder, build_embedder, uncached
 from memflow.shared.errors import EmbedderUnavailable
+from memflow.shared.inference.embedder import CachedPassages, Embedder, OpenAIEmbedder, build_embedder, uncached
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from tests.conftest import System, start_system
 from tests.hash_model import HashModel
 

@@ -24,10 +24,10 @@ from pydantic import SecretStr
 from memflow.bench.llm_echo import echo
 from memflow.bench.llm_stub import ScriptedLLM
 from memflow.pipeline.models import SearchResult
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.keys import FIELD
-from memflow.shared.redis_server import RedisServer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.redisdb.server import RedisServer
 from memflow.shared.settings import Settings
 from tests.conftest import System, start_system, wait_for
 

@@ -11,7 +11,7 @@ from memflow.pipeline.ids import new_memory
 from memflow.pipeline.models import Candidate, Dir, Memory, MType, Source
 from memflow.pipeline.tagging import TAG_VERSION, retag
 from memflow.shared.errors import RpcError
-from memflow.shared.keys import FIELD
+from memflow.shared.redisdb.keys import FIELD
 from tests.conftest import System, run_cli
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -15,12 +15,12 @@ import pytest
 from memflow.pipeline.ids import memory_id
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.models import Dir, Memory, MType, Source
-from memflow.shared import rpc
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.foreground import FULL_AFTER, Foreground, freezers
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient
+from memflow.shared.search.foreground import FULL_AFTER, Foreground, freezers
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.storage.store import MemoryFilter, Store
 from memflow.workers import jobs
 from memflow.workers.runtime import Context
 from memflow.workers.system import QUERY, Runner, stage_parts

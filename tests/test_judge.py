@@ -1,11 +1,11 @@
-"""The second look's reranker on its real model (shared/judge.py): USE multilingual v3 reads an answer in either
+"""The second look's reranker on its real model (shared/inference/reranker.py): USE multilingual v3 reads an answer in either
 language above a sentence that only shares the question's words, and calls unrelated what is unrelated."""
 
 from __future__ import annotations
 
 import pytest
 
-from memflow.shared.judge import Reranker
+from memflow.shared.inference.reranker import Reranker
 
 
 @pytest.fixture(scope="module")

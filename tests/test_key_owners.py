@@ -32,18 +32,19 @@ from memflow.pipeline.models import (
 )
 from memflow.pipeline.resolve import apply_patch
 from memflow.pipeline.writes import mutation, mutation_id
-from memflow.shared import dlq, pending
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
 from memflow.shared.errors import Permanent
-from memflow.shared.handlers import Outcome
-from memflow.shared.keys import FIELD
-from memflow.shared.llm import USAGE_KEEP_DAYS, count_usage
-from memflow.shared.llm import usage as llm_usage
+from memflow.shared.inference.llm import USAGE_KEEP_DAYS, count_usage
+from memflow.shared.inference.llm import usage as llm_usage
+from memflow.shared.monitoring.status import recent_traces, subject_footprint, subject_keys
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings, get_settings
-from memflow.shared.status import recent_traces, subject_footprint, subject_keys
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
-from memflow.shared.uses import Uses
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Outcome
+from memflow.shared.unstored import pending
+from memflow.shared.writer.uses import Uses
 from memflow.workers import forgetting, ops, query, trigger
 from memflow.workers.cli import app
 from memflow.workers.ops import fold_uses

@@ -19,10 +19,10 @@ from memflow.bench.llm_echo import data_of, purpose
 from memflow.bench.llm_stub import Reply, ScriptedLLM
 from memflow.pipeline.models import Status
 from memflow.pipeline.ranking import RankingProfiles
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD
-from memflow.shared.rpc import LLMUse, MemoryState
-from memflow.shared.search_reader import profile_for
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk.rpc import LLMUse, MemoryState
+from memflow.shared.search.reader import profile_for
 from memflow.shared.settings import Settings
 from tests.conftest import System, run_cli, start_system, wait_for
 

@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 from memflow.pipeline.models import Role
-from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.admission.apikeys import OPEN, ApiKey, KeyStore
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.front import ApiError
 from memflow.workers.mcp import SUBJECT_HEADER, Caller, TurnIn, resolve_caller, turn_events

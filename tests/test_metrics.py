@@ -1,4 +1,4 @@
-"""Prometheus metrics (`GET /metrics`, shared/metrics.py), read from Redis at scrape time on a real system.
+"""Prometheus metrics (`GET /metrics`, shared/monitoring/metrics.py), read from Redis at scrape time on a real system.
 
 The module's system and `memflow serve` process are test_api's (`served`); the figures are
 compared before and after each test's own actions, and the text is always parsed by
@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from memflow.pipeline.models import Trace
-from memflow.shared import metrics
-from memflow.shared.keys import FIELD, STAGES
-from memflow.shared.llm import count_usage
+from memflow.shared.inference.llm import count_usage
+from memflow.shared.monitoring import metrics
+from memflow.shared.redisdb.keys import FIELD, STAGES
 from tests import test_api
 from tests.conftest import wait_for
 from tests.test_api import Served, remembered, subject

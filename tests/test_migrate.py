@@ -10,9 +10,9 @@ import redis
 
 from memflow.pipeline.models import ChatEvent
 from memflow.shared.codec import encode
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD, Keys
-from memflow.shared.migrate import migrate_unpartitioned
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD, Keys
+from memflow.shared.redisdb.migrate import migrate_unpartitioned
 from memflow.shared.settings import Settings
 from tests.conftest import start_system
 

@@ -19,7 +19,7 @@ from memflow import MemoryClient, Settings
 from memflow.shared.settings import get_settings
 from memflow.workers.cli import app
 assert memflow.__file__.startswith(sys.argv[1]), memflow.__file__
-assert MemoryClient.__module__ == "memflow.shared.client"
+assert MemoryClient.__module__ == "memflow.shared.sdk.client"
 assert shared.WHOSE == "the user's"
 print("ok", Settings().http.port)
 """

@@ -10,13 +10,13 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
-from memflow.shared.backlog import PartitionChangeRefused, change_partitions
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import encode
-from memflow.shared.handlers import Emit
-from memflow.shared.keys import FIELD, Keys, PartitionCountMismatch, recorded_partitions
+from memflow.shared.redisdb.keys import FIELD, Keys, PartitionCountMismatch, recorded_partitions
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.backlog import PartitionChangeRefused, change_partitions
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Emit
 
 LEASE_MS = 3000
 

@@ -10,12 +10,12 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
-from memflow.shared.backlog import backlog, trim_acknowledged
 from memflow.shared.codec import encode
-from memflow.shared.handlers import Emit
-from memflow.shared.keys import FIELD, Keys, partition_of
+from memflow.shared.redisdb.keys import FIELD, Keys, partition_of
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.backlog import backlog, trim_acknowledged
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Emit
 from tests.conftest import wait_for
 
 P = 8

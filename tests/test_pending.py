@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 from memflow.workers.process import spawn_stage, stop_children

@@ -14,11 +14,11 @@ import pytest
 from memflow.pipeline.models import Dir, Memory, MType, Source, Status
 from memflow.pipeline.profile import ProfileReply, assemble, undistilled
 from memflow.pipeline.tokens import approximate_tokens
-from memflow.shared import profiles
-from memflow.shared.embedder import Embedder
+from memflow.shared.changes import profiles
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.redis_server import RedisServer
-from memflow.shared.store import MemoryFilter
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.storage.store import MemoryFilter
 from tests.test_api import Served, error_of, serving
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

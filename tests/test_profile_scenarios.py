@@ -35,7 +35,7 @@ from memflow.pipeline.holders import SELF, asked_holder, matches
 from memflow.pipeline.models import Role
 from memflow.pipeline.profile import ABOUT_PEOPLE, Item, ProfileReply, items
 from memflow.pipeline.tokens import approximate_tokens
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import Embedded, embedded
 

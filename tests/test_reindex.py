@@ -22,14 +22,14 @@ import pytest
 from qdrant_client import QdrantClient
 
 from memflow.pipeline.models import Action, Candidate, Dir, Memory, MType, PutOp, Source, Status, WriteBatch
-from memflow.shared.edge_shards import EdgeCatalog
-from memflow.shared.edge_store import EdgeStore
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import IndexRetired, MemflowError, ModelMismatch, Retryable
-from memflow.shared.reindex import Step, reindex
-from memflow.shared.server_store import DIM_KEY, MODEL_KEY, ServerCatalog, ServerStore
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings, get_settings
-from memflow.shared.store import Catalog, Identity, MemoryFilter, Store, index_name, open_current
+from memflow.shared.storage.edge_shards import EdgeCatalog
+from memflow.shared.storage.edge_store import EdgeStore
+from memflow.shared.storage.server_store import DIM_KEY, MODEL_KEY, ServerCatalog, ServerStore
+from memflow.shared.storage.store import Catalog, Identity, MemoryFilter, Store, index_name, open_current
+from memflow.shared.writer.reindex import Step, reindex
 from tests.conftest import wait_for
 from tests.hash_model import HashModel, other_hash
 from tests.test_store import T0, memory
@@ -341,8 +341,8 @@ CHILD = """
 import json, sys
 from dataclasses import asdict
 from pathlib import Path
-from memflow.shared.edge_shards import EdgeCatalog
-from memflow.shared.reindex import reindex
+from memflow.shared.storage.edge_shards import EdgeCatalog
+from memflow.shared.writer.reindex import reindex
 from tests.hash_model import other_hash
 print(json.dumps(asdict(reindex(EdgeCatalog(Path(sys.argv[1]), "memflow"), other_hash(), batch=4))))
 """
@@ -414,7 +414,7 @@ def test_memflow_reindex_shows_progress_then_a_summary(cli_settings: Path) -> No
 def test_memflow_reindex_refuses_to_run_beside_memflow_up(cli_settings: Path) -> None:
     from typer.testing import CliRunner
 
-    from memflow.shared.connections import announce
+    from memflow.shared.redisdb.connections import announce
     from memflow.workers.cli import app
 
     announce(cli_settings, "redis://127.0.0.1:1")  # this process stands in for a running `memflow up`

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from memflow.shared.keys import FIELD
+from memflow.shared.redisdb.keys import FIELD
 from tests.conftest import System
 from tests.test_system import end, memories, say
 

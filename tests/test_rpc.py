@@ -1,6 +1,6 @@
 """The query worker's calls (issue 15, typed RPC): one table, a handler per call, a context per worker.
 
-On the real Redis and store: the client and the worker are built from `shared.rpc.RPCS`; a job is
+On the real Redis and store: the client and the worker are built from `shared.sdk.rpc.RPCS`; a job is
 validated by the worker whoever enqueued it; two workers in one process answer each with its own
 context (a module global once made the last one built answer for both).
 """
@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 import pytest
 
 from memflow.pipeline.models import Tier
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.rpc import INSPECT, RPCS, RUN_JOB, WORKERS_MODULE, InspectReport, RunJobRequest, request_of
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.rpc import INSPECT, RPCS, RUN_JOB, WORKERS_MODULE, InspectReport, RunJobRequest, request_of
 from memflow.shared.settings import Settings
 from tests.conftest import System, run_cli, start_system
 

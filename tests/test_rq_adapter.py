@@ -1,4 +1,4 @@
-"""What memflow overrides of RQ's internals (workers/rq_adapter.py) and reads of them (shared/client.py), pinned: each
+"""What memflow overrides of RQ's internals (workers/rq_adapter.py) and reads of them (shared/sdk/client.py), pinned: each
 test fails when RQ changes a method memflow overrides or calls, its signature, or the attribute it reads, so that an
 RQ upgrade fails here rather than in a worker that stops answering. pyproject.toml holds RQ to the range these
 tests passed on; widening it means running them first. The behaviour of each override is tested where it is cheap
@@ -89,7 +89,7 @@ def test_a_death_penalty_still_knows_its_timeout_and_the_thread_it_ends() -> Non
 
 
 def test_the_results_the_client_reads_are_still_where_and_as_it_reads_them() -> None:
-    """shared/client.py reads a call's result off RQ's result stream itself (XREAD, so it can wait on an event
+    """shared/sdk/client.py reads a call's result off RQ's result stream itself (XREAD, so it can wait on an event
     loop), then restores it with RQ's own `Result.restore`."""
     assert parameters(Result.get_key) == ["job_id"]
     assert str(Result.get_key("j")).endswith("j")  # type: ignore[no-untyped-call]

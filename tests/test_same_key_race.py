@@ -31,15 +31,15 @@ from memflow.pipeline.models import (
     Wire,
     WriteBatch,
 )
-from memflow.shared.backlog import backlog
 from memflow.shared.codec import decode, encode
-from memflow.shared.connections import connect
-from memflow.shared.embedder import Embedder
-from memflow.shared.handlers import Emit, Outcome, per_item
-from memflow.shared.keys import FIELD, STAGES
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.connections import connect
+from memflow.shared.redisdb.keys import FIELD, STAGES
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.streaming.backlog import backlog
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Emit, Outcome, per_item
 from memflow.workers import extract, resolve, trigger, upsert
 from memflow.workers.runtime import Context
 

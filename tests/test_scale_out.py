@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from qdrant_client import QdrantClient
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.handlers import Outcome
-from memflow.shared.server_store import ServerStore
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.storage.server_store import ServerStore
+from memflow.shared.streaming.consumer import StreamConsumer
+from memflow.shared.streaming.handlers import Outcome
 from memflow.workers.query import build_worker
 from memflow.workers.runtime import STORE_STAGES, Context
 from memflow.workers.system import build_consumer, start_consumers

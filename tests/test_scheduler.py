@@ -23,9 +23,9 @@ from rq.serializers import JSONSerializer
 from memflow.pipeline.models import Tier
 from memflow.scheduler.app import MISFIRE_GRACE_S, SCHEDULE, build_scheduler, fire, next_fire_times
 from memflow.scheduler.firings import RESULT_TTL_S, RUN_JOB, Entry, enqueue_firing, firing_id, last_fire_time
-from memflow.shared.connections import connect
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import Keys
+from memflow.shared.redisdb.connections import connect
+from memflow.shared.redisdb.keys import Keys
 from memflow.shared.settings import Settings, to_env
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")

@@ -1,6 +1,6 @@
 """The read path asks the store once per search: every route's queries in one batch (`Store.query_many`), and a
 scoped route that covers nearly the whole subject read off the whole-subject route's candidates — with the same
-candidates, hits and order as the route-by-route search it replaces (`shared.search_reader.run_route`).
+candidates, hits and order as the route-by-route search it replaces (`shared.search.reader.run_route`).
 
 A realistic store: a few hundred memories of two subjects in every directory, type, status and topic key, with
 the real model's vectors; "wide" keeps most of them where an entity question looks, "narrow" few.
@@ -20,12 +20,12 @@ from memflow.pipeline import search as recipe
 from memflow.pipeline.models import Dir, Memory, MType, SearchRequest, Source, Status
 from memflow.pipeline.ranking import RankingProfile
 from memflow.pipeline.score import Found
-from memflow.shared import search_reader
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
-from memflow.shared.search_reader import profile_for
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.search import reader as search_reader
+from memflow.shared.search.reader import profile_for
 from memflow.shared.settings import Fusion, Settings
-from memflow.shared.store import MemoryFilter, Query, Scored, Store
+from memflow.shared.storage.store import MemoryFilter, Query, Scored, Store
 from memflow.workers.runtime import Context
 
 # Each test searches a few hundred real vectors many times over, twice: slow on a busy machine.

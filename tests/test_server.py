@@ -18,9 +18,9 @@ import httpx
 import orjson
 import pytest
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import RUNNING_FILE, ServerTooOld, connect
-from memflow.shared.redis_server import RedisServer, find_binary
+from memflow.shared.redisdb.connections import RUNNING_FILE, ServerTooOld, connect
+from memflow.shared.redisdb.server import RedisServer, find_binary
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 

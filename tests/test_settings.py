@@ -13,10 +13,10 @@ from pydantic import SecretStr
 from memflow.pipeline.lifecycle import Policy
 from memflow.pipeline.ranking import RankingProfiles
 from memflow.pipeline.score import Lifecycle
-from memflow.shared.search_reader import profile_for
+from memflow.shared.search.reader import profile_for
 from memflow.shared.settings import FLAT_NAMES, GROUPS, RedisSettings, Settings, get_settings, to_env, unknown_variables
 from memflow.shared.settings_doc import COMMAND, markdown
-from memflow.shared.streams import READ_COUNT, ConsumerConfig
+from memflow.shared.streaming.consumer import READ_COUNT, ConsumerConfig
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +109,7 @@ ENV_NAMES = {f"MEMFLOW_{name.upper()}" for name in (
     # issue 31: the change feed's streams
     "http_max_streams", "http_max_streams_per_key", "http_stream_keepalive_s")}
 # issue 40: tuned constants and internal knobs no deployment sets, now named constants beside their code
-# (shared/streams.READ_COUNT, workers/resolve.RESOLVE_LINGER_MS and NEIGHBOUR_THRESHOLD,
+# (shared/streaming/consumer.READ_COUNT, workers/resolve.RESOLVE_LINGER_MS and NEIGHBOUR_THRESHOLD,
 # workers/upsert.MAX_RESOLVE_RETRIES, pipeline/lifecycle.Policy, scheduler/app.MISFIRE_GRACE_S).
 REMOVED = {f"MEMFLOW_{name.upper()}" for name in (
     "read_count", "resolve_linger_ms", "neighbour_threshold", "max_resolve_retries", "promote_sessions",

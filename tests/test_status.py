@@ -10,11 +10,11 @@ import orjson
 import pytest
 import redis
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.keys import FIELD, STAGES, Keys
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.monitoring.status import PipelineStatus, StageStatus, read_status, sampled_rates
+from memflow.shared.redisdb.keys import FIELD, STAGES, Keys
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.status import PipelineStatus, StageStatus, read_status, sampled_rates
 from tests.conftest import run_cli, start_system, wait_for
 
 

@@ -19,12 +19,12 @@ import pytest
 from qdrant_client import QdrantClient
 
 from memflow.pipeline.models import Dir, Memory, MType, Source, Status, Tier
-from memflow.shared.edge_shards import ShardedStore, open_index
-from memflow.shared.edge_store import EdgeStore
 from memflow.shared.errors import StoreUnavailable
-from memflow.shared.server_store import ServerStore
 from memflow.shared.settings import Settings
-from memflow.shared.store import RRF_K, Identity, MemoryFilter, Query, Store, open_store
+from memflow.shared.storage.edge_shards import ShardedStore, open_index
+from memflow.shared.storage.edge_store import EdgeStore
+from memflow.shared.storage.server_store import ServerStore
+from memflow.shared.storage.store import RRF_K, Identity, MemoryFilter, Query, Store, open_store
 
 DIM = 8
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -52,7 +52,7 @@ def memory(subject: str = "alice", content: str = "prefers short answers", **fie
 def open_backend(kind: str, tmp_path: Path) -> Store:
     if kind == "edge":
         return EdgeStore(tmp_path / "shard", DIM)
-    if kind == "sharded":  # the same contract over several Edge shards, fanned out (shared/edge_shards.py)
+    if kind == "sharded":  # the same contract over several Edge shards, fanned out (shared/storage/edge_shards.py)
         return open_index(tmp_path / "index", DIM, 3)
     return ServerStore(QdrantClient(":memory:"), f"test-{uuid.uuid4().hex[:8]}", DIM)
 

@@ -11,14 +11,14 @@ import pytest
 import redis
 
 from memflow.pipeline.models import Wire
-from memflow.shared import dlq
-from memflow.shared.backlog import backlog
 from memflow.shared.codec import encode
 from memflow.shared.errors import Permanent
-from memflow.shared.handlers import Emit, Outcome, per_item
-from memflow.shared.keys import FIELD, Keys
 from memflow.shared.polling import backoff_s
-from memflow.shared.streams import ConsumerConfig, StreamConsumer
+from memflow.shared.redisdb.keys import FIELD, Keys
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.backlog import backlog
+from memflow.shared.streaming.consumer import ConsumerConfig, StreamConsumer
+from memflow.shared.streaming.handlers import Emit, Outcome, per_item
 from tests.conftest import wait_for
 
 

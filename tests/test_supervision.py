@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from memflow.shared.connections import stage_socket_timeout_s
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.connections import stage_socket_timeout_s
 from memflow.shared.settings import Settings
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.workers.embedded import embedded
 from memflow.workers.runtime import Context
 from memflow.workers.system import QUERY, Part, PartDied, RestartPolicy, Runner, run
@@ -179,7 +179,7 @@ def silent_url() -> Iterator[str]:
 def test_a_stage_connection_to_a_silent_server_raises_instead_of_blocking(
         settings: Settings, silent_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Risk 7: with no socket timeout, a blocking read on a connection nobody answers waits forever."""
-    monkeypatch.setattr("memflow.shared.connections.READ_MARGIN_S", 0.2, raising=False)
+    monkeypatch.setattr("memflow.shared.redisdb.connections.READ_MARGIN_S", 0.2, raising=False)
     silent = settings.replace(redis_url=silent_url)
     raised: list[BaseException] = []
 

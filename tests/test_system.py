@@ -8,8 +8,8 @@ import pytest
 
 from memflow.pipeline.models import SCHEMA_VERSION
 from memflow.shared.errors import InvalidInput
-from memflow.shared.keys import FIELD, STAGES
-from memflow.shared.rpc import MemoryState
+from memflow.shared.redisdb.keys import FIELD, STAGES
+from memflow.shared.sdk.rpc import MemoryState
 from tests.conftest import System, run_cli, wait_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -121,7 +121,7 @@ def test_forget_removes_a_memory_from_search_and_index(system: System) -> None:
 
 
 def test_search_says_failed_when_no_worker_answers(settings) -> None:
-    from memflow.shared.client import MemoryClient
+    from memflow.shared.sdk.client import MemoryClient
 
     client = MemoryClient(settings.replace(search_timeout_s=1.0))
     result = client.search("nobody", "anything")
@@ -137,7 +137,7 @@ def test_search_says_failed_when_no_worker_answers(settings) -> None:
     ({"kind": "shout"}, "kind"),
 ])
 def test_the_client_refuses_bad_input_naming_the_field(settings, change, field) -> None:
-    from memflow.shared.client import MemoryClient
+    from memflow.shared.sdk.client import MemoryClient
 
     event = {"event_id": "e", "subject": "s", "session_id": "s1", "kind": "message", "role": "user",
              "text": "hello there", "ts": datetime(2026, 1, 1, tzinfo=timezone.utc)} | change
@@ -195,7 +195,7 @@ def test_the_pipeline_runs_the_same_on_the_qdrant_server_adapter(settings, embed
     for a server: the honest way to run that code path without one)."""
     from qdrant_client import QdrantClient
 
-    from memflow.shared.server_store import ServerStore
+    from memflow.shared.storage.server_store import ServerStore
     from tests.conftest import start_system
 
     store = ServerStore(QdrantClient(":memory:"), "memflow_e2e", embedder.dim)

@@ -18,14 +18,14 @@ from memflow.bench.madial import event_id_of, load, subject_of
 from memflow.pipeline import export
 from memflow.pipeline.export import FormatError
 from memflow.pipeline.models import Change, Dir, Memory, MType, Source, Status
-from memflow.shared import transfer
 from memflow.shared.codec import decode
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, Permanent, RpcError
-from memflow.shared.keys import FIELD
-from memflow.shared.rpc import EXPORT, IMPORT, Imported, ImportRequest
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.sdk import transfer
+from memflow.shared.sdk.rpc import EXPORT, IMPORT, Imported, ImportRequest
 from memflow.shared.settings import Settings
-from memflow.shared.store import MemoryFilter
+from memflow.shared.storage.store import MemoryFilter
 from memflow.workers import transfer as worker_transfer
 from memflow.workers.runtime import Context
 from tests.conftest import System, run_cli, start_system, wait_for

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from memflow.shared.embedder import Embedder
-from memflow.shared.redis_server import RedisServer
-from memflow.shared.store import MemoryFilter
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.storage.store import MemoryFilter
 from tests.conftest import System
 from tests.test_api import Served, error_of, remembered, serving, subject
 

@@ -18,9 +18,9 @@ import pytest
 
 from memflow.pipeline import export
 from memflow.pipeline.export import End, Record
-from memflow.shared.embedder import Embedder
-from memflow.shared.redis_server import RedisServer
-from memflow.shared.transfer import PAGE_WITH_VECTORS
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.server import RedisServer
+from memflow.shared.sdk.transfer import PAGE_WITH_VECTORS
 from memflow.workers.transfer_api import MAX_IMPORT_CHARS, MAX_LINE_BYTES
 from tests.test_api import Served, serving, subject
 from tests.test_export_format import T0, memory

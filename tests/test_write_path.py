@@ -35,11 +35,11 @@ from memflow.pipeline.models import (
     WriteBatch,
 )
 from memflow.shared.codec import decode
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected, StoreUnavailable
-from memflow.shared.keys import FIELD
-from memflow.shared.store import MemoryFilter, Store
-from memflow.shared.uses import Uses
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.writer.uses import Uses
 from memflow.workers import ops, resolve, upsert
 from memflow.workers.runtime import Context
 from tests.conftest import System, wait_for

@@ -4,7 +4,7 @@ It talks to the running system exactly as `MemoryClient` does — a write is one
 reply is 202 (the pipeline works off the response path); reads are RPCs of the query worker —
 and speaks its vocabulary: bodies and replies are the SDK's models (`subject`, `content`,
 `query`, `k`, `now`, `hits`, `status`, …). Every request names a key (`Authorization: Bearer
-mf_…`, shared/apikeys.py) and may touch only the subjects its patterns allow; an id of
+mf_…`, shared/admission/apikeys.py) and may touch only the subjects its patterns allow; an id of
 another subject's memory is answered as if it did not exist. Errors are JSON with a stable
 code (`ErrorReply`), never a stack trace.
 
@@ -38,12 +38,12 @@ from typing import Any
 from fastapi import FastAPI
 
 from memflow.pipeline.models import ChatEvent
-from memflow.shared.apikeys import KeyStore
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import client_socket_timeout_s, connect_async, require_url
+from memflow.shared.admission.apikeys import KeyStore
+from memflow.shared.admission.shares import KeyShares, share_limits
 from memflow.shared.errors import MemflowError
+from memflow.shared.redisdb.connections import client_socket_timeout_s, connect_async, require_url
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings, get_settings
-from memflow.shared.shares import KeyShares, share_limits
 from memflow.workers.api_edge import HEALTH_CONNECTIONS, Edge
 from memflow.workers.api_errors import BodyLimit, install_errors
 from memflow.workers.changes_api import close as close_feed

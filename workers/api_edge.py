@@ -16,13 +16,13 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from memflow.pipeline.fairness import Refused
-from memflow.shared import rpc
-from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
-from memflow.shared.client import MemoryClient, Sent
+from memflow.shared.admission.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.admission.fairness import Refused
+from memflow.shared.admission.shares import KeyShares, Place
 from memflow.shared.errors import RpcError
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient, Sent
 from memflow.shared.settings import HttpSettings
-from memflow.shared.shares import KeyShares, Place
 from memflow.workers.front import ApiError, ErrorReply, authenticate_async, error_line
 
 T = TypeVar("T")
@@ -165,9 +165,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def fair_share(request: Request, key: Caller) -> AsyncIterator[None]:
     """The key's place among its own requests (MEMFLOW_HTTP_KEY_CONCURRENCY in flight, MEMFLOW_HTTP_KEY_RATE_PER_S),
-    counted with its requests to every server process, to /mcp and to the inspector's pages (shared/shares.py),
-    or 429 with Retry-After at once: one tenant's flood holds at most its share of the query workers, so another
-    tenant's search is served meanwhile (issue 30). With --no-auth there is one caller: nothing to share."""
+    counted with its requests to every server process, to /mcp and to the inspector's pages
+    (shared/admission/shares.py), or 429 with Retry-After at once: one tenant's flood holds at most its share of the
+    query workers, so another tenant's search is served meanwhile (issue 30). With --no-auth there is one caller:
+    nothing to share."""
     async with key_place(request, key):
         yield
 

@@ -6,7 +6,7 @@ A page is one request like any other (a place among the requests and the key's s
 lives as long as its reader, so it holds no place among the requests and no thread — it waits on the event loop
 in a blocking read of its own Redis connection, MEMFLOW_HTTP_STREAM_KEEPALIVE_S at a time, writing a keep-alive
 comment on its own clock — and is counted instead: MEMFLOW_HTTP_MAX_STREAMS per process (its connections),
-_PER_KEY per key across every server process (a place in Redis, shared/shares.py, renewed by the stream's loop
+_PER_KEY per key across every server process (a place in Redis, shared/admission/shares.py, renewed by the stream's loop
 and lapsing STREAM_LEASE_KEEPALIVES keep-alives after its last renewal if its process died). Before each
 keep-alive it checks its key is still valid and renews its place, and no read outlasts the next keep-alive: a
 revoked key's stream ends within a keep-alive, and so does one whose place was counted away as lapsed (it stalled
@@ -35,15 +35,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from memflow.pipeline import feed
-from memflow.pipeline.fairness import Refused
 from memflow.pipeline.feed import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE, ChangesPage
 from memflow.pipeline.models import Subject
-from memflow.shared.apikeys import ApiKey
-from memflow.shared.connections import connect_async, require_url
-from memflow.shared.feed import SCAN_BATCH, decoded, opening_async, page_async
-from memflow.shared.keys import Keys, id_space
+from memflow.shared.admission.apikeys import ApiKey
+from memflow.shared.admission.fairness import Refused
+from memflow.shared.admission.shares import KeyShares, Place
+from memflow.shared.changes.feed import SCAN_BATCH, decoded, opening_async, page_async
+from memflow.shared.redisdb.connections import connect_async, require_url
+from memflow.shared.redisdb.keys import Keys, id_space
 from memflow.shared.settings import Settings
-from memflow.shared.shares import KeyShares, Place
 from memflow.workers.api_edge import ERRORS, RETRY_AFTER_S, Caller, admitted, fair_share
 from memflow.workers.front import ApiError, allowed, authenticate_async, bearer
 
@@ -210,7 +210,8 @@ async def _opened(request: Request, after: str | None) -> str | None:
 
 async def _sealed(request: Request) -> feed.Sealed:
     """The deployment's sealer of feed places (pipeline/feed.py `Sealed`), read once a process (the secret is
-    made once a deployment and never changes: shared/keys.py `id_space`, on the blocking client, in a thread)."""
+    made once a deployment and never changes: shared/redisdb/keys.py `id_space`, on the blocking client, in a
+    thread)."""
     state: Feed = request.app.state.feed
     if state.sealed is None:
         client = request.app.state.client

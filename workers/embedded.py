@@ -15,8 +15,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from memflow.workers.process import ChildProcess, own_redis
 from memflow.workers.runtime import LIGHT_STAGES, STORE_STAGES, Context

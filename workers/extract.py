@@ -20,11 +20,11 @@ from memflow.pipeline.extract import assemble, read
 from memflow.pipeline.llm_extract import Batch
 from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
-from memflow.shared import pending
-from memflow.shared.handlers import Emit, per_item
-from memflow.shared.keys import Keys
-from memflow.shared.llm import LLM, Asked, Reading
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.inference.llm import LLM, Asked, Reading
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.streaming.consumer import StreamConsumer
+from memflow.shared.streaming.handlers import Emit, per_item
+from memflow.shared.unstored import pending
 from memflow.workers.runtime import Context
 
 

@@ -24,14 +24,14 @@ from memflow.pipeline.forgetting import Reach, reach, still_holding
 from memflow.pipeline.models import Candidate, DeleteOp, Memory, MType, MutationOp, PatchOp, Status
 from memflow.pipeline.pending import Said, drafts, pending_id
 from memflow.pipeline.writes import content_hash, mutation
-from memflow.shared import pending as pending_layer
-from memflow.shared.applier import Applier
-from memflow.shared.buffers import SessionBuffers
-from memflow.shared.connections import NotDurable, safe_url
-from memflow.shared.durability import fsync_timeout_ms
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import STAGES, Keys
-from memflow.shared.store import MemoryFilter, Store
+from memflow.shared.redisdb.connections import NotDurable, safe_url
+from memflow.shared.redisdb.durability import fsync_timeout_ms
+from memflow.shared.redisdb.keys import STAGES, Keys
+from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.unstored import pending as pending_layer
+from memflow.shared.unstored.buffers import SessionBuffers
+from memflow.shared.writer.applier import Applier
 from memflow.workers.runtime import Context
 from memflow.workers.trigger import buffers
 
@@ -257,7 +257,7 @@ def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
     held = _still_pending(client, keys, subject, events)
     if held:
         residue["pending"] = held
-    profile = client.get(keys.profile(subject))  # dropped by the forget's announcement (shared/profiles.py)
+    profile = client.get(keys.profile(subject))  # dropped by the forget's announcement (shared/changes/profiles.py)
     if profile and any(mark in profile for mark in marks):
         residue["profile"] = 1
     others = [m for m in store.get(MemoryFilter(subject)) if m.id not in memory_ids] if receipts else []
@@ -273,7 +273,7 @@ def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
 
 
 def _still_pending(client: redis.Redis, keys: Keys, subject: str, events: set[str]) -> int:
-    """How many of these events are still served as said and not stored (shared/pending.py)."""
+    """How many of these events are still served as said and not stored (shared/unstored/pending.py)."""
     if not events:
         return 0
     return sum(1 for held in client.hmget(keys.pending(subject), sorted(events)) if held)

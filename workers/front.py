@@ -18,10 +18,10 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memflow.shared import rpc
-from memflow.shared.apikeys import ApiKey, KeyStore
-from memflow.shared.client import MemoryClient
+from memflow.shared.admission.apikeys import ApiKey, KeyStore
 from memflow.shared.errors import MemflowError
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient
 
 ErrorCode = Literal["invalid_input", "unauthorized", "forbidden", "not_found", "store_unavailable", "timeout",
                     "busy", "rate_limited", "internal"]

@@ -37,10 +37,10 @@ from starlette.concurrency import run_in_threadpool
 
 from memflow.pipeline.models import Hit, QueryPlan, SearchResult, Status, Subject, Trace
 from memflow.pipeline.scopes import single_subject
-from memflow.shared import rpc
-from memflow.shared.apikeys import ApiKey, KeyStore
+from memflow.shared.admission.apikeys import ApiKey, KeyStore
 from memflow.shared.errors import InvalidInput
-from memflow.shared.status import StageStatus, read_status, recent_traces
+from memflow.shared.monitoring.status import StageStatus, read_status, recent_traces
+from memflow.shared.sdk import rpc
 from memflow.workers.api_edge import Client, ask, blocking, key_place, principal
 from memflow.workers.front import ApiError, allowed
 from memflow.workers.memories_api import history as history_of

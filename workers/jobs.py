@@ -25,14 +25,14 @@ from memflow.pipeline.lifecycle import Policy, Step, plan_decay, plan_patterns, 
 from memflow.pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
 from memflow.pipeline.tagging import TAG_VERSION, retag
 from memflow.pipeline.writes import mutation, patches
-from memflow.shared.applier import Applier
 from memflow.shared.codec import encode
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import FIELD, Keys
-from memflow.shared.rpc import JobReport
-from memflow.shared.store import MemoryFilter, Optimizable, Store
-from memflow.shared.uses import Uses
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import FIELD, Keys
+from memflow.shared.sdk.rpc import JobReport
+from memflow.shared.storage.store import MemoryFilter, Optimizable, Store
+from memflow.shared.writer.applier import Applier
+from memflow.shared.writer.uses import Uses
 from memflow.workers import ops
 from memflow.workers.runtime import Context, fields_of
 
@@ -95,7 +95,7 @@ INDEX_AFTER_CHANGES = 5_000
 def index(store: Store, step_aside: Callable[[], object], now: datetime, dry_run: bool) -> dict[str, Any]:
     """Build the store's search indexes (HNSW) once INDEX_AFTER_CHANGES points changed since the last build, off
     every search's path. On an Edge shard the build runs in a process of its own and is handed over
-    (shared/edge_build.py): searches go on meanwhile (`step_aside`: the process's searches go first). A Qdrant
+    (shared/storage/edge_build.py): searches go on meanwhile (`step_aside`: the process's searches go first). A Qdrant
     server builds its own: nothing to do."""
     changed = store.changed_since_optimize() if isinstance(store, Optimizable) else 0
     if isinstance(store, Optimizable) and changed >= INDEX_AFTER_CHANGES and not dry_run:
@@ -108,7 +108,7 @@ def index(store: Store, step_aside: Callable[[], object], now: datetime, dry_run
 
 
 def uses(applier: Applier, ledger: Uses, subject: str | None, now: datetime, dry_run: bool) -> dict[str, Any]:
-    """Count on their points the uses packs and feedback recorded (shared/uses.py) and could not count at once
+    """Count on their points the uses packs and feedback recorded (shared/writer/uses.py) and could not count at once
     (the subject's write lock was taken): of `subject`, or of every subject that has some."""
     folded = 0 if dry_run else (ops.fold_uses(applier, ledger, subject) if subject
                                 else ops.fold_all_uses(applier, ledger))

@@ -38,15 +38,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memflow.pipeline.fairness import Refused
 from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MType, Role, SearchResult
 from memflow.pipeline.scopes import single_subject
-from memflow.shared.apikeys import OPEN, ApiKey, KeyStore
-from memflow.shared.client import MemoryClient
+from memflow.shared.admission.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.admission.fairness import Refused
+from memflow.shared.admission.shares import KeyShares, Place
 from memflow.shared.errors import InvalidInput, RpcError
-from memflow.shared.rpc import PACK, PROFILE, SEARCH, MemoryId, Rep, Rpc
+from memflow.shared.sdk.client import MemoryClient
+from memflow.shared.sdk.rpc import PACK, PROFILE, SEARCH, MemoryId, Rep, Rpc
 from memflow.shared.settings import Settings
-from memflow.shared.shares import KeyShares, Place
 from memflow.workers.front import (
     ANY_HOST,
     ApiError,

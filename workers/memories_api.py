@@ -19,11 +19,12 @@ from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
 from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.scopes import single_subject
-from memflow.shared import profiles, rpc
-from memflow.shared.apikeys import ApiKey
+from memflow.shared.admission.apikeys import ApiKey
+from memflow.shared.changes import profiles
 from memflow.shared.errors import RpcError
-from memflow.shared.rpc import MemoryId
-from memflow.shared.status import recent_traces
+from memflow.shared.monitoring.status import recent_traces
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.rpc import MemoryId
 from memflow.workers.api_edge import (
     ERRORS,
     BodyRoute,

@@ -24,14 +24,14 @@ from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
 from memflow.pipeline.scopes import allows
 from memflow.pipeline.score import strength
 from memflow.pipeline.writes import mutation, mutation_id, patches
-from memflow.shared.applier import Applier
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import MemflowError, NotFound, StaleVersion
-from memflow.shared.keys import Keys
-from memflow.shared.rpc import Utilisation
-from memflow.shared.store import MemoryFilter, Store
-from memflow.shared.usage import DailyCounters
-from memflow.shared.uses import Uses
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.counters import DailyCounters
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.sdk.rpc import Utilisation
+from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.writer.applier import Applier
+from memflow.shared.writer.uses import Uses
 
 REVIEWABLE = (Status.pending_review, Status.contested)
 # Utilisation counters are kept per day this long (the report looks back 30 days).
@@ -122,7 +122,8 @@ def feedback(applier: Applier, uses: Uses, utilisation: UtilisationCounters, sub
              when: datetime, request_id: str, *, recalled: int = 0) -> int:
     """Count memories of `subject` as adopted (used in an answer): access_count + 1 each, once per request
     (`request_id`: a retry of the same request counts nothing more, nor its `recalled` memories). Recorded
-    without waiting for the subject's write lock (shared/uses.py), counted on the points at once if it is free."""
+    without waiting for the subject's write lock (shared/writer/uses.py), counted on the points at once if it is
+    free."""
     found = applier.store.get(MemoryFilter(subject, ids=memory_ids)) if memory_ids else []
     if uses.record(subject, request_id, [m.id for m in found], when, _clock_ms()):
         utilisation.count(subject, when, recalled=recalled, adopted=len(found))
@@ -165,8 +166,8 @@ def _clock_ms() -> int:
 @dataclass(frozen=True)
 class UtilisationCounters:
     """Each subject's per-day counters of memories recalled (returned by a search) and adopted (used in an answer):
-    the owner of `Keys.utilisation`, kept UTILISATION_KEEP (shared/usage.py prunes the days past it). What they
-    add up to is reported as the reply model `inspect` returns (`shared.rpc.Utilisation`)."""
+    the owner of `Keys.utilisation`, kept UTILISATION_KEEP (shared/redisdb/counters.py prunes the days past it). What
+    they add up to is reported as the reply model `inspect` returns (`shared.sdk.rpc.Utilisation`)."""
 
     client: redis.Redis
     keys: Keys

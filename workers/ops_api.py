@@ -11,8 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from memflow.pipeline.models import Wire
-from memflow.shared import rpc
 from memflow.shared.errors import RpcError
+from memflow.shared.sdk import rpc
 from memflow.workers.api_edge import ERRORS, Caller, Client, Edge, blocking
 from memflow.workers.front import ApiError, authenticate_async, bearer
 
@@ -82,6 +82,6 @@ async def _health(request: Request, client: Client) -> Health:
          responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}})
 async def metrics(request: Request, key: Caller, client: Client) -> PlainTextResponse:
     """Prometheus text: per stage lag, pending and dead letters; search latency; LLM calls and fallbacks."""
-    from memflow.shared.metrics import CONTENT_TYPE, render
+    from memflow.shared.monitoring.metrics import CONTENT_TYPE, render
     text = await blocking(request, partial(render, client.redis, client.keys, client.queue_redis))
     return PlainTextResponse(text, media_type=CONTENT_TYPE)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import redis
 
-from memflow.shared.connections import announce, connect_streams, running, safe_url
-from memflow.shared.durability import warn_if_weaker
 from memflow.shared.errors import MemflowError
-from memflow.shared.redis_server import start_redis
+from memflow.shared.redisdb.connections import announce, connect_streams, running, safe_url
+from memflow.shared.redisdb.durability import warn_if_weaker
+from memflow.shared.redisdb.server import start_redis
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.runtime import STORE_STAGES, Context
 from memflow.workers.system import QUERY, Part, run
@@ -54,7 +54,7 @@ def run_stages(settings: Settings, stages: Sequence[str], *, children: Sequence[
 
 def say_durability(settings: Settings) -> None:
     """At start: a warning when an acknowledged publish survives less on this Redis than docs/guarantees.md promises
-    (no AOF, no WAITAOF: shared/durability.py). A server not up yet is the stage loops' to wait out."""
+    (no AOF, no WAITAOF: shared/redisdb/durability.py). A server not up yet is the stage loops' to wait out."""
     try:
         warn_if_weaker(connect_streams(settings), settings.redis.wait_aof, safe_url(settings))
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -88,7 +88,7 @@ class ChildProcess:
 @contextlib.contextmanager
 def own_redis(settings: Settings) -> Iterator[Settings]:
     """The settings, with a server of our own when none is configured, recorded in the data dir for
-    the commands run beside us (shared.connections.require_url)."""
+    the commands run beside us (shared.redisdb.connections.require_url)."""
     if settings.redis.url:
         yield settings
         return

@@ -2,7 +2,7 @@
 
 It runs as an RQ `SimpleWorker` (no fork per job: forking a process that holds torch
 deadlocks, and the model and the store are loaded once; workers/rq_adapter.py). Every call is an RPC
-of the table in `shared.rpc`: one entry point (`serve`) validates the job's request and hands it, with
+of the table in `shared.sdk.rpc`: one entry point (`serve`) validates the job's request and hands it, with
 this worker's context, to the call's handler (`HANDLERS`); the reply goes back as JSON (RQ's
 JSONSerializer), validated by its model. A search's ranking order is pipeline/search.py's.
 """
@@ -26,12 +26,13 @@ from memflow.pipeline.gate import gate, redact
 from memflow.pipeline.models import Memory, PackedPrompt, SearchRequest, SearchResult, Trace
 from memflow.pipeline.pack import pack as build_prompt
 from memflow.pipeline.profile import ProfileReply
-from memflow.shared import metrics, pending, profiles
-from memflow.shared.backlog import backlog
+from memflow.shared.changes import profiles
 from memflow.shared.errors import MemflowError, StoreUnavailable
-from memflow.shared.keys import STAGES
-from memflow.shared.llm import usage as llm_usage
-from memflow.shared.rpc import (
+from memflow.shared.inference.llm import usage as llm_usage
+from memflow.shared.monitoring import metrics
+from memflow.shared.monitoring.status import Traces
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.sdk.rpc import (
     EXPORT,
     FEEDBACK,
     FORGET,
@@ -82,10 +83,11 @@ from memflow.shared.rpc import (
     VerifyRequest,
     request_of,
 )
-from memflow.shared.search_reader import profile_for
-from memflow.shared.status import Traces
-from memflow.shared.store import MemoryFilter
-from memflow.shared.uses import Uses
+from memflow.shared.search.reader import profile_for
+from memflow.shared.storage.store import MemoryFilter
+from memflow.shared.streaming.backlog import backlog
+from memflow.shared.unstored import pending
+from memflow.shared.writer.uses import Uses
 from memflow.workers import forgetting, jobs, ops, transfer
 from memflow.workers.rq_adapter import QueryWorker, RpcJob
 from memflow.workers.runtime import Context
@@ -232,7 +234,7 @@ def subjects(ctx: Context, req: SubjectsRequest) -> SubjectList:
 
 
 def profile(ctx: Context, req: ProfileRequest) -> ProfileReply:
-    """The subject's profile (shared/profiles.py): the materialized one, or built from the store and kept."""
+    """The subject's profile (shared/changes/profiles.py): the materialized one, or built from the store and kept."""
     found = profiles.current(ctx.store, ctx.client, ctx.keys, req.subject, req.now or datetime.now(UTC))
     return profiles.reply(ctx.client, ctx.keys, found, req.since, req.max_tokens)
 

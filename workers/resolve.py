@@ -20,16 +20,16 @@ from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, MType, PatchOp, Status
 from memflow.pipeline.resolve import Neighbour, decide, first_per_key, forms_keys, record_sources
-from memflow.shared import pending
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import EmbedderRejected
-from memflow.shared.handlers import Emit, Outcome, progress
-from memflow.shared.keys import Keys
-from memflow.shared.llm import LLM, Reading
-from memflow.shared.pending import settled_by
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.inference.llm import LLM, Reading
+from memflow.shared.redisdb.keys import Keys
 from memflow.shared.settings import WriteSettings
-from memflow.shared.store import MemoryFilter, Query, Scored, Store
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.storage.store import MemoryFilter, Query, Scored, Store
+from memflow.shared.streaming.consumer import StreamConsumer
+from memflow.shared.streaming.handlers import Emit, Outcome, progress
+from memflow.shared.unstored import pending
+from memflow.shared.unstored.pending import settled_by
 from memflow.workers import forgetting
 from memflow.workers.runtime import Context
 
@@ -43,7 +43,7 @@ NEIGHBOURS = 10
 # MEMFLOW_NEIGHBOUR_THRESHOLD.
 NEIGHBOUR_THRESHOLD = 0.7
 # Under load a short batch waits this long for more candidates, so that one embedding call serves many: with
-# 256 entries a read (shared/streams.READ_COUNT) it took bench perf's ingest from 0.29x to 0.438x of the raw
+# 256 entries a read (shared/streaming/consumer.READ_COUNT) it took bench perf's ingest from 0.29x to 0.438x of the raw
 # encode, against 20 ms and 64 (bench/RESULTS.md, "Ingest history"). It was MEMFLOW_RESOLVE_LINGER_MS.
 RESOLVE_LINGER_MS = 50
 

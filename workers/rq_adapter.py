@@ -26,7 +26,7 @@ from rq.job_lifecycle import call_exception_handlers
 from rq.timeouts import TimerDeathPenalty
 
 from memflow.shared.errors import InvalidInput, NotFound
-from memflow.shared.foreground import Foreground, frozen_heap
+from memflow.shared.search.foreground import Foreground, frozen_heap
 
 log = logging.getLogger(__name__)
 # What a call raises for its caller's mistake: answered to the caller, no error of the worker's.
@@ -169,12 +169,13 @@ class QueryWorker(SimpleWorker):
         self._beaten_at = self._suspension_checked_at = -BEAT_EVERY_S
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
-        with Watchdog.running(), frozen_heap():  # a full collection walks no model or library (shared/foreground.py)
+        # a full collection walks no model or library (shared/search/foreground.py)
+        with Watchdog.running(), frozen_heap():
             return super().work(*args, **kwargs)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """A call a user waits for is in flight from its dequeue to its stored reply: the maintenance jobs of this
-        process step aside meanwhile (shared/foreground.py). A maintenance job does not wait for itself."""
+        process step aside meanwhile (shared/search/foreground.py). A maintenance job does not wait for itself."""
         if queue.name == self._maintenance:
             return super().execute_job(job, queue)  # type: ignore[no-any-return]
         with self._foreground.serving():

@@ -22,18 +22,18 @@ from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import LLMTrace, Memory, Trace
 from memflow.pipeline.ranking import RankingProfiles
 from memflow.pipeline.score import UNRELATED
-from memflow.shared.applier import Applier
-from memflow.shared.connections import connect_queue, connect_streams, stage_socket_timeout_s
-from memflow.shared.embedder import Embedder, build_embedder
-from memflow.shared.foreground import Foreground
-from memflow.shared.judge import Reranker
-from memflow.shared.keys import Keys, id_space
-from memflow.shared.llm import LLM
-from memflow.shared.search_reader import SearchReader
+from memflow.shared.inference.embedder import Embedder, build_embedder
+from memflow.shared.inference.llm import LLM
+from memflow.shared.inference.reranker import Reranker
+from memflow.shared.monitoring.status import Traces
+from memflow.shared.redisdb.connections import connect_queue, connect_streams, stage_socket_timeout_s
+from memflow.shared.redisdb.keys import Keys, id_space
+from memflow.shared.search.foreground import Foreground
+from memflow.shared.search.reader import SearchReader
 from memflow.shared.settings import Settings
-from memflow.shared.status import Traces
-from memflow.shared.store import Identity, Store, open_store
-from memflow.shared.streams import ConsumerConfig
+from memflow.shared.storage.store import Identity, Store, open_store
+from memflow.shared.streaming.consumer import ConsumerConfig
+from memflow.shared.writer.applier import Applier
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Context:
     _embedder: Embedder | None = None
     _llm: LLM | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # The searches this process is answering: its maintenance jobs step aside for them (shared/foreground.py).
+    # The searches this process is answering: its maintenance jobs step aside for them (shared/search/foreground.py).
     foreground: Foreground = field(default_factory=Foreground)
     # What its searches rank by (pipeline/ranking.py): the tuned constants, or a benchmark variant's.
     ranking: RankingProfiles = field(default_factory=RankingProfiles)
@@ -79,12 +79,12 @@ class Context:
 
     @cached_property
     def reranker(self) -> Reranker | None:
-        """The second look's reranker (shared/judge.py), or None when the settings turn it off."""
+        """The second look's reranker (shared/inference/reranker.py), or None when the settings turn it off."""
         return Reranker.use() if self.settings.ranking.second_look == "use" else None
 
     @property
     def search_reader(self) -> SearchReader:
-        """What a search reads through (shared/search_reader.py); the noise floor's passages measured when first
+        """What a search reads through (shared/search/reader.py); the noise floor's passages measured when first
         asked for."""
         return SearchReader(self.settings, self.store, self.embedder, self.reranker, lambda: self.unrelated,
                             self.client, self.keys, self.llm)
@@ -119,12 +119,12 @@ class Context:
 
     @property
     def applier(self) -> Applier:
-        """The one writer of the store (shared/applier.py): every change to a memory goes through it."""
+        """The one writer of the store (shared/writer/applier.py): every change to a memory goes through it."""
         return Applier(self.store, self.client, self.keys, self.settings.limits.changes_maxlen)
 
     @property
     def traces(self) -> Traces:
-        """The capped `traces` feed (shared/status.py): searches, and LLM calls (written by `LLM.ask`)."""
+        """The capped `traces` feed (shared/monitoring/status.py): searches, and LLM calls (written by `LLM.ask`)."""
         return Traces(self.client, self.keys, self.settings.limits.traces_maxlen)
 
     def trace(self, entry: Trace | LLMTrace, via: redis.Redis | None = None) -> None:

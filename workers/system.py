@@ -7,7 +7,7 @@ other stages (workers/process.ChildProcess). Each part runs in a
 thread of its own; the runner notices when one ends while the process is still running.
 
 When a part dies. A stage's consumer loop outlives anything one batch raises (it logs and backs
-off, shared/streams.py), and RQ's worker waits out a Redis outage in its dequeue; a part that ends
+off, shared/streaming/consumer.py), and RQ's worker waits out a Redis outage in its dequeue; a part that ends
 anyway met something its loop could not handle: an exception outside the loop, RQ quitting on a
 Redis timeout or an error in its own bookkeeping, a child process killed. The runner logs it (with
 its traceback) and restarts it in place, after a backoff that doubles with each death (0.5 s up to
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memflow.shared.errors import MemflowError
-from memflow.shared.migrate import migrate_unpartitioned
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.redisdb.migrate import migrate_unpartitioned
+from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.workers.query import JOBS, SEARCHES, build_worker
 from memflow.workers.runtime import Context
 
@@ -190,7 +190,7 @@ def stage_parts(ctx: Context, stages: Sequence[str], *, query_log_level: str = "
     """A part per stage: its consumer loops (MEMFLOW_CONSUMERS of them), or ("query") the RQ query worker and
     the jobs worker beside it.
     Every consumer group exists when this returns, so that nothing published from here on is missed; what
-    a deployment from before partitions left in Redis has been moved into them (shared/migrate.py)."""
+    a deployment from before partitions left in Redis has been moved into them (shared/redisdb/migrate.py)."""
     if not ctx.settings.redis.cluster:  # a cluster deployment starts on the partitioned layout
         migrate_unpartitioned(ctx.client, ctx.keys)
     parts = []

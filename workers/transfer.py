@@ -6,7 +6,7 @@ held stays as this store has it, and a put of something forgotten here is not wr
 forget's tombstones). A second import of the same file makes the same puts, finds every point held and
 writes nothing; what an earlier run wrote but never announced (it died between) it announces. The caller
 checks every slice of a subject before writing any, and takes back the slices written when a later one is
-refused (`undo`, shared/transfer.py).
+refused (`undo`, shared/sdk/transfer.py).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from memflow.pipeline import export
 from memflow.pipeline.export import FormatError, Record
 from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import Memory, Status
-from memflow.shared.applier import Applier
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import InvalidInput, Permanent
-from memflow.shared.rpc import MAX_EXPORT_PAGE, ImportRequest
-from memflow.shared.store import MemoryFilter, PointLookup, Store
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.sdk.rpc import MAX_EXPORT_PAGE, ImportRequest
+from memflow.shared.sdk.transfer import TRANSFER_TIMEOUT_S
+from memflow.shared.storage.store import MemoryFilter, PointLookup, Store
+from memflow.shared.writer.applier import Applier
 
 # How long an undone import run's fence is kept: a slice's call may wait in the queue, then run, for its timeout
-# each (shared/client.py: the job's ttl and timeout), the undo having started at the earliest when it was sent.
+# each (shared/sdk/client.py: the job's ttl and timeout), the undo having started at the earliest when it was sent.
 UNDONE_KEEP_S = 2 * math.ceil(TRANSFER_TIMEOUT_S) + 60
 # Bookkeeping of the store a point was written in, not of the memory: two stores holding one memory differ in it.
 _OWN_BOOKKEEPING = frozenset({"last_op", "last_count"})
@@ -51,7 +51,7 @@ def export_subject(store: Store, embedder: Embedder, subject: str, with_vectors:
 
 
 def import_subject(applier: Applier, embedder: Embedder, space: IdSpace, req: ImportRequest) -> dict[str, Any]:
-    """The `step` of `req` (shared/rpc.ImportRequest): check, write or undo these records of the subject (through
+    """The `step` of `req` (shared/sdk/rpc.ImportRequest): check, write or undo these records of the subject (through
     `applier`; the vectors a file lacks encoded by `embedder`; their ids as this store names them in `space`)."""
     if req.step == "undo":  # touches only points of the subject that bear this import's op keys
         return _undo(applier, _named(applier.store, space, req))

@@ -20,11 +20,11 @@ from fastapi.responses import StreamingResponse
 
 from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
-from memflow.pipeline.fairness import Refused
 from memflow.pipeline.models import Subject
-from memflow.shared import rpc
-from memflow.shared.shares import KeyShares, Place
-from memflow.shared.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
+from memflow.shared.admission.fairness import Refused
+from memflow.shared.admission.shares import KeyShares, Place
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
 from memflow.workers.api_edge import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
 from memflow.workers.front import ApiError, allowed
 
@@ -110,7 +110,7 @@ async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
 
 
 async def _run(request: Request, steps: Steps) -> rpc.Imported:
-    """`shared.transfer.run` on the event loop: each call through the query worker, as the key's request."""
+    """`shared.sdk.transfer.run` on the event loop: each call through the query worker, as the key's request."""
     try:
         fields = next(steps)
         while True:

@@ -16,12 +16,12 @@ import redis
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
 from memflow.pipeline.triggers import realtime_signals
-from memflow.shared import pending
-from memflow.shared.buffers import SessionBuffers
-from memflow.shared.handlers import Emit, per_item
-from memflow.shared.keys import Keys
-from memflow.shared.llm import LLM
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.inference.llm import LLM
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.streaming.consumer import StreamConsumer
+from memflow.shared.streaming.handlers import Emit, per_item
+from memflow.shared.unstored import pending
+from memflow.shared.unstored.buffers import SessionBuffers
 from memflow.workers.runtime import Context
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """upsert: `upsert` → the store, and `changes`.
 
-Hands one WriteBatch at a time to the applier (shared/applier.py), which applies it whole and
+Hands one WriteBatch at a time to the applier (shared/writer/applier.py), which applies it whole and
 idempotently and announces its changes. A batch built on a state that has moved on (someone else
 wrote the same id, or a patched point changed) is sent back to `resolve` to be decided again,
 never forced.
@@ -15,14 +15,14 @@ import redis
 
 from memflow.pipeline.models import PutOp, WriteBatch
 from memflow.pipeline.writes import of_batch
-from memflow.shared import pending
-from memflow.shared.applier import Applier
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import Permanent
-from memflow.shared.handlers import Emit, per_item
-from memflow.shared.keys import Keys
-from memflow.shared.pending import settled_by
-from memflow.shared.streams import StreamConsumer
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.streaming.consumer import StreamConsumer
+from memflow.shared.streaming.handlers import Emit, per_item
+from memflow.shared.unstored import pending
+from memflow.shared.unstored.pending import settled_by
+from memflow.shared.writer.applier import Applier
 from memflow.workers.runtime import Context
 
 # Times a candidate is sent back to resolve after its batch met a concurrent write, then the DLQ. Same-key

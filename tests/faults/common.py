@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.keys import STAGES
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from memflow.workers.process import spawn_stage, stop_children
 

@@ -1,7 +1,7 @@
 """An acknowledged publish survives a kill -9 of the Redis server the moment after (issue 29).
 
 With `appendfsync everysec`, a server whose background fsync is still running postpones writing its
-AOF for up to 2 s and replies all the same (shared/durability.py): what it acknowledged in that window
+AOF for up to 2 s and replies all the same (shared/redisdb/durability.py): what it acknowledged in that window
 is in its memory only, and a kill -9 loses it. That is what lost 10 acknowledged events of
 tests/faults/test_redis_restart.py under `pytest -n 4`, where four tests share one disk. Here the
 window is opened on purpose, with real parts: large writes dirty the disk until the server reports a
@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 import redis
 
-from memflow.shared.client import MemoryClient
 from memflow.shared.codec import json_object
-from memflow.shared.connections import connect
-from memflow.shared.durability import durability
-from memflow.shared.keys import FIELD
-from memflow.shared.redis_server import RedisServer, start_redis
+from memflow.shared.monitoring.status import read_status
+from memflow.shared.redisdb.connections import connect
+from memflow.shared.redisdb.durability import durability
+from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.redisdb.server import RedisServer, start_redis
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
-from memflow.shared.status import read_status
 from memflow.workers.process import say_durability
 
 pytestmark = pytest.mark.faults
@@ -99,7 +99,7 @@ def stored_event_ids(client: MemoryClient) -> set[str]:
     return found
 
 
-# "memflow's own": the server memflow starts (shared/redis_server.py), as `memflow up` runs it.
+# "memflow's own": the server memflow starts (shared/redisdb/server.py), as `memflow up` runs it.
 # "everysec": a deployment's own server at Redis' default fsync policy, where publish's WAITAOF does the work.
 CASES = {"memflow's own": (), "everysec": ("--appendfsync", "everysec")}
 
@@ -140,10 +140,10 @@ def test_the_promise_is_said_at_the_first_publish(args: tuple[str, ...], said: s
     found = durability(connect(restartable[-1].url))
     if said is None and not found.waitaof:
         said = "the server has no WAITAOF"
-    with caplog.at_level(logging.WARNING, logger="memflow.shared.durability"):
+    with caplog.at_level(logging.WARNING, logger="memflow.shared.redisdb.durability"):
         MemoryClient(settings).publish({"event_id": "e1", "subject": "s", "session_id": "s", "kind": "message",
                                         "role": "user", "text": "hello", "ts": "2026-05-01T09:00:00Z"})
-    warned = [r.getMessage() for r in caplog.records if r.name == "memflow.shared.durability"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "memflow.shared.redisdb.durability"]
     if said is None:
         assert warned == []
     else:
@@ -161,9 +161,9 @@ def test_status_and_the_start_say_what_an_acknowledgement_survives(
     settings = settings.replace(redis_url=restartable[-1].url)
     report = read_status(connect(restartable[-1].url), settings.keys)
     assert report.durability_weaker is weaker and said in report.durability
-    with caplog.at_level(logging.WARNING, logger="memflow.shared.durability"):
+    with caplog.at_level(logging.WARNING, logger="memflow.shared.redisdb.durability"):
         say_durability(settings)  # what `memflow up`, `worker` and `serve` say at start
-    assert [said in r.getMessage() for r in caplog.records if r.name == "memflow.shared.durability"] == (
+    assert [said in r.getMessage() for r in caplog.records if r.name == "memflow.shared.redisdb.durability"] == (
         [True] if weaker else [])
 
 

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from memflow.shared.client import MemoryClient
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, kill9, read_by_groups, start, terminate

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from memflow.bench.load import measure
-from memflow.shared.embedder import Embedder
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.workers.embedded import embedded
 from tests.faults.common import FULL

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from memflow.shared.client import MemoryClient
-from memflow.shared.embedder import Embedder
-from memflow.shared.redis_server import start_redis
+from memflow.shared.inference.embedder import Embedder
+from memflow.shared.redisdb.server import start_redis
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, account, events

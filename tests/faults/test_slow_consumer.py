@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from memflow.shared.client import MemoryClient
+from memflow.shared.monitoring.status import read_status
+from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings, to_env
-from memflow.shared.status import read_status
 from tests.conftest import wait_for
 from tests.faults.common import FULL, ROLES, account, events, start, terminate
 

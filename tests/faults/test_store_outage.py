@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from memflow.pipeline.models import Memory
-from memflow.shared import dlq
-from memflow.shared.backlog import backlog
-from memflow.shared.embedder import Embedder
 from memflow.shared.errors import StoreUnavailable
+from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
-from memflow.shared.store import Identity, MemoryFilter, Query, Scored, SearchMode, Store, open_store
+from memflow.shared.storage.store import Identity, MemoryFilter, Query, Scored, SearchMode, Store, open_store
+from memflow.shared.streaming import dlq
+from memflow.shared.streaming.backlog import backlog
 from tests.conftest import start_system, wait_for
 from tests.faults.common import FULL, T0, account, events
 

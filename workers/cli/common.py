@@ -12,12 +12,12 @@ import orjson
 import typer
 from pydantic import BaseModel
 
-from memflow.shared import rpc
-from memflow.shared.client import MemoryClient
-from memflow.shared.connections import connect_streams
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import Keys
-from memflow.shared.rpc import Rep
+from memflow.shared.redisdb.connections import connect_streams
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient
+from memflow.shared.sdk.rpc import Rep
 from memflow.shared.settings import Settings, get_settings
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]

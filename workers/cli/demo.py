@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import typer
 
-from memflow.shared import rpc
-from memflow.shared.client import MemoryClient
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient
 from memflow.workers.cli.common import load_settings
 from memflow.workers.cli.memories import print_memories
 from memflow.workers.process import temporary_data_dir

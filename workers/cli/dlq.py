@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from memflow.shared import dlq as dead
 from memflow.shared.errors import InvalidInput
-from memflow.shared.keys import STAGES
+from memflow.shared.redisdb.keys import STAGES
+from memflow.shared.streaming import dlq as dead
 from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
 
 dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)

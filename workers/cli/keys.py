@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memflow.shared.apikeys import KeyStore
+from memflow.shared.admission.apikeys import KeyStore
 from memflow.workers.cli.common import JsonFlag, fail, print_json, redis_target
 
 keys_app = typer.Typer(help="API keys for `memflow serve` and `memflow mcp`, each scoped to subjects.",

@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from memflow.shared import rpc
-from memflow.shared.connections import running
-from memflow.shared.embedder import Embedder, build_embedder
 from memflow.shared.errors import MemflowError
-from memflow.shared.reindex import DEFAULT_BATCH, Report, Step, reindex
+from memflow.shared.inference.embedder import Embedder, build_embedder
+from memflow.shared.redisdb.connections import running
+from memflow.shared.sdk import rpc
 from memflow.shared.settings import Settings
-from memflow.shared.store import Catalog, catalog_for
+from memflow.shared.storage.store import Catalog, catalog_for
+from memflow.shared.writer.reindex import DEFAULT_BATCH, Report, Step, reindex
 from memflow.workers.cli.common import JsonFlag, ask, load_settings, print_json, when
 
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from memflow.shared import rpc
-from memflow.shared.client import MemoryClient
 from memflow.shared.errors import MemflowError
+from memflow.shared.sdk import rpc
+from memflow.shared.sdk.client import MemoryClient
 from memflow.workers.cli.common import JsonFlag, ask, load_settings, print_json, when
 
 

@@ -14,9 +14,9 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from memflow.scheduler.app import build_scheduler, next_fire_times
-from memflow.shared.connections import require_url
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import STAGES
+from memflow.shared.redisdb.connections import require_url
+from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.workers.cli.common import load_settings
 from memflow.workers.process import QUERY, own_redis, run_stages, say_durability

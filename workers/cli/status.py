@@ -9,12 +9,12 @@ from typing import Annotated
 import orjson
 import typer
 
-from memflow.shared import dlq as dead
-from memflow.shared.backlog import change_partitions
-from memflow.shared.connections import connect_queue
 from memflow.shared.errors import MemflowError
-from memflow.shared.keys import FIELD, recorded_partitions
-from memflow.shared.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
+from memflow.shared.monitoring.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
+from memflow.shared.redisdb.connections import connect_queue
+from memflow.shared.redisdb.keys import FIELD, recorded_partitions
+from memflow.shared.streaming import dlq as dead
+from memflow.shared.streaming.backlog import change_partitions
 from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
 
 partitions_app = typer.Typer(help="The partition count of the streams, recorded in Redis.", no_args_is_help=True)

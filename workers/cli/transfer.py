@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from memflow.pipeline.export import FormatError
-from memflow.shared.client import MemoryClient
+from memflow.shared.sdk.client import MemoryClient
 from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json
 
 

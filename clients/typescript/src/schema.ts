@@ -211,7 +211,7 @@ export type Known = {
   created_at: string;
 };
 
-/** The LLM counters of a subject or of everyone (`shared.llm.summarise`). */
+/** The LLM counters of a subject or of everyone (`shared.inference.llm.summarise`). */
 export type LLMUsage = {
   days: number;
   calls: number;

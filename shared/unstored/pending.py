@@ -1,0 +1,218 @@
+"""The read-your-writes layer in Redis: what each subject said that is not stored yet (pipeline/pending.py).
+
+Where it lives: one hash per subject (`Keys.pending`, event id → `Said`), in the subject's partition slot
+beside its events stream, so that `MemoryClient` writes the entry in the same round trip as the event, and
+before it: a search that starts after `publish` returned always finds it. It lives in Redis, not in a
+process, so it outlives the restart of any stage.
+
+When it goes: the stage that settles what an entry became deletes it once that is in the store (upsert, after
+the write) or once it is known to become nothing (extract: a closed session's turn that yields no candidate;
+resolve: a candidate that writes nothing; any stage: the work message carrying it dead-lettered, `settle_dead`,
+just before it is moved to the DLQ, so a crash in between leaves it to be dead-lettered again, never served for
+good). A dead letter replayed is served again (`serve_again`), as a publish is. A search reads the entries
+*before* it queries the store, so that an entry deleted in between was stored before the store was read:
+never neither. An entry whose memory the search also found is dropped (`pipeline.pending.landed`), and one
+resolve would skip as a duplicate is not shown: never both.
+
+Bounded three ways (settings `MEMFLOW_PENDING_*`): per subject (the oldest entries go first), per deployment
+(each partition keeps `subjects / partitions` subjects, those that published longest ago go first), and in time
+(a subject's hash expires once it has published nothing for `ttl_s`). An evicted entry is still written; it is
+only not served before it lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+
+from memflow.pipeline.gate import GateVerdict
+from memflow.pipeline.models import Candidate, ChatEvent, ExtractTask, Role, TriggerReason
+from memflow.pipeline.pending import Said, gated, said
+from memflow.shared.codec import decode, encode, json_object
+from memflow.shared.errors import DecodeError
+from memflow.shared.redisdb.keys import Keys
+from memflow.shared.settings import PendingSettings
+
+log = logging.getLogger(__name__)
+
+Client = redis.Redis | redis.RedisCluster
+
+
+def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent]) -> list[str]:
+    """Queue on `pipe` (one partition's connection, before the events' XADDs) the pending entries the events
+    leave, and the replies `checked_bounds` reads: per subject (returned, in order) four, then one."""
+    if not cfg.enabled:
+        return []
+    entries: dict[str, dict[str, bytes]] = {}
+    for event in events:
+        entry = said(event)
+        if entry is not None:
+            entries.setdefault(event.subject, {})[event.event_id] = encode(entry)
+    now_ms = int(time.time() * 1000)
+    for subject, mapping in entries.items():
+        key = keys.pending(subject)
+        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+        pipe.expire(key, cfg.ttl_s)
+        pipe.hlen(key)
+        pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: now_ms})
+    if entries:
+        pipe.zcard(keys.pending_subjects(keys.partition(next(iter(entries)))))
+    return list(entries)
+
+
+def replies_of(subjects: Sequence[str]) -> int:
+    """How many replies `queue_said` queued for these subjects."""
+    return 4 * len(subjects) + 1 if subjects else 0
+
+
+def checked_bounds(client: Client, keys: Keys, cfg: PendingSettings, subjects: Sequence[str],
+                   replies: Sequence[object]) -> None:
+    """Enforce the bounds `queue_said`'s replies show crossed: a subject's oldest entries, a partition's
+    longest-quiet subjects."""
+    for i, subject in enumerate(subjects):
+        if int(replies[i * 4 + 2]) > cfg.per_subject:  # type: ignore[call-overload]
+            _trim(client, keys.pending(subject), cfg.per_subject)
+    if subjects and int(replies[-1]) > (cap := math.ceil(cfg.subjects / keys.partitions)):  # type: ignore[call-overload]
+        _evict(client, keys, keys.partition(subjects[0]), int(replies[-1]) - cap)  # type: ignore[call-overload]
+
+
+def _trim(client: Client, key: str, keep: int) -> None:
+    entries = {k: decode(v, Said) for k, v in client.hgetall(key).items()}
+    oldest = sorted(entries, key=lambda k: (entries[k].turn.ts, k))[:max(0, len(entries) - keep)]
+    if oldest:
+        client.hdel(key, *oldest)
+        log.info("pending entries over the per-subject bound: %d oldest no longer served early", len(oldest))
+
+
+def _evict(client: Client, keys: Keys, partition: int, excess: int) -> None:
+    popped: list[Any] = client.zpopmin(keys.pending_subjects(partition), excess)
+    gone = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in popped]
+    if gone:
+        client.delete(*(keys.pending(s) for s in gone))
+        log.info("pending subjects over the bound in partition %d: %d quiet ones evicted", partition, len(gone))
+
+
+def read(client: Client, keys: Keys, subject: str) -> list[Said]:
+    """The subject's pending entries, oldest first, without those of forgotten events."""
+    raw = client.hgetall(keys.pending(subject))
+    if not raw:
+        return []
+    entries = sorted((decode(v, Said) for v in raw.values()), key=lambda s: (s.turn.ts, s.turn.event_id))
+    forgotten = client.smismember(keys.forgotten_events(subject), [s.turn.event_id for s in entries])
+    return [s for s, gone in zip(entries, forgotten, strict=True) if not gone]
+
+
+# The gated entry replaces the raw one only if that is still there: an entry already settled stays settled.
+_REPLACE_IF_HELD = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+"""
+
+
+def regate(client: Client, keys: Keys, event: ChatEvent, verdict: GateVerdict) -> None:
+    """The trigger's gate applied to the event's entry: deleted when the gate refused the turn, redacted in place
+    when it took secrets out; untouched when the gate kept the words as they were (most messages: no call)."""
+    entry = said(event)
+    if entry is None or (verdict.keep and verdict.text.strip() == event.text.strip()):
+        return
+    kept = gated(entry, verdict)
+    if kept is None:
+        client.hdel(keys.pending(event.subject), event.event_id)
+    else:
+        client.eval(_REPLACE_IF_HELD, 1, keys.pending(event.subject), event.event_id, encode(kept))
+
+
+def settle(client: Client, keys: Keys, settled: Mapping[str, Iterable[str]]) -> None:
+    """Delete the entries of these events ({subject: event ids}): what they became is stored, or is nothing."""
+    wanted = {s: sorted(set(ids)) for s, ids in settled.items() if ids}
+    if not wanted:
+        return
+    pipe = client.pipeline(transaction=False)
+    for subject, ids in wanted.items():
+        pipe.hdel(keys.pending(subject), *ids)
+    pipe.execute()
+
+
+def settled_by(candidates: Iterable[Candidate]) -> dict[str, list[str]]:
+    """{subject: the events whose entries these candidates settle}: each candidate read from one turn settles
+    that turn's entry. One read from several turns (a behaviour, a statement made twice) settles none of them:
+    each turn's own statement or record does, and until then the turn is still served as pending."""
+    out: dict[str, list[str]] = {}
+    for c in candidates:
+        if len(c.source_event_ids) == 1:
+            out.setdefault(c.subject, []).extend(c.source_event_ids)
+    return out
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+def held_by(stage: str, payload: bytes | None) -> dict[str, list[str]]:
+    """{subject: event ids} of the entries a work message of `stage` stands for: a published event its own,
+    an extract task its turns', a candidate (resolve) or a write batch's candidate (upsert) those it settles
+    (`settled_by`). Only the ids are read, not the model: a message dead-lettered because it does not
+    validate still settles its entries."""
+    try:
+        message = json_object(payload or b"")
+    except DecodeError:
+        return {}
+    subject = message.get("subject")
+    if stage == "upsert":
+        candidate = message.get("candidate")
+        message = candidate if isinstance(candidate, dict) else {}
+    if stage == "trigger":
+        ids = [message.get("event_id")]
+    elif stage == "extract":
+        ids = [t.get("event_id") for t in message.get("turns") or [] if isinstance(t, dict)]
+    else:
+        found = message.get("source_event_ids") or []
+        ids = found if isinstance(found, list) and len(found) == 1 else []
+    named = [i for i in ids if isinstance(i, str)]
+    return {subject: named} if isinstance(subject, str) and named else {}
+
+
+def settle_dead(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:
+    """A work message is being dead-lettered: what it carries will not be stored, so it is no longer served."""
+    settle(client, keys, held_by(stage, payload))
+
+
+def _served_again(stage: str, payload: bytes) -> tuple[str, dict[str, Said]] | None:
+    """(subject, the entries) a replayed message of `stage` stands for again: a published event's (as a publish
+    leaves it), an extract task's turns'. A candidate or a write batch carries no turn to serve: it is only
+    not served before it lands."""
+    try:
+        if stage == "trigger":
+            event = decode(payload, ChatEvent)
+            entry = said(event)
+            return (event.subject, {event.event_id: entry}) if entry is not None else None
+        if stage == "extract":
+            task = decode(payload, ExtractTask)
+            explicit = task.reason is TriggerReason.explicit_write
+            entries = {t.event_id: Said(turn=t, session_id=task.session_id, explicit=explicit,
+                                        external_ref=task.external_ref)
+                       for t in task.turns if t.role is Role.user or explicit}
+            return (task.subject, entries) if entries else None
+    except DecodeError:
+        return None
+    return None
+
+
+def serve_again(client: Client, keys: Keys, cfg: PendingSettings, stage: str, payload: bytes) -> dict[str, list[str]]:
+    """Serve again the entries of a dead letter about to be replayed, before it is back on its stream (so none
+    is settled before it is added); {subject: event ids} served, for `settle` to undo if the replay is refused."""
+    found = _served_again(stage, payload) if cfg.enabled else None
+    if found is None:
+        return {}
+    subject, entries = found
+    key = keys.pending(subject)
+    pipe = client.pipeline(transaction=True)  # one slot: the subject's partition
+    pipe.hset(key, mapping={i: encode(s) for i, s in entries.items()})
+    pipe.expire(key, cfg.ttl_s)
+    pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: int(time.time() * 1000)})
+    pipe.execute()
+    return {subject: list(entries)}

@@ -74,8 +74,9 @@ def test_an_unknown_id_is_one_line_and_exit_1(system: System, monkeypatch: pytes
                                                capsys: pytest.CaptureFixture[str],
                                                caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    for unknown in ("00000000-0000-4000-8000-000000000000", "zzz", "abcdef12"):
+    for unknown in ("00000000-0000-4000-8000-000000000000", "abcdef12"):
         refused(memflow(system, monkeypatch, capsys, "history", unknown), 1, "no memory")
+    refused(memflow(system, monkeypatch, capsys, "history", "zzz"), 2, "not a memory id")  # no id at all: usage
     no_error_logged(caplog)
 
 

@@ -9,7 +9,9 @@ from collections.abc import Iterable
 
 # Shorter than this, a prefix names too much to be meant (and a forget by it could take a memory by chance).
 MIN_PREFIX = 4
-_HEX_START = re.compile(r"[0-9a-f][0-9a-f-]*")
+# The start of a UUID as people copy it: the first group (inspect shows it whole, 8), or it, a dash and up to 4 more.
+# Longer is a whole id cut short by a bad paste, refused as any malformed id is, not taken for a prefix.
+_PREFIX = re.compile(rf"[0-9a-f]{{{MIN_PREFIX},8}}|[0-9a-f]{{8}}-[0-9a-f]{{1,4}}")
 
 
 class Ambiguous(ValueError):
@@ -30,8 +32,8 @@ def is_full_id(memory_id: str) -> bool:
 
 
 def is_prefix(memory_id: str) -> bool:
-    """Could be the start of an id: hex digits (and dashes), at least MIN_PREFIX of them."""
-    return len(memory_id) >= MIN_PREFIX and _HEX_START.fullmatch(memory_id.lower()) is not None
+    """Could be the start of an id as people copy one (`_PREFIX`): MIN_PREFIX characters at least."""
+    return _PREFIX.fullmatch(memory_id.lower()) is not None
 
 
 def expand(prefix: str, ids: Iterable[str]) -> list[str]:

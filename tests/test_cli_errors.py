@@ -103,7 +103,8 @@ def test_an_import_whose_ids_were_rewritten_is_one_line(system: System, monkeypa
     rewritten = tmp_path / "rewritten.jsonl"
     rewritten.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
     caplog.set_level(logging.INFO)
-    refused(memflow(system, monkeypatch, capsys, "import", str(rewritten)), 1, "memory.id", "nothing was imported")
+    # Refused as the file is read (exit 2: wrong on its face), naming the line and the field; never the store's error.
+    refused(memflow(system, monkeypatch, capsys, "import", str(rewritten)), 2, "memory.id", "nothing was imported")
     no_error_logged(caplog)
 
 
@@ -172,6 +173,15 @@ def test_an_ambiguous_prefix_is_refused_naming_the_candidates() -> None:
     assert both.value.candidates == ids[:2]
 
 
+def test_a_prefix_is_the_start_of_an_id_as_people_copy_one() -> None:
+    from memflow.pipeline.prefixes import is_full_id, is_prefix
+
+    assert all(is_prefix(p) for p in ("8fc3", "8FC354C3", "8fc354c3-f9", "8fc354c3-f9df"))
+    for bad in ("abc", "8fc354c3f9df", "8fc354c3-f9df-571d-aa52-d8dd7b4db4a", "zzzz", "../8fc354c3", "8fc354c3-"):
+        assert not is_prefix(bad) and not is_full_id(bad), bad
+    assert is_full_id("8fc354c3-f9df-571d-aa52-d8dd7b4db4a7") and not is_prefix("8fc354c3-f9df-571d-aa52-d8dd7b4db4a7")
+
+
 def test_keys_create_warns_first_and_prints_the_key_last(settings: Settings) -> None:
     """As a terminal shows them, stdout and stderr in one stream: the warning, then the key alone at the end."""
     env = {**os.environ, "MEMFLOW_REDIS_URL": settings.redis.url or "",
@@ -181,3 +191,17 @@ def test_keys_create_warns_first_and_prints_the_key_last(settings: Settings) -> 
     lines = ran.stdout.decode().strip().splitlines()
     assert "cannot be shown again" in lines[0] and lines[-1].startswith("mf_"), lines
     assert not lines[0].endswith(":"), lines  # a colon would point at the next line, which on a terminal may not be it
+
+
+def test_every_other_command_refuses_a_bad_input_in_one_line(system: System, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """What a sweep of every command with a bad input against `memflow up` found besides the issue's cases."""
+    refused(memflow(system, monkeypatch, capsys, "traces", "tail", "--count", "-1"), 2, "--count")
+    refused(memflow(system, monkeypatch, capsys, "serve", "--port", "99999"), 2, "--port")
+    refused(memflow(system, monkeypatch, capsys, "partitions", "set", "0"), 2, "COUNT")
+    # An id not there is the system's answer (1), not usage (2). (replay and drop say "0": a second replay is done.)
+    refused(memflow(system, monkeypatch, capsys, "dlq", "show", "extract", "1-0"), 1, "no dead letter 1-0")
+    refused(memflow(system, monkeypatch, capsys, "publish", "alice", "hi", "--ts", "2026-01-01T00:00:00"), 2,
+            "timezone")
+    assert "Value error" not in memflow(system, monkeypatch, capsys, "publish", "alice", "hi", "--ts",
+                                        "2026-01-01T00:00:00").err

@@ -41,14 +41,15 @@ from memflow.pipeline.models import (
     aware,
     event_time,
 )
-from memflow.pipeline.prefixes import MIN_PREFIX, is_full_id, is_prefix
+from memflow.pipeline.prefixes import is_prefix
 from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.scopes import PATTERN_CHARS
 from memflow.shared.errors import InvalidInput
 from memflow.shared.inference import tokenizer
 
-# A memory id or its start: hex digits and dashes, MIN_PREFIX (4) to 36 of them.
-MEMORY_REF_PATTERN = r"^[0-9a-fA-F][0-9a-fA-F-]{3,35}$"
+# A memory id, or its start (pipeline/prefixes.py): 4 to 8 hex digits, or 8, a dash and 1 to 4 more.
+MEMORY_REF_PATTERN = (r"^([0-9a-fA-F]{4,8}|[0-9a-fA-F]{8}-[0-9a-fA-F]{1,4}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}"
+                      r"-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$")
 
 # A query is counted in e5's positions by its tokenizer, in every process that takes one (pipeline/tokens.py).
 tokenizer.install()
@@ -87,13 +88,10 @@ MemoryId = Annotated[str, AfterValidator(canonical_memory_id), WithJsonSchema(
 
 
 def memory_ref(value: str) -> str:
-    """A memory named by its id or by the start of one (at least MIN_PREFIX characters, as `memflow inspect`
-    shows 8), lowercase: the worker finds the one id of the subject it starts (workers/ops.py `resolve_ids`)."""
-    if is_full_id(value) or is_prefix(value):
-        return value.lower()
-    raise PydanticCustomError("memory_id", "not a memory id: a memory id is a UUID, such as {example}, or its first "
-                              "{least} characters or more (memflow inspect shows 8)",
-                              {"example": EXAMPLE_MEMORY_ID, "least": MIN_PREFIX})
+    """A memory named by its id or by the start of one (pipeline/prefixes.py: as `memflow inspect` shows 8),
+    lowercase: the worker finds the one id of the subject it starts (workers/ops.py `resolve_ids`). Anything else
+    is refused as `MemoryId` refuses it, in the same words at every door."""
+    return value.lower() if is_prefix(value) else canonical_memory_id(value)
 
 
 # Where an operator names a memory to act on (history, rollback, review, forget, feedback): its id or a prefix.

@@ -52,10 +52,14 @@ def redis_target() -> tuple[Any, Keys]:
     return connect_streams(settings), settings.keys
 
 
-def fail(message: str) -> NoReturn:
-    """An error (exit 1), in one line."""
+def fail(message: str, code: int = 1) -> NoReturn:
+    """An error (exit 1), or with USAGE what was given is wrong on its face (exit 2), in one line."""
     sys.stderr.write(f"memflow: {message}\n")
-    raise SystemExit(1)
+    raise SystemExit(code)
+
+
+# The exit code of a command line wrong on its face (workers/cli/lazy.py tells them all).
+USAGE = 2
 
 
 # Where a command takes a memory id: the whole id, or its start as `memflow inspect` shows it.

@@ -161,7 +161,8 @@ def _refuse(exc: Exception) -> None:
     from memflow.shared.errors import InvalidInput
 
     notes = getattr(exc, "__notes__", [])  # an import's say what became of the subject it refused
-    _fail("; ".join([error_line(exc), *notes]), USAGE if isinstance(exc, InvalidInput) else ERROR)
+    said = error_line(exc).replace("Value error, ", "")  # pydantic's prefix: nothing a user reads
+    _fail("; ".join([said, *notes]), USAGE if isinstance(exc, InvalidInput) else ERROR)
 
 
 def error_line(exc: Exception) -> str:

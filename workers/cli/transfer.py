@@ -12,7 +12,7 @@ import typer
 from memflow.pipeline.export import FormatError
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
-from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json
+from memflow.workers.cli.common import USAGE, JsonFlag, fail, load_settings, print_json
 
 
 def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="Subjects to export.")] = None,
@@ -46,10 +46,10 @@ def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON L
     try:
         with (sys.stdin.buffer if str(path) == "-" else path.open("rb")) as lines:
             report = MemoryClient(load_settings()).import_(lines)
-    except FormatError as exc:
-        fail(f"{path}: {exc}: nothing was imported")
+    except FormatError as exc:  # the file named is wrong on its face: usage, as a malformed argument is
+        fail(f"{path}: {exc}: nothing was imported", USAGE)
     except OSError as exc:
-        fail(f"cannot read {path}: {exc}")
+        fail(f"cannot read {path}: {exc}", USAGE)
     if as_json:
         print_json(report.model_dump(mode="json"))
         return

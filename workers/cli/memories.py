@@ -64,19 +64,15 @@ def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help=(
     if not ids and not contains:  # else nothing would be done, and nothing said
         raise typer.BadParameter("name the memories to forget: their ids, or --contains TEXT", param_hint="IDS")
     client = MemoryClient(load_settings())
-    report = None
-    if ids or contains:
-        report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
+    report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
     proof = None
     if verify:  # what this call forgot, else the ids given (an earlier forget)
-        proven = (report and report.forgotten_ids) or ids or []
+        proven = report.forgotten_ids or ids or []
         proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=proven, contains=contains)
     if as_json:
-        shown = report.model_dump(mode="json") if report else {"ids": []}
-        print_json(shown | ({"verify": proof.model_dump(mode="json")} if proof else {}))
+        print_json(report.model_dump(mode="json") | ({"verify": proof.model_dump(mode="json")} if proof else {}))
     else:
-        if report:
-            _say_forgotten(report)
+        _say_forgotten(report)
         if proof:
             typer.echo(f"verified: {proof.verified} — points in the store: {len(proof.in_store)}, "
                        f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}, "

@@ -205,3 +205,31 @@ def test_every_other_command_refuses_a_bad_input_in_one_line(system: System, mon
             "timezone")
     assert "Value error" not in memflow(system, monkeypatch, capsys, "publish", "alice", "hi", "--ts",
                                         "2026-01-01T00:00:00").err
+
+
+def test_the_worker_finds_a_prefix_in_its_subject_only_and_names_every_candidate(tmp_path: Path) -> None:
+    """On a real Edge shard, ids chosen to share their start (random ones would not, in a test's few memories)."""
+    from memflow.shared.errors import InvalidInput, NotFound
+    from memflow.shared.storage.edge_store import EdgeStore
+    from memflow.workers import ops
+    from tests.test_store import DIM, axis, memory
+
+    store = EdgeStore(tmp_path / "shard", DIM)
+    store.ensure()
+    first, second = "abcd1234-0000-4000-8000-000000000001", "abcd9999-0000-4000-8000-000000000002"
+    theirs = "beef0000-0000-4000-8000-000000000003"
+    try:
+        named = [memory("amy").model_copy(update={"id": first}),
+                 memory("amy", key="k2").model_copy(update={"id": second}),
+                 memory("bo").model_copy(update={"id": theirs})]
+        store.put(named, [axis(0), axis(1), axis(2)])
+        assert ops.locate(store, "ABCD1234", "amy").id == first
+        assert ops.resolve_ids(store, "amy", ["abcd9", first]) == [second, first]
+        with pytest.raises(InvalidInput) as both:
+            ops.locate(store, "abcd", "amy")
+        assert first in str(both.value) and second in str(both.value)
+        with pytest.raises(NotFound):  # bo's, asked as amy's
+            ops.locate(store, "beef0000", "amy")
+        assert ops.locate(store, "beef", None).id == theirs  # the operator's command, over every subject
+    finally:
+        store.close()

@@ -65,7 +65,8 @@ def _first_paragraph(text: str) -> str:
 
 
 class LazyGroup(TyperGroup):
-    """The root group: its commands come from `TABLE` (set by the package), each loaded when asked for."""
+    """The root group: its commands come from `table` (set by the package, in its order), each loaded when asked
+    for; an error memflow expects, raised by any of them, ends here in one line (`_refuse`)."""
 
     table: tuple[Entry, ...] = ()
 

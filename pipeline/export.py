@@ -35,6 +35,7 @@ from memflow.pipeline.models import (
     Subject,
     Wire,
 )
+from memflow.pipeline.prefixes import is_full_id
 from memflow.pipeline.writes import mutation, op_key
 
 FORMAT: Literal["memflow.export"] = "memflow.export"
@@ -234,6 +235,7 @@ def framed(model: type[L], value: dict[str, Any], number: int) -> L:
 
 def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
     memory = record.memory
+    _check_ids(memory, number)
     if memory.id in seen:
         raise FormatError(number, "memory.id", f"{memory.id} appears twice")
     seen.add(memory.id)
@@ -244,6 +246,17 @@ def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
         raise FormatError(number, "vector", "a vector, but the header names no model and dim")
     if record.vector is not None and len(record.vector) != head.dim:
         raise FormatError(number, "vector", f"{len(record.vector)} numbers, the header says dim {head.dim}")
+
+
+def _check_ids(memory: Memory, number: int) -> None:
+    """Every id a record names is a UUID, as the store names its points: an id edited by hand is refused here,
+    naming its line, before the store meets it (its engine refuses it with a traceback)."""
+    named: dict[str, list[str | None]] = {"memory.id": [memory.id], "memory.supersedes": [memory.supersedes],
+             "memory.superseded_by": [memory.superseded_by], "memory.conflicts_with": [*memory.conflicts_with]}
+    for where, ids in named.items():
+        for memory_id in ids:
+            if memory_id is not None and not is_full_id(memory_id):
+                raise FormatError(number, where, f"{memory_id!r:.60} is no memory id (a UUID, lowercase)")
 
 
 # Fields whose type leaves no room for words (a UUID, a subject, a date, a number, one of a few names): the model

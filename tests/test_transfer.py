@@ -258,7 +258,7 @@ def test_the_command_line_refuses_a_broken_file_in_one_line(system: System, tmp_
     monkeypatch.setenv("MEMFLOW_REDIS_URL", system.ctx.settings.redis.url)
     monkeypatch.setenv("MEMFLOW_STREAM_PREFIX", system.ctx.settings.redis.stream_prefix)
     result = CliRunner().invoke(app, ["import", str(file)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a file wrong on its face: usage (docs/cli.md#exit-codes)
     assert "line 1: version: " in result.output and "nothing was imported" in result.output
     assert CliRunner().invoke(app, ["export"]).exit_code == 2  # neither subjects nor --all
 

@@ -26,7 +26,7 @@ from memflow.pipeline.models import Candidate, Memory, MutationOp, PutOp, Tier
 from memflow.pipeline.tagging import TAG_VERSION, retag
 from memflow.pipeline.writes import mutation, patches
 from memflow.shared.codec import encode
-from memflow.shared.errors import MemflowError
+from memflow.shared.errors import InvalidInput
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.keys import FIELD, Keys
 from memflow.shared.sdk.rpc import JobReport
@@ -85,6 +85,8 @@ JOBS: dict[str, Planner] = {
     "review": plan_review_job,
     "retag": plan_retag,
 }
+# Every job `run` takes: the planners', and the store's own (`index`) and the uses' (`uses`).
+NAMES = (*JOBS, "index", "uses")
 
 
 # The engine indexes a segment once it passes its indexing threshold (10 MB of vectors: ~3,300 points of 768
@@ -124,7 +126,7 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
     if name == "uses":
         return uses(ctx.applier, Uses(ctx.client, ctx.keys), subject, now, dry_run)
     if name not in JOBS:
-        raise MemflowError(f"unknown job {name!r}: one of {', '.join(sorted([*JOBS, 'index', 'uses']))}")
+        raise InvalidInput("name", f"unknown job {name!r}: one of {', '.join(sorted(NAMES))}")
     only = Tier(tier) if tier else None
     policy = ctx.settings.lifecycle.policy()
     subjects = [subject] if subject else ctx.store.subjects()

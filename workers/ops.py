@@ -21,10 +21,11 @@ from memflow.pipeline.holders import Person, people
 from memflow.pipeline.ids import IdSpace, is_keyed
 from memflow.pipeline.lifecycle import Step, plan_accept, plan_reject, plan_rollback
 from memflow.pipeline.models import CountOp, Memory, MutationOp, PutOp, Status
+from memflow.pipeline.prefixes import Ambiguous, expand, is_full_id, is_prefix
 from memflow.pipeline.scopes import allows
 from memflow.pipeline.score import strength
 from memflow.pipeline.writes import mutation, mutation_id, patches
-from memflow.shared.errors import MemflowError, NotFound, StaleVersion
+from memflow.shared.errors import InvalidInput, NotFound, StaleVersion
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.counters import DailyCounters
 from memflow.shared.redisdb.keys import Keys
@@ -40,14 +41,41 @@ UTILISATION_DAYS = 30
 
 
 def locate(store: Store, memory_id: str, subject: str | None, within: Sequence[str] | None = None) -> Memory:
-    """The memory `memory_id` of `subject`; without one, of the subjects the patterns `within` cover (None: every
-    subject, for the operator's commands): another subject's point is never read for a caller that may not see it."""
-    everyone = store.subjects() if subject is None else []
-    for s in [subject] if subject else [s for s in everyone if within is None or allows(within, s)]:
-        found = store.get(MemoryFilter(s, ids=[memory_id]))
+    """The memory `memory_id` (a whole id, or the start of one as `memflow inspect` shows it) of `subject`; without
+    one, of the subjects the patterns `within` cover (None: every subject, for the operator's commands): another
+    subject's point is never read for a caller that may not see it."""
+    subjects = [subject] if subject else [s for s in store.subjects() if within is None or allows(within, s)]
+    found = _by_id(store, memory_id, subjects) if is_full_id(memory_id) else _by_prefix(store, memory_id, subjects)
+    if found is None:
+        raise NotFound(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
+    return found
+
+
+def resolve_ids(store: Store, subject: str, memory_ids: Sequence[str]) -> list[str]:
+    """Each of `memory_ids` as a whole id of `subject`: whole ones as they are (one forgotten already is no error),
+    a prefix as the one id of the subject it starts; NotFound for one that names nothing (a word that is no id
+    never reaches the store, which would refuse it with a traceback)."""
+    return [m if is_full_id(m) else locate(store, m, subject).id for m in memory_ids]
+
+
+def _by_id(store: Store, memory_id: str, subjects: Sequence[str]) -> Memory | None:
+    for s in subjects:
+        found = store.get(MemoryFilter(s, ids=[memory_id.lower()]))
         if found:
             return found[0]
-    raise NotFound(f"no memory {memory_id}" + (f" for subject {subject}" if subject else ""))
+    return None
+
+
+def _by_prefix(store: Store, prefix: str, subjects: Sequence[str]) -> Memory | None:
+    """The memory whose id `prefix` starts, among `subjects`' (read whole: ops tooling, never a search's path)."""
+    if not is_prefix(prefix):
+        return None
+    started = {m.id: m for s in subjects for m in store.get(MemoryFilter(s)) if m.id.startswith(prefix.lower())}
+    try:
+        chosen = expand(prefix, started)
+    except Ambiguous as exc:  # the caller's to settle: answered, never logged as the worker's error
+        raise InvalidInput("memory_id", str(exc)) from None
+    return started[chosen[0]] if chosen else None
 
 
 def versions(store: Store, memory: Memory) -> list[Memory]:
@@ -74,8 +102,8 @@ def rollback(applier: Applier, embedder: Embedder, memory_id: str, to_version: i
     memory = locate(applier.store, memory_id, subject)
     try:
         plan = plan_rollback(versions(applier.store, memory), to_version, at, space)
-    except ValueError as exc:
-        raise MemflowError(str(exc)) from exc
+    except ValueError as exc:  # no such version: the caller's mistake, answered without a traceback
+        raise InvalidInput("to_version", str(exc)) from None
     restored = plan.restored
     puts = [] if restored is None else [PutOp(memory=restored)]
     vectors = {} if restored is None else {restored.id: embedder.encode_passages([restored.content])[0]}
@@ -103,8 +131,8 @@ def review_decide(applier: Applier, memory_id: str, accept: bool, subject: str |
     same_key = applier.store.get(MemoryFilter(memory.subject, keys=[memory.key]))
     try:
         steps = plan_accept(memory, same_key, at) if accept else plan_reject(memory, same_key)
-    except ValueError as exc:
-        raise MemflowError(str(exc)) from exc
+    except ValueError as exc:  # not waiting for a decision: the caller's mistake, answered without a traceback
+        raise InvalidInput("memory_id", str(exc)) from None
     apply_steps(applier, steps, "review", at)
     return {"id": memory.id, "accepted": accept,
             "changed": [{"id": st.memory.id, "after": {k: str(v) for k, v in st.fields.items()}} for st in steps]}

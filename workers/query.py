@@ -156,14 +156,16 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
 
 def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
+    ids = ops.resolve_ids(ctx.store, req.subject, req.memory_ids)
     count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys),
-                         req.subject, req.memory_ids, req.at or datetime.now(UTC), req.request_id)
+                         req.subject, ids, req.at or datetime.now(UTC), req.request_id)
     return Adopted(count=count)
 
 
 def forget(ctx: Context, req: ForgetRequest) -> ForgetReport:
     """Forget memories everywhere memflow kept their words (workers/forgetting.py)."""
-    report = forgetting.forget(ctx.applier, forgetting.Places.of(ctx), req.subject, req.memory_ids, req.contains,
+    ids = None if req.memory_ids is None else ops.resolve_ids(ctx.store, req.subject, req.memory_ids)
+    report = forgetting.forget(ctx.applier, forgetting.Places.of(ctx), req.subject, ids, req.contains,
                                datetime.now(UTC))
     return ForgetReport.model_validate(report)
 

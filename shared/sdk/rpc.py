@@ -41,10 +41,15 @@ from memflow.pipeline.models import (
     aware,
     event_time,
 )
+from memflow.pipeline.prefixes import is_prefix
 from memflow.pipeline.profile import ProfileReply
 from memflow.pipeline.scopes import PATTERN_CHARS
 from memflow.shared.errors import InvalidInput
 from memflow.shared.inference import tokenizer
+
+# A memory id, or its start (pipeline/prefixes.py): 4 to 8 hex digits, or 8, a dash and 1 to 4 more.
+MEMORY_REF_PATTERN = (r"^([0-9a-fA-F]{4,8}|[0-9a-fA-F]{8}-[0-9a-fA-F]{1,4}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}"
+                      r"-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$")
 
 # A query is counted in e5's positions by its tokenizer, in every process that takes one (pipeline/tokens.py).
 tokenizer.install()
@@ -80,6 +85,18 @@ def canonical_memory_id(value: str) -> str:
 # the worker validate a call's request, and the doors take their ids as this type too. Its document is a UUID's.
 MemoryId = Annotated[str, AfterValidator(canonical_memory_id), WithJsonSchema(
     {"type": "string", "pattern": MEMORY_ID_PATTERN, "examples": [EXAMPLE_MEMORY_ID]})]
+
+
+def memory_ref(value: str) -> str:
+    """A memory named by its id or by the start of one (pipeline/prefixes.py: as `memflow inspect` shows 8),
+    lowercase: the worker finds the one id of the subject it starts (workers/ops.py `resolve_ids`). Anything else
+    is refused as `MemoryId` refuses it, in the same words at every door."""
+    return value.lower() if is_prefix(value) else canonical_memory_id(value)
+
+
+# Where an operator names a memory to act on (history, rollback, review, forget, feedback): its id or a prefix.
+MemoryRef = Annotated[str, AfterValidator(memory_ref), WithJsonSchema(
+    {"type": "string", "pattern": MEMORY_REF_PATTERN, "examples": [EXAMPLE_MEMORY_ID, EXAMPLE_MEMORY_ID[:8]]})]
 
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -118,7 +135,7 @@ class PackRequest(Wire):
 
 class ForgetRequest(Wire):
     subject: Subject
-    memory_ids: list[MemoryId] | None = None
+    memory_ids: list[MemoryRef] | None = None
     contains: str | None = None
 
 
@@ -131,7 +148,7 @@ class VerifyRequest(Wire):
 
 class FeedbackRequest(Wire):
     subject: Subject
-    memory_ids: list[MemoryId]
+    memory_ids: list[MemoryRef]
     at: datetime | None = None
     request_id: RequestId = Field(default_factory=new_request_id)  # counted once per request id
 
@@ -158,7 +175,7 @@ class RunJobRequest(Wire):
 
 
 class HistoryRequest(Wire):
-    memory_id: MemoryId
+    memory_id: MemoryRef
     subject: Subject | None = None
     # Without `subject`: the subject patterns of the key asking (its scope). The worker looks for the memory only
     # among the subjects they cover, so no point of another subject is read for a key that may not see it.
@@ -166,7 +183,7 @@ class HistoryRequest(Wire):
 
 
 class RollbackRequest(Wire):
-    memory_id: MemoryId
+    memory_id: MemoryRef
     to_version: int
     subject: Subject | None = None
     at: datetime | None = None
@@ -200,7 +217,7 @@ class ProfileRequest(Wire):
 
 
 class ReviewDecideRequest(Wire):
-    memory_id: MemoryId
+    memory_id: MemoryRef
     accept: bool
     subject: Subject | None = None
     at: datetime | None = None

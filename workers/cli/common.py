@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import sys
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
 from pydantic import BaseModel
 
-from memflow.shared.errors import MemflowError
 from memflow.shared.redisdb.connections import connect_streams
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.sdk import rpc
@@ -43,11 +42,9 @@ def when(value: str | None) -> datetime | None:
 
 
 def ask(call: rpc.Rpc[Any, Rep], **fields: Any) -> Rep:
-    """The typed reply of one call; what memflow refuses is told as a bad parameter."""
-    try:
-        return MemoryClient(load_settings()).call(call, **fields)
-    except MemflowError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    """The typed reply of one call. What memflow refuses ends the command in one line (workers/cli/lazy.py): a
+    request refused before it is sent as usage (exit 2), what the worker answered as an error (exit 1)."""
+    return MemoryClient(load_settings()).call(call, **fields)
 
 
 def redis_target() -> tuple[Any, Keys]:
@@ -55,6 +52,16 @@ def redis_target() -> tuple[Any, Keys]:
     return connect_streams(settings), settings.keys
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
+    """An error (exit 1), or with USAGE what was given is wrong on its face (exit 2), in one line."""
     sys.stderr.write(f"memflow: {message}\n")
-    raise SystemExit(1)
+    raise SystemExit(code)
+
+
+# The exit code of a command line wrong on its face (workers/cli/lazy.py tells them all).
+USAGE = 2
+
+
+# Where a command takes a memory id: the whole id, or its start as `memflow inspect` shows it.
+MemoryIdArg = Annotated[str, typer.Argument(help="Its id, or the start of it that `memflow inspect` shows "
+                                                 "(8 characters).")]

@@ -10,7 +10,7 @@ import typer
 from memflow.shared.errors import InvalidInput
 from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.streaming import dlq as dead
-from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
+from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json, redis_target
 
 dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)
 
@@ -70,8 +70,7 @@ def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
     where = dead.Where(error, subject, older_than, newer_than)
     entries = list(islice(dead.select(client, keys, stage, ids or None, where), count))
     if ids and not entries:
-        matching = "" if where.is_empty else " that matches the filters"
-        raise typer.BadParameter(f"no dead letter {' '.join(ids)} of {stage}{matching}")
+        _none_of(ids, stage, where)
     now_ms = dead.server_now_ms(client)
     for entry in entries:
         print_json(_letter_json(entry, now_ms))
@@ -96,3 +95,10 @@ def dlq_drop(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
     client, keys = redis_target()
     where = dead.Where(error, subject, older_than, newer_than)
     typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None, where)}")
+
+
+def _none_of(ids: list[str], stage: str, where: dead.Where) -> None:
+    """`show` of ids none of which is there: an error (exit 1). (`replay` and `drop` say "0" instead: an entry
+    leaves the DLQ as it is replayed, so a second replay of it is done, not wrong.)"""
+    matching = "" if where.is_empty else " that matches the filters"
+    fail(f"no dead letter {' '.join(ids)} of {stage}{matching}: `memflow dlq list {stage}` shows them")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -32,8 +33,11 @@ def keys_create(name: Annotated[str, typer.Option(help="Who or what uses it.")],
     if as_json:
         print_json({**key.as_json(), "key": secret})
         return
+    # The warning first, on stderr; the key last, alone on stdout: `KEY=$(memflow keys create …)` takes it whole.
     typer.echo(f"key {key.id} ({key.name}): subjects {', '.join(key.subjects)}"
-               + (", read-only" if key.read_only else "") + ". Keep it now; it cannot be shown again:", err=True)
+               + (", read-only" if key.read_only else "") + ". Keep it now (the last line, on stdout): it cannot be "
+               "shown again.", err=True)
+    sys.stderr.flush()
     typer.echo(secret)
 
 

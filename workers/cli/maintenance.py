@@ -15,7 +15,7 @@ from memflow.shared.sdk import rpc
 from memflow.shared.settings import Settings
 from memflow.shared.storage.store import Catalog, catalog_for
 from memflow.shared.writer.reindex import DEFAULT_BATCH, Report, Step, reindex
-from memflow.workers.cli.common import JsonFlag, ask, load_settings, print_json, when
+from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, load_settings, print_json, when
 
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_is_help=True)
@@ -34,21 +34,29 @@ def review_list(subject: Annotated[str | None, typer.Argument()] = None, as_json
 
 
 @review_app.command("accept")
-def review_accept(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
+def review_accept(memory_id: MemoryIdArg, subject: Annotated[str | None, typer.Option()] = None) -> None:
     """Make it active; the memories it contested on its key are superseded by it."""
     report = ask(rpc.REVIEW_DECIDE, memory_id=memory_id, accept=True, subject=subject)
-    typer.echo(f"accepted {memory_id}: {len(report.changed)} memories changed")
+    typer.echo(f"accepted {report.id}: {len(report.changed)} memories changed")
 
 
 @review_app.command("reject")
-def review_reject(memory_id: str, subject: Annotated[str | None, typer.Option()] = None) -> None:
+def review_reject(memory_id: MemoryIdArg, subject: Annotated[str | None, typer.Option()] = None) -> None:
     """Never search it again (kept as history); a memory it contested stands alone again."""
     report = ask(rpc.REVIEW_DECIDE, memory_id=memory_id, accept=False, subject=subject)
-    typer.echo(f"rejected {memory_id}: {len(report.changed)} memories changed")
+    typer.echo(f"rejected {report.id}: {len(report.changed)} memories changed")
+
+
+def _known_job(job: str) -> str:
+    from memflow.workers.jobs import NAMES
+
+    if job not in NAMES:  # the command line's mistake (exit 2), before a worker is asked
+        raise typer.BadParameter(f"{job!r} is no job: one of {', '.join(NAMES)}")
+    return job
 
 
 @jobs_app.command("run")
-def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review or retag")],
+def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review or retag", callback=_known_job)],
              subject: Annotated[str | None, typer.Option(help="One subject; default every subject.")] = None,
              now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
              tier: Annotated[str | None, typer.Option(help="decay only: short_term or long_term.")] = None,

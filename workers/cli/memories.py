@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from memflow.shared.errors import MemflowError
+from memflow.pipeline.models import SearchResult
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
-from memflow.workers.cli.common import JsonFlag, ask, load_settings, print_json, when
+from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, fail, load_settings, print_json, when
 
 
 def publish(subject: str, text: str, session: str = "cli", role: str = "user", kind: str = "message",
@@ -22,18 +22,22 @@ def publish(subject: str, text: str, session: str = "cli", role: str = "user", k
     client = MemoryClient(load_settings())
     event = {"event_id": event_id or str(uuid.uuid4()), "subject": subject, "session_id": session, "kind": kind,
              "role": role if kind == "message" else None, "text": text, "ts": ts or datetime.now(UTC)}
-    try:
-        typer.echo(client.publish(event))
-    except MemflowError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(client.publish(event))  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
 
 
-def search(subject: str, query: str, k: int = 5, now: str | None = None, as_json: JsonFlag = False) -> None:
+def search(subject: str, query: str, k: int = 5, now: Annotated[str | None, typer.Option(
+               help="ISO time with zone; default now.")] = None, as_json: JsonFlag = False) -> None:
     """Search one subject's memories."""
-    result = MemoryClient(load_settings()).search(subject, query, k, now=datetime.fromisoformat(now) if now else None)
+    result = MemoryClient(load_settings()).search(subject, query, k, now=when(now))
     if as_json:
         print_json(result.model_dump(mode="json"))
-        return
+    else:
+        _print_hits(result)
+    if result.status == "failed":  # not answered: an error, whatever was printed
+        raise typer.Exit(1)
+
+
+def _print_hits(result: SearchResult) -> None:
     typer.echo(f"{result.status}: {len(result.hits)} hit(s) in {result.latency_ms:.1f} ms"
                + (f" — {result.error}" if result.error else ""))
     for i, hit in enumerate(result.hits, 1):
@@ -50,26 +54,25 @@ def _say_forgotten(report: rpc.ForgetReport) -> None:
         typer.echo(f"kept, still holding their words (forget them too to remove the words): {report.still_held}")
 
 
-def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help="Memory ids.")] = None,
+def forget(subject: str, ids: Annotated[list[str] | None, typer.Argument(help=(
+               "Memory ids, or the starts of them that `memflow inspect` shows."))] = None,
            contains: Annotated[str | None, typer.Option(help="Every memory whose content holds this.")] = None,
            verify: Annotated[bool, typer.Option(help="Then prove it: no point left, no Redis entry naming it. "
                                                      "With ids and nothing else to forget: prove an earlier forget.")]
            = False, as_json: JsonFlag = False) -> None:
     """Forget memories (by id, or by what they say) everywhere memflow kept their words."""
+    if not ids and not contains:  # else nothing would be done, and nothing said
+        raise typer.BadParameter("name the memories to forget: their ids, or --contains TEXT", param_hint="IDS")
     client = MemoryClient(load_settings())
-    report = None
-    if ids or contains:
-        report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
+    report = client.call(rpc.FORGET, subject=subject, memory_ids=ids or None, contains=contains)
     proof = None
     if verify:  # what this call forgot, else the ids given (an earlier forget)
-        proven = (report and report.forgotten_ids) or ids or []
+        proven = report.forgotten_ids or ids or []
         proof = client.call(rpc.VERIFY_FORGOTTEN, subject=subject, memory_ids=proven, contains=contains)
     if as_json:
-        shown = report.model_dump(mode="json") if report else {"ids": []}
-        print_json(shown | ({"verify": proof.model_dump(mode="json")} if proof else {}))
+        print_json(report.model_dump(mode="json") | ({"verify": proof.model_dump(mode="json")} if proof else {}))
     else:
-        if report:
-            _say_forgotten(report)
+        _say_forgotten(report)
         if proof:
             typer.echo(f"verified: {proof.verified} — points in the store: {len(proof.in_store)}, "
                        f"Redis entries naming them: {proof.residue or 0}, without a receipt: {proof.unknown}, "
@@ -93,6 +96,8 @@ def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time
             as_json: JsonFlag = False) -> None:
     """A subject's memories with state, tier, strength, uses and last change; utilisation; backlog."""
     report = MemoryClient(load_settings()).call(rpc.INSPECT, subject=subject, now=when(now))
+    if not report.memories and not report.pending:
+        fail(f"no subject {subject!r}: nothing stored or waiting to be stored for it")
     if as_json:
         print_json(report)
         return
@@ -140,7 +145,7 @@ def print_memories(memories: list[rpc.MemoryState]) -> None:
     typer.echo(f"{len(memories)} memories")
 
 
-def history(memory_id: str, subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
+def history(memory_id: MemoryIdArg, subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
             as_json: JsonFlag = False) -> None:
     """Every version of a memory and why each changed, oldest first."""
     report = ask(rpc.HISTORY, memory_id=memory_id, subject=subject)
@@ -157,7 +162,7 @@ def history(memory_id: str, subject: Annotated[str | None, typer.Option(help="It
             typer.echo(f"      rev {r.rev} {_iso(r.at)}: {r.why} (was {before})")
 
 
-def rollback(memory_id: str, to: Annotated[int, typer.Option("--to", help="The version to restore.")],
+def rollback(memory_id: MemoryIdArg, to: Annotated[int, typer.Option("--to", help="The version to restore.")],
              subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
              as_json: JsonFlag = False) -> None:
     """Restore an old version as a new version on top; the change is recorded like any other."""

@@ -62,7 +62,8 @@ def up(serve: Annotated[bool, typer.Option("--serve", help="Also serve the HTTP 
 
 
 def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HOST (127.0.0.1).")] = None,
-          port: Annotated[int | None, typer.Option(help="Default MEMFLOW_HTTP_PORT (8765).")] = None,
+          port: Annotated[int | None, typer.Option(min=1, max=65535, help="Default MEMFLOW_HTTP_PORT (8765).")]
+          = None,
           workers: Annotated[int, typer.Option(min=1, help="Server processes sharing the port: one uses one "
                                                "core (see `memflow bench http`).")] = 1,
           no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve every subject to anyone who can "

@@ -9,7 +9,6 @@ from typing import Annotated
 import orjson
 import typer
 
-from memflow.shared.errors import MemflowError
 from memflow.shared.monitoring.status import PipelineStatus, SubjectFootprint, read_status, subject_footprint
 from memflow.shared.redisdb.connections import connect_queue
 from memflow.shared.redisdb.keys import FIELD, recorded_partitions
@@ -88,15 +87,13 @@ def partitions_show() -> None:
 
 
 @partitions_app.command("set")
-def partitions_set(count: Annotated[int, typer.Argument(help="The new partition count (1-1024).")]) -> None:
+def partitions_set(count: Annotated[int, typer.Argument(min=1, max=1024, help="The new partition count.")]) -> None:
     """Change the partition count, drained: nothing unread, pending or dead-lettered in any stage and no
     worker running (refused otherwise, saying what is left). Then start every process with
     MEMFLOW_PARTITIONS=COUNT."""
     client, keys = redis_target()
-    try:
-        was = change_partitions(client, keys, count, load_settings().consumer.lease_ms)
-    except MemflowError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    # Refused while anything is left to drain: the system's answer (exit 1), told in one line (workers/cli/lazy.py).
+    was = change_partitions(client, keys, count, load_settings().consumer.lease_ms)
     typer.echo(f"partitions: {was or 'none recorded'} -> {count}; start every process with MEMFLOW_PARTITIONS={count}")
 
 
@@ -104,7 +101,8 @@ def partitions_set(count: Annotated[int, typer.Argument(help="The new partition 
 
 
 @traces_app.command("tail")
-def traces_tail(count: int = 20, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+def traces_tail(count: Annotated[int, typer.Option(min=1, help="The last this many.")] = 20,
+                follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                 as_json: JsonFlag = False) -> None:
     """The last searches (query redacted: intent, dirs, fallback, chosen ids, latency) and LLM calls."""
     client, keys = redis_target()

@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from memflow.pipeline.export import FormatError
+from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
-from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json
+from memflow.workers.cli.common import USAGE, JsonFlag, fail, load_settings, print_json
 
 
 def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="Subjects to export.")] = None,
@@ -22,10 +23,20 @@ def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="S
     """Write memories as JSON Lines to stdout, with their versions, history and provenance (docs/export-format.md)."""
     if bool(subjects) == every:
         raise typer.BadParameter("name the subjects to export, or --all (not both)")
+    client = MemoryClient(load_settings())
+    _refuse_unknown(client, subjects or [])
     out = sys.stdout.buffer
-    for line in MemoryClient(load_settings()).export(None if every else subjects, with_vectors=with_vectors):
+    for line in client.export(None if every else subjects, with_vectors=with_vectors):
         out.write(line)
     out.flush()
+
+
+def _refuse_unknown(client: MemoryClient, subjects: list[str]) -> None:
+    """A subject named that the store holds nothing of: said (exit 1), before a header with no memories is written."""
+    held = set(client.call(rpc.SUBJECTS).subjects)
+    unknown = [s for s in subjects if s not in held]
+    if unknown:
+        fail(f"no memories of {', '.join(map(repr, unknown))} in this store: nothing exported")
 
 
 def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON Lines); - for stdin.")],
@@ -35,10 +46,10 @@ def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON L
     try:
         with (sys.stdin.buffer if str(path) == "-" else path.open("rb")) as lines:
             report = MemoryClient(load_settings()).import_(lines)
-    except FormatError as exc:
-        fail(f"{path}: {exc}: nothing was imported")
+    except FormatError as exc:  # the file named is wrong on its face: usage, as a malformed argument is
+        fail(f"{path}: {exc}: nothing was imported", USAGE)
     except OSError as exc:
-        fail(f"cannot read {path}: {exc}")
+        fail(f"cannot read {path}: {exc}", USAGE)
     if as_json:
         print_json(report.model_dump(mode="json"))
         return

@@ -213,3 +213,25 @@ def test_verify_with_contains_finds_raw_copies_still_held(system: System) -> Non
     assert system.client.wait_idle(timeout_s=60)
     proof = system.client.verify_forgotten("ned", [], contains=secret)
     assert not proof.verified and proof.residue == {f"raw:{system.ctx.keys.work('events', 'ned')}": 1}
+
+
+def test_forget_contains_scrubs_only_its_own_subjects_entries_of_a_shared_partition(system: System) -> None:
+    """A partition's streams carry many subjects. A forget of "rosa"'s words deleted another tenant's entries
+    that held the same words (its events, its dead letters) and counted them in rosa's proof: one tenant could
+    erase and probe another's raw history by guessing its words."""
+    keys = system.ctx.keys
+    owner = "rosa"
+    other = next(n for n in (f"tenant-{i}" for i in range(1000)) if keys.work("events", n) == keys.work("events", owner))
+    word = "marmalade-7731"
+    event = ChatEvent(event_id="shared-e1", subject=other, session_id="s1", kind=Kind.message, role=Role.user,
+                      text=f"the gate code is {word}", ts=T0)
+    stream = keys.work("events", other)
+    kept = system.ctx.client.xadd(stream, {FIELD: encode(event)})
+    assert system.client.wait_idle(timeout_s=60)
+
+    report = system.client.forget_report(owner, contains=word)
+    assert report.scrubbed == {}, report
+    assert [i for i, _ in system.ctx.client.xrange(stream, kept, kept)] == [kept]  # the other's entry stays
+    assert system.client.verify_forgotten(owner, [], contains=word).verified  # and is not told of
+    # The other subject's own forget still reaches it.
+    assert system.client.forget_report(other, contains=word).scrubbed.get(stream) == 1

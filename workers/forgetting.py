@@ -113,7 +113,7 @@ def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
     it still holds every command that wrote the words."""
     client, keys = places.client, places.keys
     marks = _word_marks(words)
-    removed = {stream: _scrub_stream(client, keys, stream, marks, unacked)
+    removed = {stream: _scrub_stream(client, keys, stream, subject, marks, unacked)
                for stream, unacked in _streams(client, keys, subject) if stream != keys.changes}
     removed["session_buffers"] = sum(_scrub_buffer_words(client, key, marks) for key in places.buffers.of(subject))
     found = {place: n for place, n in removed.items() if n}
@@ -152,7 +152,7 @@ def residue_of_words(places: Places, subject: str, words: str) -> dict[str, int]
     session buffers, the pending layer."""
     client, keys = places.client, places.keys
     marks = _word_marks(words)
-    found = {stream: sum(1 for _ in _naming(client, keys, stream, marks))
+    found = {stream: sum(1 for _ in _naming(client, keys, stream, subject, marks))
              for stream, _ in _streams(client, keys, subject) if stream != keys.changes}
     found["session_buffers"] = sum(_holding(client, key, marks) for key in places.buffers.of(subject))
     found["pending"] = _holding(client, keys.pending(subject), marks)
@@ -233,7 +233,7 @@ def scrub(places: Places, subject: str, memories: list[Memory], events: Iterable
     removed = {"session_buffers": _scrub_buffers(places, subject, said),
                "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0}
     for stream, unacked in _streams(client, keys, subject):
-        removed[stream] = _scrub_stream(client, keys, stream, marks, unacked)
+        removed[stream] = _scrub_stream(client, keys, stream, subject, marks, unacked)
     return {place: n for place, n in removed.items() if n}
 
 
@@ -250,7 +250,7 @@ def verify(store: Store, places: Places, subject: str, memory_ids: list[str],
     in_store = [m.id for m in store.get(MemoryFilter(subject, ids=memory_ids))] if memory_ids else []
     marks = _marks(memory_ids, events)
     residue = {stream: n for stream, _ in _streams(client, keys, subject)
-               if (n := sum(1 for _ in _naming(client, keys, stream, marks)))}
+               if (n := sum(1 for _ in _naming(client, keys, stream, subject, marks)))}
     buffered = _buffered(places, subject, events)
     if buffered:
         residue["session_buffers"] = buffered
@@ -320,20 +320,29 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-# One page of a stream searched inside Redis: its last id, then the ids of the entries whose values hold one
-# of the marks (ARGV[4..]), but, on the `changes` feed (ARGV[3] = 1), the announcements of deletions. Only ids
-# come back: a scrub of a partition's retention window, or of the whole feed, moves no payload.
+# One page of a stream searched inside Redis: its last id, then the ids of the entries of the subject (ARGV[4]: a
+# field of the entry, or of the dead letter's payload, is a JSON object naming it) whose values hold one of the
+# marks (ARGV[5..]), but, on the `changes` feed (ARGV[3] = 1), the announcements of deletions. A partition's streams
+# carry many subjects: a word or an event id one subject forgets may be another's, whose entries are not its to
+# scrub, nor its to be told of. Only ids come back: a scrub of a partition's retention window moves no payload.
 _NAMING_PAGE = """
 local page = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
 local out = {#page > 0 and page[#page][1] or ''}
+local function theirs(values)
+  for _, value in ipairs(values) do
+    local ok, said = pcall(cjson.decode, value)
+    if ok and type(said) == 'table' and said['subject'] == ARGV[4] then return said end
+  end
+  return nil
+end
 for _, entry in ipairs(page) do
   local values = {}
   for i = 2, #entry[2], 2 do values[#values + 1] = entry[2][i] end
   local blob = table.concat(values, ' ')
-  for m = 4, #ARGV do
+  for m = 5, #ARGV do
     if string.find(blob, ARGV[m], 1, true) then
-      local ok, change = pcall(cjson.decode, blob)
-      if ARGV[3] ~= '1' or not (ok and type(change) == 'table' and change['action'] == 'forget') then
+      local said = theirs(values)
+      if said and (ARGV[3] ~= '1' or said['action'] ~= 'forget') then
         out[#out + 1] = entry[1]
       end
       break
@@ -344,22 +353,23 @@ return out
 """
 
 
-def _naming(client: redis.Redis, keys: Keys, stream: str, marks: list[bytes]) -> Iterator[str]:
-    """The ids of the entries of `stream` whose payload names one of `marks`, but for the announcements of
-    deletions on `changes`: searched in Redis a page at a time, only the ids read back."""
+def _naming(client: redis.Redis, keys: Keys, stream: str, subject: str, marks: list[bytes]) -> Iterator[str]:
+    """The ids of the subject's entries of `stream` whose payload names one of `marks`, but for the announcements
+    of deletions on `changes`: searched in Redis a page at a time, only the ids read back."""
     search = client.register_script(_NAMING_PAGE)
     feed = "1" if stream == keys.changes else "0"
     start = "-"
     while True:
-        last, *found = search(keys=[stream], args=[start, PAGE, feed, *marks])
+        last, *found = search(keys=[stream], args=[start, PAGE, feed, subject, *marks])
         yield from (_text(i) for i in found)
         if not last:
             return
         start = "(" + _text(last)
 
 
-def _scrub_stream(client: redis.Redis, keys: Keys, stream: str, marks: list[bytes], pending: set[str]) -> int:
-    doomed = [entry_id for entry_id in _naming(client, keys, stream, marks) if entry_id not in pending]
+def _scrub_stream(client: redis.Redis, keys: Keys, stream: str, subject: str, marks: list[bytes],
+                  pending: set[str]) -> int:
+    doomed = [entry_id for entry_id in _naming(client, keys, stream, subject, marks) if entry_id not in pending]
     return int(client.xdel(stream, *doomed)) if doomed else 0
 
 

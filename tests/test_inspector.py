@@ -238,6 +238,12 @@ def test_in_a_browser_log_in_inspect_search_and_open_a_history(world: World, chr
     memories = page.locator("table.memories tbody tr")
     assert memories.count() == len(memories_of(world.served, world.mine))
     assert SCRIPT in page.inner_text("table.memories") and page.locator("script").count() == 0
+    assert SCRIPT in page.inner_text("section.people") and SCRIPT in page.inner_text("section.profile")
+    page.screenshot(path=str(ARTIFACT.with_name("inspector-subject.png")), full_page=True)
+    page.click(f"section.changes a[href='/memories/{world.moved}/history?subject={world.mine}']")
+    page.locator("section.version").first.wait_for()
+    assert page.locator("section.version").count() == 2
+    page.go_back()
 
     page.fill("input[name=q]", "what do I drink in the morning?")
     page.press("input[name=q]", "Enter")

@@ -1,19 +1,20 @@
 """The memory inspector page (`/` of `memflow serve`): what memflow remembers, for a person to read.
 
 Read-only and server-rendered: the subjects a key may see and the dead letters per stage (`/`); a
-subject's memories with type, tier, strength, uses, status and contested flag
-(`/subjects/{subject}`); a search typed there with its scores, plan and trace
-(`/subjects/{subject}/search?q=…`); a memory's versions and why each changed
-(`/memories/{id}/history`). Only GET pages and links; the two POSTs set and clear the key cookie.
+subject's memories with type, tier, strength, uses, status and contested flag, then its people, its
+profile and its recent changes, each linked to its memory's history (`/subjects/{subject}`,
+inspector_subject.py); a search typed there with its scores, plan and trace
+(`/subjects/{subject}/search?q=…`); a memory's versions and why each changed (`/memories/{id}/history`).
+Only GET pages and links; the two POSTs set and clear the key cookie.
 
 Every page passes the API's own checks (`principal`, `allowed`, the `/v1` handlers for inspect and
 history), so it shows what the API would answer and refuses what the API refuses: a subject outside
 the key's patterns is a 403 page, an id of another subject's memory a 404 page. The key rides in the
 `memflow_key` cookie (HttpOnly, SameSite=Strict), which `principal` honours for GET only.
 
-Memories are user text, so markup is written by `el` alone, which escapes every child and attribute
-value that is not already `Html`; and the Content-Security-Policy lets no script run at all (the
-page brings none): a `<script>` a user once said shows as the words it is.
+Memories are user text, so markup is written by `el` alone (inspector_html.py), which escapes every child
+and attribute value that is not already `Html`; and the Content-Security-Policy lets no script run at all
+(the page brings none): a `<script>` a user once said shows as the words it is.
 """
 
 from __future__ import annotations

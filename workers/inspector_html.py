@@ -85,7 +85,7 @@ blockquote{margin:8px 0;padding:8px 12px;background:var(--bg);border-radius:6px;
 .card>h2:first-child,.card>h3:first-child{margin-top:0} .card>p:last-child{margin-bottom:0}
 table.dlq{width:auto;min-width:560px} table.dlq th:not(:first-child),table.memories th:nth-child(4),
 table.memories th:nth-child(5),table.hits th:first-child,table.hits th:nth-child(7),table.candidates th:nth-child(2),
-table.routes th:nth-child(4),table.revisions th:first-child{text-align:right}
+table.routes th:nth-child(4),table.revisions th:first-child,table.changes th:nth-child(3){text-align:right}
 """)
 
 # No script at all, the one style sheet above, forms only to this server, never inside a frame.

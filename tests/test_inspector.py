@@ -161,6 +161,10 @@ def test_another_subjects_people_profile_and_changes_stay_out(world: World) -> N
     assert theirs and not any(i in page.text for i in theirs)
     assert "girlfriend" not in page.text and "Singapore" not in page.text and "Rex" not in page.text
     assert world.get(f"/subjects/{world.theirs}").status_code == 403
+    # A key that sees every subject still sees one subject's people, profile and changes on its page.
+    wide = world.get(f"/subjects/{world.mine}", key=world.served.admin)
+    assert wide.status_code == 200 and "keto" in wide.text
+    assert not any(i in wide.text for i in theirs) and "Singapore" not in wide.text and "Rex" not in wide.text
 
 
 def test_the_home_page_lists_the_subjects_of_the_key_and_the_dead_letters(world: World) -> None:

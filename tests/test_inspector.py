@@ -63,9 +63,10 @@ def memories_of(api: Served, subj: str) -> list[dict[str, Any]]:
 def world(served: Served) -> World:  # noqa: F811
     mine, theirs = f"insp-{uuid.uuid4().hex[:8]}", f"insp-{uuid.uuid4().hex[:8]}"
     told(served, mine, "s1", 2, "I prefer tea over coffee in the morning.",
-         f"My favourite snippet is {SCRIPT} from the old site.", "I live in Paris.")
+         f"My favourite snippet is {SCRIPT} from the old site.", "I live in Paris.",
+         f"My wife is on a keto diet {SCRIPT}.")
     told(served, mine, "s2", 3, "I moved, I live in Berlin now.")
-    told(served, theirs, "s1", 2, "My dog is called Rex.")
+    told(served, theirs, "s1", 2, "My dog is called Rex.", "My girlfriend lives in Singapore.")
     moved = next(m["id"] for m in memories_of(served, mine) if m["mtype"] == "fact" and "Berlin" in m["content"])
     return World(served, mine, theirs, served.key(mine), moved, memories_of(served, theirs)[0]["id"])
 
@@ -126,6 +127,44 @@ def test_the_subject_page_shows_each_memory_and_links_its_history(world: World) 
     assert "I prefer tea over coffee" in text and "superseded" in text and "preference" in text
     assert f'href="/memories/{world.moved}/history?subject={world.mine}"' in page.text
     assert f'action="/subjects/{world.mine}/search"' in page.text
+
+
+def section_of(html: str, name: str) -> str:
+    found = re.search(rf'<section class="[^"]*\b{name}\b[^"]*">(.*?)</section>', html, re.S)
+    assert found, f"no section {name}"
+    return found.group(1)
+
+
+def history_links(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'href="/memories/([^/"]+)/history\?subject=([^"&]+)"', html)
+
+
+def test_the_subject_page_shows_its_people_profile_and_recent_changes_each_linked(world: World) -> None:
+    page = world.get(f"/subjects/{world.mine}")
+    assert page.status_code == 200, page.text
+    ids = {m["id"] for m in memories_of(world.served, world.mine)}
+    people, profile, changes = (section_of(page.text, name) for name in ("people", "profile", "changes"))
+    assert "wife" in text_of(people) and "keto" in text_of(people)
+    assert "tea" in text_of(profile) and "Berlin" in text_of(profile) and "Paris" not in text_of(profile)
+    assert world.moved in changes and "supersede" in text_of(changes)
+    for section in (people, profile, changes):
+        links = history_links(section)
+        assert links and {s for _, s in links} == {world.mine} and {i for i, _ in links} <= ids
+    # The memories' words are user text in these sections too.
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in people and "&lt;script&gt;" in profile
+    assert "<script" not in page.text
+
+
+def test_another_subjects_people_profile_and_changes_stay_out(world: World) -> None:
+    page = world.get(f"/subjects/{world.mine}")
+    theirs = {m["id"] for m in memories_of(world.served, world.theirs)}
+    assert theirs and not any(i in page.text for i in theirs)
+    assert "girlfriend" not in page.text and "Singapore" not in page.text and "Rex" not in page.text
+    assert world.get(f"/subjects/{world.theirs}").status_code == 403
+    # A key that sees every subject still sees one subject's people, profile and changes on its page.
+    wide = world.get(f"/subjects/{world.mine}", key=world.served.admin)
+    assert wide.status_code == 200 and "keto" in wide.text
+    assert not any(i in wide.text for i in theirs) and "Singapore" not in wide.text and "Rex" not in wide.text
 
 
 def test_the_home_page_lists_the_subjects_of_the_key_and_the_dead_letters(world: World) -> None:
@@ -203,6 +242,12 @@ def test_in_a_browser_log_in_inspect_search_and_open_a_history(world: World, chr
     memories = page.locator("table.memories tbody tr")
     assert memories.count() == len(memories_of(world.served, world.mine))
     assert SCRIPT in page.inner_text("table.memories") and page.locator("script").count() == 0
+    assert SCRIPT in page.inner_text("section.people") and SCRIPT in page.inner_text("section.profile")
+    page.screenshot(path=str(ARTIFACT.with_name("inspector-subject.png")), full_page=True)
+    page.click(f"section.changes a[href='/memories/{world.moved}/history?subject={world.mine}']")
+    page.locator("section.version").first.wait_for()
+    assert page.locator("section.version").count() == 2
+    page.go_back()
 
     page.fill("input[name=q]", "what do I drink in the morning?")
     page.press("input[name=q]", "Enter")

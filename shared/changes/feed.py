@@ -175,3 +175,11 @@ def _text(value: Any) -> str:
 def _nonce() -> bytes:
     """A sealed cursor's nonce: fresh each time, so two seals of one place differ."""
     return secrets.token_bytes(feed.Sealed.NONCE)
+
+
+async def recent_async(client: redis.asyncio.Redis, keys: Keys, visible: Callable[[str], bool], limit: int,
+                       scan: int = SCAN_BATCH) -> list[feed.FeedEntry]:
+    """The newest visible entries, newest first, among the stream's last `scan` (the inspector's recent changes):
+    one bounded read a page, so a subject quiet among busy others shows fewer or none, never a slower page."""
+    found, _, _ = feed.take(decoded(await client.xrevrange(keys.changes, "+", "-", count=scan)), visible, limit)
+    return found

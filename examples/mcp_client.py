@@ -50,5 +50,15 @@ async def main() -> None:
         print(await call(c, "context", task="offer the user a drink"))
 
 
+def one_line(exc: BaseException) -> str:
+    """What went wrong, in a line: the innermost cause of a failure the SDK wrapped in exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # the example's user reads one line (a tool error is the server's own words)
+        raise SystemExit(f"mcp_client: {one_line(exc)}") from None

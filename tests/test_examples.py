@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +43,17 @@ def keyed(served: Served) -> tuple[str, str]:
     """A subject and a key for it alone (the subject is the key's: no header needed)."""
     subject = f"ex-{uuid.uuid4().hex[:8]}"
     return subject, served.key(subject)
+
+
+def test_the_mcp_client_example_prints_the_servers_refusal_in_one_line(served: Served) -> None:
+    # Issue 41: a key over two subjects and no MEMFLOW_SUBJECT printed a 76-line ExceptionGroup.
+    key = served.key(f"ex-two-{uuid.uuid4().hex[:6]}/*")
+    done = subprocess.run([sys.executable, str(EXAMPLES / "mcp_client.py")],
+                          env={**os.environ, "MEMFLOW_URL": served.url, "MEMFLOW_KEY": key},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "with X-Memflow-Subject" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_the_mcp_client_example_remembers_recalls_packs_and_forgets(served: Served) -> None:

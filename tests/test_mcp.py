@@ -206,14 +206,33 @@ def test_a_key_may_not_name_another_subject_and_a_revoked_key_is_refused_at_once
                   "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                              "clientInfo": {"name": "t", "version": "1"}}}
     accept = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {secret}"}
-    for headers, status, code in [({**accept, SUBJECT_HEADER: theirs}, 403, "forbidden"),
-                                  ({**accept, "Authorization": "Bearer mf_nothing_here"}, 401, "unauthorized"),
+    # Another subject named opens the session (its tools answer the refusal, see the test above); a key
+    # that is no key is refused at the door.
+    named = httpx.post(f"{served.url}/mcp", json=initialize, headers={**accept, SUBJECT_HEADER: theirs}, timeout=30)
+    assert named.status_code == 200, named.text
+    for headers, status, code in [({**accept, "Authorization": "Bearer mf_nothing_here"}, 401, "unauthorized"),
                                   ({k: v for k, v in accept.items() if k != "Authorization"}, 401, "unauthorized")]:
         reply = httpx.post(f"{served.url}/mcp", json=initialize, headers=headers, timeout=30)
         assert reply.status_code == status and test_api.error_of(reply)["code"] == code, reply.text
     assert httpx.post(f"{served.url}/mcp", json=initialize, headers=accept, timeout=30).status_code == 200
     assert KeyStore(served.system.client.redis, served.system.client.keys).revoke(secret.split("_")[1])
     assert httpx.post(f"{served.url}/mcp", json=initialize, headers=accept, timeout=30).status_code == 401
+
+
+def test_over_http_a_subject_refusal_reaches_the_sdk_client_as_the_servers_own_words(served: Served) -> None:
+    # Issue 41: a key over two subjects, no X-Memflow-Subject: the SDK's client raised a 76-line
+    # ExceptionGroup around an HTTP 400; the server's sentence reached curl only.
+    secret = served.key(f"two-{uuid.uuid4().hex[:6]}/*")
+
+    async def body(c: Client) -> list[CallToolResult]:
+        assert {tool.name for tool in (await c.list_tools()).tools} == TOOLS
+        return [await c.call_tool("recall", {"query": "anything"}), await c.call_tool("remember", {"content": "x"})]
+    for result in run(over_http(served, {"Authorization": f"Bearer {secret}"}), body):
+        assert result.is_error and "name the subject this client speaks for with X-Memflow-Subject" in text_of(
+            result), text_of(result)
+    named = {"Authorization": f"Bearer {secret}", SUBJECT_HEADER: "someone-else"}
+    for result in run(over_http(served, named), body):
+        assert result.is_error and "may not touch subject 'someone-else'" in text_of(result), text_of(result)
 
 
 def test_a_read_only_key_recalls_and_never_writes(served: Served) -> None:

@@ -110,9 +110,12 @@ class StdioCaller:
 
 
 def from_request(ctx: Context) -> Caller:
-    """The caller `Gate` resolved for the HTTP request this tool call came in."""
+    """The caller `Gate` resolved for the HTTP request this tool call came in, or the refusal of the subject
+    it found there, raised for `told` to answer as a tool error."""
     request = ctx.request_context.request
     caller = None if request is None else request.scope.get(CALLER_SCOPE)
+    if isinstance(caller, ApiError):
+        raise caller
     if not isinstance(caller, Caller):
         raise ApiError(401, "unauthorized", "this request passed no key check")
     return caller
@@ -394,8 +397,12 @@ def run_stdio(settings: Settings, subject: str | None) -> None:
 
 
 class Gate:
-    """In front of the SDK at /mcp: the request's key and subject, resolved before MCP sees the request;
-    a refusal is the API's JSON error (`{"error": {code, message, field}}`) with its status."""
+    """In front of the SDK at /mcp: the request's key and subject, resolved before MCP sees the request.
+    A key that is no key is refused here, with the API's JSON error (`{"error": {code, message, field}}`)
+    and its 401. A subject the key cannot speak for (none named by a key over many, or one it does not cover)
+    is left for each tool call to answer as a tool error, as over stdio: an MCP client shows a tool error's
+    words to its user and model, while it turns an HTTP refusal into a transport failure (an ExceptionGroup
+    in the Python SDK) that hides the server's sentence."""
 
     def __init__(self, inner: ASGIApp, keystore: KeyStore, *, auth: bool) -> None:
         self.inner, self.keystore, self.auth = inner, keystore, auth
@@ -410,9 +417,12 @@ class Gate:
             return await exc.response()(scope, receive, send)
         await self.inner(scope, receive, send)
 
-    def resolve(self, headers: Headers) -> Caller:
+    def resolve(self, headers: Headers) -> Caller | ApiError:
         key = authenticate(self.keystore, bearer(headers.get("authorization"))) if self.auth else OPEN
-        return resolve_caller(key, headers.get(SUBJECT_HEADER), where=SUBJECT_HEADER)
+        try:
+            return resolve_caller(key, headers.get(SUBJECT_HEADER), where=SUBJECT_HEADER)
+        except ApiError as refused:
+            return refused
 
 
 @dataclass(frozen=True)

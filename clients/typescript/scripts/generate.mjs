@@ -2,7 +2,8 @@
 //
 //   node scripts/generate.mjs [openapi.json]            write src/schema.ts (default: ./openapi.json)
 //   node scripts/generate.mjs --check FILE|URL          exit 1 when a type in src/schema.ts differs from what FILE
-//                                                       (or a live server's /openapi.json) makes of it
+//                                                       (or a live server's /openapi.json) makes of it; URL is
+//                                                       the server's base (http://127.0.0.1:8765) or the document
 //
 // Refresh after an API change: curl -s localhost:8765/openapi.json > openapi.json && npm run generate.
 // No dependency: the documents FastAPI writes use a small part of JSON Schema (objects, arrays, enums, const,
@@ -99,18 +100,33 @@ function declarations(text) {
   return found;
 }
 
+/** A URL as given: the document itself (…/openapi.json), or the server's base URL, under which FastAPI
+ *  serves it at /openapi.json (the base answers a person with a page, not JSON). */
+function documentUrl(source) {
+  const url = new URL(source);
+  if (!url.pathname.endsWith(".json")) url.pathname = url.pathname.replace(/\/*$/, "/openapi.json");
+  return url.href;
+}
+
 async function load(source) {
   if (/^https?:\/\//.test(source)) {
-    const reply = await fetch(source);
+    const reply = await fetch(source, { headers: { accept: "application/json" } });
     if (!reply.ok) throw new Error(`${source}: HTTP ${reply.status}`);
-    return reply.json();
+    const text = await reply.text();
+    try {
+      return JSON.parse(text);
+    } catch {
+      throw new Error(`${source} answered no JSON (${text.slice(0, 60)}…): give the server's base URL or its `
+        + "/openapi.json");
+    }
   }
   return JSON.parse(readFileSync(source, "utf8"));
 }
 
 async function main(argv) {
   const check = argv[0] === "--check";
-  const source = (check ? argv[1] : argv[0]) ?? join(here, "..", "openapi.json");
+  const given = (check ? argv[1] : argv[0]) ?? join(here, "..", "openapi.json");
+  const source = /^https?:\/\//.test(given) ? documentUrl(given) : given;
   const { text } = generate(await load(source));
   if (!check) {
     writeFileSync(target, text);

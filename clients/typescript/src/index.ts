@@ -250,10 +250,19 @@ export class Memflow {
    *  aborts, the loop breaks, or the server ends the stream (a revoked key). */
   async *follow(options: { subject?: string; after?: string; signal?: AbortSignal } = {}
   ): AsyncGenerator<FeedItem, void, undefined> {
-    const reply = await this.send("GET", "/v1/changes", {
-      query: { subject: options.subject, after: options.after }, accept: "text/event-stream",
-      signal: options.signal ?? null,
-    });
+    const { signal } = options;
+    if (signal?.aborted) return;
+    let reply: Response;
+    try {
+      reply = await this.send("GET", "/v1/changes", {
+        query: { subject: options.subject, after: options.after }, accept: "text/event-stream",
+        signal: signal ?? null,
+      });
+    } catch (error) {
+      // Aborted before the stream opened: the caller asked it to end, so it ends (as it does later on).
+      if (signal?.aborted) return;
+      throw error;
+    }
     if (!reply.ok) throw await this.failure(reply);
     if (!reply.body) throw new MemflowError(reply.status, "bad_reply", "the change feed came without a body");
     const reader = reply.body.getReader();

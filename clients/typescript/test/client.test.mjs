@@ -134,6 +134,24 @@ test("publish, search finds it, pack, history, export and import, forget with pr
     assert.equal((await found(mine, subject, "which seat on a plane?", "aisle")).id, item.entry.memory_id);
   });
 
+  await t.test("follow() ends when its signal aborts: before the stream opens, and while it waits", async () => {
+    // Issue 41: the documented loop over a quiet subject never ended; an abort before the reply came was
+    // thrown as Unavailable ("network") rather than ending the loop.
+    const quiet = `${env("MEMFLOW_SUBJECTS")}quiet-${randomUUID().slice(0, 8)}`;
+    const collect = async (signal) => {
+      const items = [];
+      for await (const item of mine.follow({ subject: quiet, signal })) items.push(item);
+      return items;
+    };
+    assert.deepEqual(await collect(AbortSignal.abort()), []);
+    const started = Date.now();
+    assert.deepEqual((await collect(AbortSignal.timeout(300))).filter((i) => i.type === "change"), []);
+    assert.ok(Date.now() - started < 10_000, `ended ${Date.now() - started} ms after a 300 ms signal`);
+    const stop = new AbortController();
+    setTimeout(() => stop.abort(), 200);
+    assert.deepEqual((await collect(stop.signal)).filter((i) => i.type === "change"), []);
+  });
+
   await t.test("forget with the proof that nothing is left", async () => {
     const forgotten = await mine.forget(subject, { memoryIds: [tea.id] });
     assert.deepEqual(forgotten.ids, [tea.id]);

@@ -184,8 +184,9 @@ def test_a_prefix_is_the_start_of_an_id_as_people_copy_one() -> None:
 
 def test_keys_create_warns_first_and_prints_the_key_last(settings: Settings) -> None:
     """As a terminal shows them, stdout and stderr in one stream: the warning, then the key alone at the end."""
-    env = {**os.environ, "MEMFLOW_REDIS_URL": settings.redis.url or "",
-           "MEMFLOW_STREAM_PREFIX": settings.redis.stream_prefix}
+    # Only this test's settings: a stray MEMFLOW_* variable in the runner's environment earns its own warning line.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMFLOW_")}
+    env |= {"MEMFLOW_REDIS_URL": settings.redis.url or "", "MEMFLOW_STREAM_PREFIX": settings.redis.stream_prefix}
     ran = subprocess.run([sys.executable, "-m", "memflow.workers.cli", "keys", "create", "--name", "bot",
                           "--subjects", "a"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True)
     lines = ran.stdout.decode().strip().splitlines()

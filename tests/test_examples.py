@@ -4,7 +4,7 @@ tools an agent would be given are listed and called as its runtime would call th
 - examples/mcp_client.py: the official MCP SDK's client (a dependency of memflow: never skips).
 - examples/openai_agents.py: the OpenAI Agents SDK (`pip install -e '.[examples]'`; skips, saying so, without).
 - examples/langgraph_agent.py: langchain-mcp-adapters requires mcp<2, memflow mcp>=2.3, so it runs in an
-  environment of its own, named by MEMFLOW_LANGGRAPH_PYTHON (.ci/run makes one); skips, saying so, without.
+  environment of its own, named by PYTEST_LANGGRAPH_PYTHON (.ci/run makes one); skips, saying so, without.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def test_the_openai_agents_example_gives_the_agent_memflows_tools_and_they_answe
     assert served.system.client.search(subject, "sister").status == "ok"
 
 
-LANGGRAPH_PYTHON = os.environ.get("MEMFLOW_LANGGRAPH_PYTHON")
+LANGGRAPH_PYTHON = os.environ.get("PYTEST_LANGGRAPH_PYTHON")
 
 
-@pytest.mark.skipif(not LANGGRAPH_PYTHON, reason="MEMFLOW_LANGGRAPH_PYTHON names no Python with langgraph and "
+@pytest.mark.skipif(not LANGGRAPH_PYTHON, reason="PYTEST_LANGGRAPH_PYTHON names no Python with langgraph and "
                     "langchain-mcp-adapters (they require mcp<2, memflow mcp>=2.3: an environment of their own, "
                     "as .ci/run makes)")
 def test_the_langgraph_example_gives_the_agent_memflows_tools_and_they_answer(served: Served) -> None:

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class MemflowError(Exception):
     """Base of every error memflow raises on purpose."""
@@ -76,6 +78,21 @@ class RpcError(MemflowError):
     time, else the name of the error the worker raised ("NotFound", "StoreUnavailable", …), so that a
     front door can answer 404, 503 or 504 without reading messages."""
 
-    def __init__(self, message: str, kind: str = "failed") -> None:
+    def __init__(self, message: str, kind: str = "failed", worker_traceback: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        # Where the worker raised it, for a log at DEBUG: never in the message a caller reads.
+        self.worker_traceback = worker_traceback
+
+
+# The line a traceback ends with: "memflow.shared.errors.NotFound: no memory …", "ValueError: …".
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
+def raised_said(traceback_text: str) -> str:
+    """What the error a traceback ends with says, in one line, without its class's module path (a message may
+    span lines: it starts at the last line that names an error)."""
+    lines = traceback_text.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if _RAISED.match(line)]
+    said = "\n".join(lines[starts[-1]:]) if starts else lines[-1] if lines else traceback_text
+    return " ".join(_RAISED.sub("", said, count=1).split()) or "the worker failed without a message"

@@ -64,7 +64,7 @@ def rpc_failure(exc: RpcError) -> ApiError:
     if exc.kind == "NotFound":
         return ApiError(404, "not_found", "no such memory for this key")
     if exc.kind == "InvalidInput":
-        return ApiError(422, "invalid_input", said.rsplit("InvalidInput: ", 1)[-1])
+        return ApiError(422, "invalid_input", said)
     return ApiError(503, "store_unavailable", said)
 
 

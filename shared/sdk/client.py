@@ -39,7 +39,7 @@ from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, R
 from memflow.pipeline.profile import ProfileReply
 from memflow.shared.changes import feed as feed_pages
 from memflow.shared.codec import encode
-from memflow.shared.errors import InvalidInput, RpcError
+from memflow.shared.errors import InvalidInput, RpcError, raised_said
 from memflow.shared.redisdb.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
 from memflow.shared.redisdb.durability import fsync_timeout_ms
 from memflow.shared.redisdb.keys import FIELD, STAGES, check_partitions, id_space
@@ -418,7 +418,7 @@ def _returned(sent: Sent[Any], result: Result | None) -> Any:
                        "timeout")
     if result.type != Result.Type.SUCCESSFUL:
         raised = (result.exc_string or "").strip()
-        raise RpcError(f"{sent.name} failed in the query worker: {raised[-500:]}", _raised_kind(raised))
+        raise RpcError(f"{sent.name}: {raised_said(raised)}", _raised_kind(raised), worker_traceback=raised)
     return result.return_value
 
 

@@ -10,7 +10,6 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import re
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -167,20 +166,9 @@ def _refuse(exc: Exception) -> None:
 
 
 def error_line(exc: Exception) -> str:
-    """What an error says, in one line: a failed call's message ends with the worker's traceback (cut to its last
-    500 characters), of which only the error itself, without its class's module path, is for a user to read."""
-    text = str(exc).strip()
-    call, worker, raised = text.partition(" failed in the query worker: ")
-    if not worker:
-        return " ".join(text.split())
-    lines = raised.splitlines()
-    starts = [i for i, line in enumerate(lines) if _RAISED.match(line)]
-    said = "\n".join(lines[starts[-1]:]) if starts else lines[-1] if lines else raised
-    return f"{call}: " + " ".join(_RAISED.sub("", said, count=1).split())
-
-
-# The line a traceback ends with: "memflow.shared.errors.NotFound: no memory …", "ValueError: …".
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*: ")
+    """What an error says, in one line (a failed call's message is already the worker's error alone: the SDK keeps
+    its traceback apart, shared/sdk/client.py)."""
+    return " ".join(str(exc).split())
 
 
 def _is_redis_unreachable(exc: Exception) -> bool:

@@ -258,11 +258,12 @@ class MemoryClient:
         chosen = list(subjects) if subjects is not None else self.call(SUBJECTS).subjects
         return transfer.export_lines(self, chosen, with_vectors, now or datetime.now(UTC))
 
-    def import_(self, lines: Iterable[bytes | str]) -> ImportReport:
+    def import_(self, lines: Iterable[bytes | str], *, as_subject: str | None = None) -> ImportReport:
         """Import an export: the whole file is read and checked first (`FormatError` naming the line and the
         field), then each subject gets what it lacks, through the one write path. The same file twice changes
-        nothing; a memory forgotten here is not written back."""
-        return transfer.import_parsed(self, transfer.read(lines))
+        nothing; a memory forgotten here is not written back. `as_subject`: the file's one subject imported as this
+        one, with new ids and its provenance kept (docs/export-format.md#as-another-subject)."""
+        return transfer.import_parsed(self, transfer.read(lines, as_subject))
 
     # -- maintenance ---------------------------------------------------------------
 

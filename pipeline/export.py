@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
+from memflow.pipeline import wording
 from memflow.pipeline.checks import aware, finite_vector
 from memflow.pipeline.gate import injected, redact_secrets
 from memflow.pipeline.ids import IdSpace
@@ -233,7 +234,7 @@ def framed(model: type[L], value: dict[str, Any], number: int) -> L:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "line"
-        raise FormatError(number, where, str(first.get("msg"))) from None
+        raise FormatError(number, where, wording.reason(first)) from None
 
 
 def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:

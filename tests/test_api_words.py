@@ -65,6 +65,7 @@ BAD: list[tuple[str, str, Any, int, str, str]] = [
     ("a string for events", "/v1/events", "hello", 422, "body",
      "the body must be an event (a JSON object) or a JSON array of events"),
     ("a number in a batch", "/v1/events", [5], 422, "0", "`0` must be a JSON object"),
+    ("no events at all", "/v1/events", None, 422, "body", "the body is empty: send an event"),
 ]
 
 

@@ -49,7 +49,8 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0]
     if first.get("type") == "json_invalid":
-        return _reply(400, "invalid_input", f"the body is not JSON: {first.get('msg')}", "body")
+        said = (first.get("ctx") or {}).get("error") or first.get("msg")  # json's own words: "Expecting value"
+        return _reply(400, "invalid_input", f"the body is not JSON: {said}", "body")
     return invalid(exc.errors()).response()
 
 

@@ -103,8 +103,12 @@ async def bounded_batch(request: Request, key: ApiKey, max_batch: int) -> tuple[
     read-only key was told no). orjson reads a 1 MB body in milliseconds; the per-item model is the cost."""
     if key.read_only:
         allowed(key, "", write=True)
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(422, "invalid_input", "the body is empty: send an event (a JSON object) or a JSON array of "
+                       "events, with `Content-Type: application/json`", "body")
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "invalid_input", f"the body is not JSON: {exc}", "body") from None
     if isinstance(body, dict):

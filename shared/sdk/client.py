@@ -77,7 +77,7 @@ from memflow.shared.streaming.backlog import backlog
 from memflow.shared.unstored import pending
 
 # The fields of `write` that become other fields of the event it publishes: a refusal names the caller's.
-_WRITE_FIELDS = {"text": "content", "meta": "external_ref", "session_id": "session_id"}
+_WRITE_FIELDS = {"text": "content", "meta": "external_ref"}
 
 
 class MemoryClient:

@@ -12,11 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from memflow.pipeline.models import HOLDER_PATTERN, SUBJECT_PATTERN
+from memflow.pipeline.feed import CURSOR_PATTERN, REVISION_PATTERN
+from memflow.pipeline.models import HOLDER_PATTERN, MEMORY_ID_PATTERN, SUBJECT_PATTERN
 
 # Patterns a caller meets, said in words rather than as a regular expression.
 _PATTERNS = {SUBJECT_PATTERN: "must be 1 to 128 letters, digits or . _ : / - (a subject id)",
-             HOLDER_PATTERN: "must be 1 to 80 characters without spaces (a person: self, mother, friend:小李)"}
+             HOLDER_PATTERN: "must be 1 to 80 characters without spaces (a person: self, mother, friend:小李)",
+             MEMORY_ID_PATTERN: "must be a memory id: a UUID, such as 8fc354c3-f9df-571d-aa52-d8dd7b4db4a7",
+             CURSOR_PATTERN: "must be an entry's `id` (such as 1767225600000-0), a page's `next`, or 0",
+             REVISION_PATTERN: "must be a profile's `revision`, such as 1767225600000-0"}
 _WHEN = "a date and time such as 2026-01-05T09:00:00+00:00"
 
 
@@ -88,7 +92,8 @@ def plain(message: str) -> str:
 def sentence(field: str | None, why: str) -> str:
     """The refusal as a sentence naming the field: "`content` is required", "the body must be a JSON object",
     "`now`: a timestamp must be timezone-aware"."""
-    if not field:
+    predicate = why.startswith(_PREDICATES)
+    if not field or (field == "body" and not predicate):  # the body as a whole: its validator's own sentence
         return why
     named = "the body" if field == "body" else f"`{field}`"
-    return f"{named} {why}" if why.startswith(_PREDICATES) else f"{named}: {why}"
+    return f"{named} {why}" if predicate else f"{named}: {why}"

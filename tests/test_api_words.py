@@ -66,6 +66,8 @@ BAD: list[tuple[str, str, Any, int, str, str]] = [
      "the body must be an event (a JSON object) or a JSON array of events"),
     ("a number in a batch", "/v1/events", [5], 422, "0", "`0` must be a JSON object"),
     ("no events at all", "/v1/events", None, 422, "body", "the body is empty: send an event"),
+    ("a message without a role", "/v1/events", {**event("a", "hi"), "role": None}, 422, "body",
+     "a message event needs a role and a non-empty text"),
 ]
 
 
@@ -79,6 +81,22 @@ def test_a_refusal_names_the_bodys_own_field_in_plain_words(served: Served, what
         error = error_of(reply)
         assert error["code"] == "invalid_input" and error["field"] == field, error
         assert words in plain(error), error
+
+
+QUERIES = [("/v1/changes?after=zz", "after", "`after` must be an entry's `id` (such as 1767225600000-0)"),
+           ("/v1/subjects/a/profile?since=bad", "since", "`since` must be a profile's `revision`"),
+           ("/v1/subjects/a/export?with_vectors=maybe", "with_vectors", "`with_vectors` must be true or false"),
+           ("/v1/subjects/a/traces?count=many", "count", "`count` must be a whole number")]
+
+
+@pytest.mark.parametrize(("path", "field", "words"), QUERIES, ids=[q[1] for q in QUERIES])
+def test_a_query_parameter_is_named_in_words_not_as_its_pattern(served: Served, path: str, field: str,
+                                                                 words: str) -> None:
+    with served.http(served.admin) as http:
+        reply = http.get(path)
+    assert reply.status_code == 422, reply.text
+    error = error_of(reply)
+    assert error["field"] == field and words in plain(error) and "^" not in error["message"], error
 
 
 def test_the_sdks_write_names_content_too(served: Served) -> None:

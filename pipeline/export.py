@@ -14,6 +14,7 @@ to give: a record keeps its id only where the target would give it that id in th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,15 +23,18 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
+from memflow.pipeline import wording
 from memflow.pipeline.checks import aware, finite_vector
 from memflow.pipeline.gate import injected, redact_secrets
 from memflow.pipeline.ids import IdSpace
 from memflow.pipeline.models import (
+    SUBJECT_PATTERN,
     DeleteOp,
     Memory,
     Mutation,
     PatchOp,
     PutOp,
+    Revision,
     Status,
     Subject,
     Wire,
@@ -230,7 +234,7 @@ def framed(model: type[L], value: dict[str, Any], number: int) -> L:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "line"
-        raise FormatError(number, where, str(first.get("msg"))) from None
+        raise FormatError(number, where, wording.reason(first)) from None
 
 
 def _check(record: Record, head: Header, number: int, seen: set[str]) -> None:
@@ -317,6 +321,37 @@ def named(space: IdSpace, subject: str, records: Sequence[Record], held: Collect
         return memory_id if memory_id in keep else space.minted(subject, memory_id)
 
     return [r.model_copy(update={"memory": _renamed(r.memory, name)}) for r in records]
+
+
+def as_subject(parsed: Parsed, subject: str) -> Parsed:
+    """The file's memories as `subject`'s (`memflow import --as`, docs/export-format.md#as-another-subject): each
+    record moved to `subject`, its provenance kept (events, sessions, versions, history) and its move recorded as a
+    revision whose `before` names the subject and id it had. Its id is the target's to give (`named`: minted from
+    the subject and the id it had, so the same file imported again names it alike). ValueError when `subject` is no
+    subject id, or the file holds more than one subject: which would become which is not the file's to say."""
+    if re.fullmatch(SUBJECT_PATTERN, subject) is None:
+        raise ValueError(f"{subject!r} is no subject id (1 to 128 letters, digits or . _ : / -)")
+    held = list(dict.fromkeys([*parsed.header.subjects, *parsed.subjects]))
+    if len(held) > 1:
+        raise ValueError(f"the file holds {len(held)} subjects ({', '.join(held)}): an import as another subject "
+                         "takes one subject's export (`memflow export SUBJECT`)")
+    moved = {subject: [_moved(r, subject, parsed.header.exported_at) for rs in parsed.subjects.values() for r in rs]}
+    head = parsed.header.model_copy(update={"subjects": [subject]})
+    return Parsed(head, moved if parsed.subjects else {})
+
+
+def _moved(record: Record, subject: str, exported_at: datetime) -> Record:
+    """`record` as `subject`'s, with a revision saying whose it was: dated when the export was made, so that every
+    run of the same file writes it alike (an import's puts are a function of the file alone, `mutations`)."""
+    memory = record.memory
+    if memory.subject == subject:
+        return record
+    was = {"subject": memory.subject, "id": memory.id, "uri": memory.uri}
+    moved = Revision(rev=memory.rev + 1, at=exported_at, before=was,
+                     why=f"imported as {subject} from {memory.subject}'s memory {memory.id}")
+    uri = memory.uri.replace(f"mem://{memory.subject}/", f"mem://{subject}/", 1)
+    return record.model_copy(update={"memory": memory.model_copy(update={
+        "subject": subject, "uri": uri, "rev": moved.rev, "revisions": [*memory.revisions, moved]})})
 
 
 def _references(memory: Memory) -> list[str]:

@@ -142,7 +142,7 @@ class ChatEvent(Wire):
         limit = (info.context or {}).get("max_text_bytes", DEFAULT_MAX_TEXT_BYTES)
         size = len(text.encode("utf-8"))
         if size > limit:
-            raise ValueError(f"text is {size} bytes, over the limit of {limit}; split it, it is never truncated")
+            raise ValueError(f"is {size} bytes, over the limit of {limit}: split it (it is never truncated)")
         return text
 
     # Checked here, not when the event is written: what passes validation must reach the

@@ -23,12 +23,13 @@ served = test_api.served  # the module's system and `memflow serve`
 
 BAD_IDS = ["../../etc/passwd", "abc", "8fc354c3-f9df-571d-aa52-d8dd7b4db4a", "8fc354c3f9df571daa52d8dd7b4db4a7",
            "8fc354c3-f9df-571d-aa52-d8dd7b4db4a7\n", "' OR 1=1 --", "8fc354c3-f9df-571d-aa52-d8dd7b4db4g7"]
-SAID = "not a memory id: a memory id is a UUID, such as 8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"
+SAID = "is not a memory id: a memory id is a UUID, such as 8fc354c3-f9df-571d-aa52-d8dd7b4db4a7"
 
 
 def refused(reply: Any, field: str) -> None:
     assert reply.status_code == 422, (field, reply.status_code, reply.text)
-    assert error_of(reply) == {"code": "invalid_input", "message": SAID, "field": field}, reply.text
+    # The sentence names the field as the request named it (issue 41).
+    assert error_of(reply) == {"code": "invalid_input", "message": f"`{field}` {SAID}", "field": field}, reply.text
 
 
 def test_a_bad_id_is_a_422_naming_its_field_at_every_route(served: Served) -> None:

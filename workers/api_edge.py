@@ -23,7 +23,7 @@ from memflow.shared.errors import RpcError
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient, Sent
 from memflow.shared.settings import HttpSettings
-from memflow.workers.front import ApiError, ErrorReply, authenticate_async, error_line
+from memflow.workers.front import JSON, ApiError, ErrorReply, authenticate_async, error_line, presented, unread_media
 
 T = TypeVar("T")
 
@@ -41,8 +41,9 @@ async def principal(request: Request,
     # write or forget with it (and it is SameSite=Strict besides).
     cookie = request.cookies.get("memflow_key") if request.method == "GET" else None
     keystore: KeyStore = request.app.state.keystore
-    return await authenticate_async(keystore, request.app.state.redis, credentials.credentials if credentials
-                                    else cookie)
+    # A header HTTPBearer did not take (the key alone, `Basic …`) is refused saying what to send, not as no key.
+    header = credentials.credentials if credentials else presented(request.headers.get("authorization"))
+    return await authenticate_async(keystore, request.app.state.redis, header or cookie)
 
 
 async def client_of(request: Request) -> MemoryClient:
@@ -202,8 +203,6 @@ def held_past_timeout(request: Request, sent: Sent[Any]) -> None:
     shares.release_when_done(place, request.app.state.client, sent)
 
 
-# The media type every route that reads a body reads, unless its document names others (an import: JSON Lines).
-JSON = "application/json"
 UNSUPPORTED_MEDIA = {"model": ErrorReply, "description": (
     "The body is sent as a media type the route does not read (`invalid_input`, field `Content-Type`): JSON is "
     "`application/json` or `application/*+json`; an import is `application/x-ndjson`.")}
@@ -236,14 +235,7 @@ class BodyRoute(APIRoute):
 
 
 def refuse_unless_media(request: Request, media_types: tuple[str, ...]) -> None:
-    """415 when the request carries a body whose Content-Type is none of `media_types` (JSON: with any parameters,
-    and `application/*+json` too); no body (a DELETE naming its ids in the query) is not asked for one."""
-    if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
-        return
-    sent = request.headers.get("content-type", "")
-    media = sent.partition(";")[0].strip().lower()
-    if media in media_types or (JSON in media_types and media.startswith("application/") and media.endswith("+json")):
-        return
-    raise ApiError(415, "invalid_input", f"this route reads {' or '.join(media_types)}: send the body with "
-                   f"`Content-Type: {media_types[0]}` (it came {f'as {sent!r}' if sent else 'with no Content-Type'})",
-                   "Content-Type")
+    """415 when the request carries a body whose Content-Type is none of `media_types` (`unread_media`)."""
+    refused = unread_media(request.headers, media_types)
+    if refused is not None:
+        raise refused

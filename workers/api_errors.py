@@ -4,6 +4,7 @@ never a stack trace; and a body over the limit refused before anything reads it 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memflow.pipeline import wording
 from memflow.shared.errors import InvalidInput
 from memflow.workers.front import ApiError, ErrorCode
 
@@ -31,12 +33,25 @@ def field_of(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "body"
 
 
+def invalid(errors: Sequence[Any], at: str = "") -> ApiError:
+    """The 422 that pydantic's `errors` (of a body, a query, an item `at` of a batch: "3.") answer with: the first,
+    naming its field as the caller sent it, in plain words (pipeline/wording.py)."""
+    first = errors[0]
+    named = field_of(tuple(first.get("loc", ())))
+    field = at.rstrip(".") if at and named == "body" else at + named  # an item of a batch that is no object: "3"
+    if first.get("type") == "missing" and field == "body":
+        return ApiError(422, "invalid_input", "the body is empty: send a JSON object, with "
+                        "`Content-Type: application/json`", field)
+    return ApiError(422, "invalid_input", wording.sentence(field, wording.reason(first)), field)
+
+
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0]
     if first.get("type") == "json_invalid":
-        return _reply(400, "invalid_input", f"the body is not JSON: {first.get('msg')}", "body")
-    return _reply(422, "invalid_input", str(first.get("msg")), field_of(tuple(first.get("loc", ()))))
+        said = (first.get("ctx") or {}).get("error") or first.get("msg")  # json's own words: "Expecting value"
+        return _reply(400, "invalid_input", f"the body is not JSON: {said}", "body")
+    return invalid(exc.errors()).response()
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -46,7 +61,7 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidInput)
-    return _reply(422, "invalid_input", exc.reason, exc.field)
+    return _reply(422, "invalid_input", wording.sentence(exc.field, wording.plain(exc.reason)), exc.field)
 
 
 _STATUS_CODES: dict[int, ErrorCode] = {401: "unauthorized", 403: "forbidden", 404: "not_found"}

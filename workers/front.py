@@ -7,7 +7,7 @@ refused by the next one), and it may touch only the subjects its patterns allow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
@@ -66,6 +66,47 @@ def bearer(authorization: str | None) -> str | None:
     """The key of an `Authorization: Bearer <key>` header."""
     scheme, _, secret = (authorization or "").partition(" ")
     return (secret.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def presented(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header, None without one. A header of another form (the key
+    alone, `Basic …`, `Bearer` with nothing after it) is refused 401 saying what to send: it is no missing key."""
+    if not (authorization or "").strip():
+        return None
+    secret = bearer(authorization)
+    if secret is None:
+        raise ApiError(401, "unauthorized", f"{_unframed(authorization or '')}: send `Authorization: Bearer <key>`",
+                       "Authorization")
+    return secret
+
+
+def _unframed(authorization: str) -> str:
+    """What is wrong with an Authorization header that holds no Bearer key (never echoing it: it may be the key)."""
+    scheme, _, rest = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return "the Authorization header names the Bearer scheme but no key after it"
+    if not rest.strip():
+        return "the Authorization header holds a value without the `Bearer ` scheme before it"
+    return "the Authorization header is of another scheme than Bearer"
+
+
+# The media type every route that reads a body reads, unless its document names others (an import: JSON Lines).
+JSON = "application/json"
+
+
+def unread_media(headers: Mapping[str, str], media_types: tuple[str, ...]) -> ApiError | None:
+    """The 415 a request with a body whose Content-Type is none of `media_types` gets (JSON: with any parameters,
+    and `application/*+json` too), saying what to send; no body (a DELETE naming its ids in the query) is not asked
+    for one. 415 as RFC 9110 has it: the body may be fine, its declared type is not one the route reads."""
+    if headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers:
+        return None
+    sent = headers.get("content-type", "")
+    media = sent.partition(";")[0].strip().lower()
+    if media in media_types or (JSON in media_types and media.startswith("application/") and media.endswith("+json")):
+        return None
+    return ApiError(415, "invalid_input", f"this route reads {' or '.join(media_types)}: send the body with "
+                    f"`Content-Type: {media_types[0]}` (it came {f'as {sent!r}' if sent else 'with no Content-Type'})",
+                    "Content-Type")
 
 
 def authenticate(keystore: KeyStore, secret: str | None) -> ApiKey:

@@ -49,14 +49,16 @@ from memflow.shared.sdk.rpc import PACK, PROFILE, SEARCH, MemoryId, Rep, Rpc
 from memflow.shared.settings import Settings
 from memflow.workers.front import (
     ANY_HOST,
+    JSON,
     ApiError,
     Forgotten,
     allowed,
     authenticate,
-    bearer,
     error_line,
     forget_proven,
+    presented,
     sdk_hosts,
+    unread_media,
 )
 
 log = logging.getLogger("memflow.mcp")
@@ -410,15 +412,19 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
+        headers = Headers(scope=scope)
         try:
             # The key store is blocking Redis: off the event loop, like the API's sync routes.
-            scope[CALLER_SCOPE] = await anyio.to_thread.run_sync(self.resolve, Headers(scope=scope))
+            scope[CALLER_SCOPE] = await anyio.to_thread.run_sync(self.resolve, headers)
+            # A message posted as another type: the API's 415 saying what to send, not the SDK's bare 400.
+            if scope["method"] == "POST" and (refused := unread_media(headers, (JSON,))) is not None:
+                raise refused
         except ApiError as exc:
             return await exc.response()(scope, receive, send)
         await self.inner(scope, receive, send)
 
     def resolve(self, headers: Headers) -> Caller | ApiError:
-        key = authenticate(self.keystore, bearer(headers.get("authorization"))) if self.auth else OPEN
+        key = authenticate(self.keystore, presented(headers.get("authorization"))) if self.auth else OPEN
         try:
             return resolve_caller(key, headers.get(SUBJECT_HEADER), where=SUBJECT_HEADER)
         except ApiError as refused:

@@ -37,7 +37,7 @@ from memflow.workers.api_edge import (
     fair_share,
     rpc_failure,
 )
-from memflow.workers.api_errors import field_of
+from memflow.workers.api_errors import invalid
 from memflow.workers.front import ApiError, ErrorCode, Forgotten, allowed
 
 W = TypeVar("W", bound=BaseModel)
@@ -103,12 +103,19 @@ async def bounded_batch(request: Request, key: ApiKey, max_batch: int) -> tuple[
     read-only key was told no). orjson reads a 1 MB body in milliseconds; the per-item model is the cost."""
     if key.read_only:
         allowed(key, "", write=True)
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(422, "invalid_input", "the body is empty: send an event (a JSON object) or a JSON array of "
+                       "events, with `Content-Type: application/json`", "body")
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "invalid_input", f"the body is not JSON: {exc}", "body") from None
-    if not isinstance(body, list):
+    if isinstance(body, dict):
         return [body], False
+    if not isinstance(body, list):
+        raise ApiError(422, "invalid_input", "the body must be an event (a JSON object) or a JSON array of events",
+                       "body")
     if len(body) > max_batch:
         raise ApiError(413, "invalid_input", f"at most {max_batch} events per request ({len(body)} sent)", "body")
     return body, True
@@ -119,9 +126,7 @@ def _validated(model: type[W], value: Any, at: str) -> W:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = at + field_of(tuple(first.get("loc", ())))
-        raise ApiError(422, "invalid_input", str(first.get("msg")), field) from None
+        raise invalid(exc.errors(), at) from None
 
 
 @v1.post("/memories", status_code=202, response_model=Written, tags=["write"])

@@ -11,11 +11,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar, cast
 
 import anyio
 from anyio import to_thread
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
 from memflow.pipeline import export
@@ -24,7 +24,15 @@ from memflow.pipeline.models import Subject
 from memflow.shared.admission.fairness import Refused
 from memflow.shared.admission.shares import KeyShares, Place
 from memflow.shared.sdk import rpc
-from memflow.shared.sdk.transfer import TRANSFER_TIMEOUT_S, Framing, Steps, import_steps, imported_before, page_size
+from memflow.shared.sdk.transfer import (
+    TRANSFER_TIMEOUT_S,
+    Framing,
+    Steps,
+    import_steps,
+    imported_before,
+    moved,
+    page_size,
+)
 from memflow.workers.api_edge import ERRORS, RETRY_AFTER_S, BodyRoute, Caller, Edge, admitted, ask, fair_share
 from memflow.workers.front import ApiError, allowed
 
@@ -89,15 +97,20 @@ async def _page(request: Request, subject: str, with_vectors: bool, after: str |
 
 @transfer_routes.post(IMPORT_PATH.removeprefix("/v1"), response_model=rpc.ImportReport,
                       openapi_extra={"requestBody": {"required": True, **_LINES}})
-async def import_export(request: Request, key: Caller) -> rpc.ImportReport:
+async def import_export(request: Request, key: Caller, as_subject: Annotated[Subject | None, Query(description=(
+        "Import the file's one subject as this subject: new ids, provenance kept, the file's subject untouched "
+        "(docs/export-format.md#as-another-subject). The key must be allowed to write it."))] = None,
+                        ) -> rpc.ImportReport:
     """Import an export: each subject gets the memories it lacks, through the one write path, whole or not at
     all. Refused whole (422 naming the line and field, 403 naming a subject) before anything is written; the
     same file twice changes nothing; a memory forgotten here is not brought back."""
     if key.read_only:
         allowed(key, "", write=True)
-    parsed = await _read(request)
+    if as_subject is not None:  # before the body is read: a key that may not write it is told so at once
+        allowed(key, as_subject, write=True, field="as_subject")
+    parsed = moved(await _read(request), as_subject)
     for subject in parsed.subjects:
-        allowed(key, subject, write=True, field="memory.subject")
+        allowed(key, subject, write=True, field="as_subject" if as_subject else "memory.subject")
     at, done = datetime.now(UTC), []
     for subject, records in parsed.subjects.items():
         try:

@@ -32,7 +32,7 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from memflow.pipeline import feed
+from memflow.pipeline import feed, wording
 from memflow.pipeline.feed import ChangesPage
 from memflow.pipeline.gate import redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
@@ -76,6 +76,9 @@ from memflow.shared.settings import Settings, get_settings
 from memflow.shared.streaming.backlog import backlog
 from memflow.shared.unstored import pending
 
+# The fields of `write` that become other fields of the event it publishes: a refusal names the caller's.
+_WRITE_FIELDS = {"text": "content", "meta": "external_ref"}
+
 
 class MemoryClient:
     def __init__(self, settings: Settings | None = None) -> None:
@@ -100,7 +103,7 @@ class MemoryClient:
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "event"
-            raise InvalidInput(field, first["msg"]) from exc
+            raise InvalidInput(field, wording.reason(first)) from exc
 
     def publish(self, event: ChatEvent | dict[str, Any]) -> str:
         """Append one event to the `events` stream; returns its stream id. Does not wait for processing."""
@@ -184,7 +187,10 @@ class MemoryClient:
         event = {"event_id": event_id or f"write-{uuid.uuid4()}", "subject": subject, "session_id": session_id,
                  "kind": Kind.message, "role": Role.user, "text": content, "ts": ts or datetime.now(UTC),
                  "meta": {"explicit": True, "external_ref": external_ref}}
-        return self.publish(event)
+        try:
+            return self.publish(event)
+        except InvalidInput as exc:  # named as the caller named it: the event's `text` is the write's `content`
+            raise InvalidInput(_WRITE_FIELDS.get(exc.field, exc.field), exc.reason) from exc
 
     def wait_idle(self, timeout_s: float = 30.0, poll_s: float = 0.02) -> bool:
         """Block until every stage has read and acknowledged everything; False on timeout."""
@@ -252,11 +258,12 @@ class MemoryClient:
         chosen = list(subjects) if subjects is not None else self.call(SUBJECTS).subjects
         return transfer.export_lines(self, chosen, with_vectors, now or datetime.now(UTC))
 
-    def import_(self, lines: Iterable[bytes | str]) -> ImportReport:
+    def import_(self, lines: Iterable[bytes | str], *, as_subject: str | None = None) -> ImportReport:
         """Import an export: the whole file is read and checked first (`FormatError` naming the line and the
         field), then each subject gets what it lacks, through the one write path. The same file twice changes
-        nothing; a memory forgotten here is not written back."""
-        return transfer.import_parsed(self, transfer.read(lines))
+        nothing; a memory forgotten here is not written back. `as_subject`: the file's one subject imported as this
+        one, with new ids and its provenance kept (docs/export-format.md#as-another-subject)."""
+        return transfer.import_parsed(self, transfer.read(lines, as_subject))
 
     # -- maintenance ---------------------------------------------------------------
 
@@ -429,7 +436,7 @@ def _request(rpc: Rpc[Req, Any], **fields: Any) -> Req:
         return rpc.request.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InvalidInput(".".join(str(p) for p in first["loc"]) or rpc.name, first["msg"]) from exc
+        raise InvalidInput(".".join(str(p) for p in first["loc"]) or rpc.name, wording.reason(first)) from exc
 
 
 def _raised_kind(exc_string: str) -> str:

@@ -76,7 +76,7 @@ def canonical_memory_id(value: str) -> str:
     the field, in words (`../../etc/passwd` reached the store, and its engine's error text came back as a 503;
     the pattern's own message was a regular expression)."""
     if re.fullmatch(MEMORY_ID_PATTERN, value) is None:
-        raise PydanticCustomError("memory_id", "not a memory id: a memory id is a UUID, such as {example}",
+        raise PydanticCustomError("memory_id", "is not a memory id: a memory id is a UUID, such as {example}",
                                   {"example": EXAMPLE_MEMORY_ID})
     return value.lower()
 

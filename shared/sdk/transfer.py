@@ -15,6 +15,7 @@ import orjson
 
 from memflow.pipeline import export
 from memflow.pipeline.export import End, FormatError, Header, Parsed, Record
+from memflow.shared.errors import InvalidInput
 from memflow.shared.sdk.rpc import (
     EXPORT,
     IMPORT,
@@ -68,9 +69,20 @@ def page_size(with_vectors: bool) -> int:
     return PAGE_WITH_VECTORS if with_vectors else PAGE
 
 
-def read(lines: Iterable[bytes | str]) -> Parsed:
-    """A whole export, read and checked (export.FormatError naming the line and field)."""
-    return export.read(lines)
+def read(lines: Iterable[bytes | str], as_subject: str | None = None) -> Parsed:
+    """A whole export, read and checked (export.FormatError naming the line and field); `as_subject`: its one
+    subject's memories as that subject's (`export.as_subject`; InvalidInput naming `as_subject` when it cannot be)."""
+    return moved(export.read(lines), as_subject)
+
+
+def moved(parsed: Parsed, as_subject: str | None) -> Parsed:
+    """`parsed` as `as_subject`'s (None: as it is), or InvalidInput naming `as_subject`: each door's refusal."""
+    if as_subject is None:
+        return parsed
+    try:
+        return export.as_subject(parsed, as_subject)
+    except ValueError as exc:
+        raise InvalidInput("as_subject", str(exc)) from None
 
 
 class Framing:

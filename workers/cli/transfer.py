@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from memflow.pipeline.export import FormatError
+from memflow.shared.errors import InvalidInput
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
 from memflow.workers.cli.common import USAGE, JsonFlag, fail, load_settings, print_json
@@ -40,14 +41,21 @@ def _refuse_unknown(client: MemoryClient, subjects: list[str]) -> None:
 
 
 def import_memories(path: Annotated[Path, typer.Argument(help="An export (JSON Lines); - for stdin.")],
+                    as_subject: Annotated[str | None, typer.Option("--as", metavar="SUBJECT", help=(
+                        "Import the file's one subject as SUBJECT: new ids, provenance kept, the file's subject "
+                        "untouched (docs/export-format.md#as-another-subject)."))] = None,
                     as_json: JsonFlag = False) -> None:
     """Import an export: checked whole first, then each subject gets what it lacks (the same file twice changes
     nothing; a memory forgotten here is not brought back)."""
     try:
         with (sys.stdin.buffer if str(path) == "-" else path.open("rb")) as lines:
-            report = MemoryClient(load_settings()).import_(lines)
+            report = MemoryClient(load_settings()).import_(lines, as_subject=as_subject)
     except FormatError as exc:  # the file named is wrong on its face: usage, as a malformed argument is
         fail(f"{path}: {exc}: nothing was imported", USAGE)
+    except InvalidInput as exc:
+        if exc.field != "as_subject":
+            raise
+        fail(f"--as: {exc.reason}: nothing was imported", USAGE)
     except OSError as exc:
         fail(f"cannot read {path}: {exc}", USAGE)
     if as_json:

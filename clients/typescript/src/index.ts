@@ -317,13 +317,15 @@ export class Memflow {
   }
 
   /** Import an export (its text, bytes, or its parsed lines): checked whole, then each subject the key may write
-   *  gets what it lacks. The same file twice changes nothing. */
-  importFile(file: string | Uint8Array | ExportLine[]): Promise<ImportReport> {
+   *  gets what it lacks. The same file twice changes nothing. `asSubject`: the file's one subject imported as this
+   *  one (new ids, provenance kept, the file's subject untouched; the key must be allowed to write it). */
+  importFile(file: string | Uint8Array | ExportLine[], options: { asSubject?: string } = {}): Promise<ImportReport> {
     let body: string | Uint8Array;
     if (Array.isArray(file)) body = file.map((line) => JSON.stringify(line)).join("\n") + "\n";
     else if (typeof file === "string" || file instanceof Uint8Array) body = file;
     else throw new InvalidInput(0, "invalid_input", "an export is JSON Lines text, bytes or an array of lines", "file");
-    return this.json("POST", "/v1/import", { raw: body, contentType: "application/x-ndjson" });
+    return this.json("POST", "/v1/import", { raw: body, contentType: "application/x-ndjson",
+                                             query: { as_subject: options.asSubject } });
   }
 
   // -- the wire ------------------------------------------------------------------------------

@@ -134,6 +134,18 @@ test("publish, search finds it, pack, history, export and import, forget with pr
     assert.equal((await found(mine, subject, "which seat on a plane?", "aisle")).id, item.entry.memory_id);
   });
 
+  await t.test("an export imported as another subject: new ids, the move in each memory's history", async () => {
+    const lines = await mine.export(subject);
+    const copy = `${env("MEMFLOW_SUBJECTS")}copy-${randomUUID().slice(0, 8)}`;
+    const report = await mine.importFile(lines, { asSubject: copy });
+    assert.deepEqual(report.subjects.map((s) => [s.subject, s.written]), [[copy, lines.length - 2]]);
+    const moved = (await mine.export(copy)).slice(1, -1).map((line) => line.memory);
+    const was = new Set(lines.slice(1, -1).map((line) => line.memory.id));
+    assert.ok(moved.every((m) => m.subject === copy && !was.has(m.id)), JSON.stringify(moved));
+    assert.deepEqual(new Set(moved.map((m) => m.revisions.at(-1).before.id)), was);
+    assert.deepEqual((await mine.export(subject)).slice(1, -1).map((line) => line.memory.id).sort(), [...was].sort());
+  });
+
   await t.test("follow() ends when its signal aborts: before the stream opens, and while it waits", async () => {
     // Issue 41: the documented loop over a quiet subject never ended; an abort before the reply came was
     // thrown as Unavailable ("network") rather than ending the loop.

@@ -139,17 +139,54 @@ def test_what_memflow_learnt_from_a_conversation_is_an_item_too(served: Served) 
     assert store(served, key).get(ns, found[0].key).value == found[0].value  # its key is its memory id
 
 
+@needs_langgraph
+def test_a_graphs_nodes_remember_and_recall_through_the_store_it_was_compiled_with(served: Served) -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.store.base import BaseStore
+
+    class State(TypedDict, total=False):
+        said: str
+        recalled: list[str]
+
+    name, key = tenant(served)
+    ns = (name, "fay")
+
+    def remember(state: State, *, store: BaseStore) -> State:
+        store.put(ns, "said", {"content": state["said"]})
+        return {}
+
+    def recall(state: State, *, store: BaseStore) -> State:
+        return {"recalled": [i.value["content"] for i in store.search(ns, query="which city does Fay live in?")]}
+    builder = StateGraph(State)
+    builder.add_node("remember", remember)
+    builder.add_node("recall", recall)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", "recall")
+    builder.add_edge("recall", END)
+    graph = builder.compile(store=store(served, key))
+    assert graph.invoke({"said": "Fay lives in Porto"})["recalled"] == ["Fay lives in Porto"]
+
+
 # -- Google ADK -------------------------------------------------------------------------------------
 
 
 def session(app: str, user: str, *turns: tuple[str, str]) -> Any:
+    """A session as ADK's own session service keeps it, its turns appended as a runner appends them."""
     from google.adk.events.event import Event
-    from google.adk.sessions.session import Session
+    from google.adk.sessions import InMemorySessionService
     from google.genai import types
-    events = [Event(id=f"e{i}", invocation_id="inv", author=author,
-                    content=types.Content(role="user" if author == "user" else "model", parts=[types.Part(text=text)]))
-              for i, (author, text) in enumerate(turns)]
-    return Session(id=f"s-{uuid.uuid4().hex[:6]}", app_name=app, user_id=user, events=events)
+
+    async def build() -> Any:
+        sessions = InMemorySessionService()
+        chat = await sessions.create_session(app_name=app, user_id=user)
+        for author, text in turns:
+            role = "user" if author == "user" else "model"
+            await sessions.append_event(chat, Event(invocation_id="inv", author=author, content=types.Content(
+                role=role, parts=[types.Part(text=text)])))
+        return await sessions.get_session(app_name=app, user_id=user, session_id=chat.id)
+    return asyncio.run(build())
 
 
 @needs_adk

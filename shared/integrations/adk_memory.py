@@ -1,4 +1,5 @@
-"""Google ADK's memory service (`google.adk.memory.BaseMemoryService`) backed by memflow (docs/integrations.md#adk).
+"""Google ADK's memory service (`google.adk.memory.BaseMemoryService`) backed by memflow
+(docs/integrations.md#google-adks-memory-service).
 
 An app's user is a subject (`http.subject_of`: app "support", user "a@b.com" -> "support/a:40b.com"). Adding a
 session publishes its text turns as chat events (the user's as `user`, every agent's as `assistant`), each with

@@ -1,7 +1,7 @@
 """The few /v1 calls the framework adapters make, over httpx (docs/integrations.md#over-http).
 
 Synchronous on purpose: the adapters' async methods run these in a thread, so one code path serves both. Each
-failure is a `MemflowHttpError` carrying the server's own message and field (docs/front-doors.md#errors).
+failure is a `MemflowHttpError` carrying the server's own message and field (docs/front-doors.md#http-api).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""LangGraph's long-term store (`langgraph.store.base.BaseStore`) backed by memflow (docs/integrations.md#langgraph).
+"""LangGraph's long-term store (`langgraph.store.base.BaseStore`) backed by memflow
+(docs/integrations.md#langgraphs-store).
 
 A namespace is a subject (`http.subject_of`: ("users", "alice") -> "users/alice"); an item is a memory written
 explicitly (`POST /v1/memories`) with the item's key as its `external_ref`. The value's text is the memory's

@@ -108,15 +108,16 @@ class MemflowStore(BaseStore):  # type: ignore[misc, unused-ignore]  # Any where
                             "it states nothing memflow keeps")
 
     def _fate(self, subject: str, event_id: str) -> bool | None:
-        """True once a memory holds the event, False once memflow is done with it and none does, else None."""
+        """True once a memory holds the event; False once memflow is done with it and none does; None while that
+        cannot be told. Done: its pending entry is gone (dropped by the gate, or once what it became is stored) and
+        the write path is idle: an entry can also be gone unread (the read-your-writes layer disabled, or its
+        oldest entries evicted under a burst), and then only the idle write path tells that it was read."""
         report = self.api.memories(subject)
-        if any(event_id in m.get("source_event_ids", ()) for m in report["memories"]):
+        if _holds(report, event_id):
             return True
-        if any(p["event_id"] == event_id for p in report.get("pending", ())):
+        if any(p["event_id"] == event_id for p in report.get("pending", ())) or _busy(report):
             return None
-        # Done with it: its pending entry is dropped once what it became is stored. Read once more, in case it was
-        # stored between the two reads of this report.
-        return any(event_id in m.get("source_event_ids", ()) for m in self.api.memories(subject)["memories"])
+        return _holds(self.api.memories(subject), event_id)  # read again: it may have been stored in between
 
     # -- search ------------------------------------------------------------------------------------
 
@@ -188,6 +189,15 @@ def event_prefix(key: str) -> str:
     """The start of the event id of every put of `key`: memflow may merge a value into an equal one stored
     under another key, and the key still finds it by its event."""
     return f"{EVENT_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:24]}:"
+
+
+def _holds(report: dict[str, Any], event_id: str) -> bool:
+    return any(event_id in m.get("source_event_ids", ()) for m in report["memories"])
+
+
+def _busy(report: dict[str, Any]) -> bool:
+    """Whether a stage of the write path has events unread or unacknowledged (the report's `backlog`)."""
+    return any(unread or pending for unread, pending in report.get("backlog", {}).values())
 
 
 def memories_of(api: MemflowHttp, subject: str) -> list[dict[str, Any]]:

@@ -62,6 +62,8 @@ class MemflowMemoryService(BaseMemoryService):  # type: ignore[misc, unused-igno
                                         event_id=f"adk:{entry.id or uuid.uuid4().hex}")
 
     async def search_memory(self, *, app_name: str, user_id: str, query: str) -> SearchMemoryResponse:
+        if not query.strip():  # memflow refuses an empty query; ADK's own services answer it with nothing
+            return SearchMemoryResponse()
         hits = await asyncio.to_thread(self.api.search, subject_of((app_name, user_id)), query, SEARCH_K)
         return SearchMemoryResponse(memories=[entry(hit) for hit in hits])
 

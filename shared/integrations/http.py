@@ -39,8 +39,12 @@ class MemflowHttp:
         return list(self._answer(self.http.get("/v1/subjects"))["subjects"])
 
     def memories(self, subject: str) -> dict[str, Any]:
-        """The subject's inspect report: every memory with its payload, and what is pending."""
-        return dict(self._answer(self.http.get(f"/v1/subjects/{_path(subject)}/memories")))
+        """The subject's inspect report: every memory with its payload, and what is pending. A subject that holds
+        nothing yet may be answered 404: it is a namespace with no item, not an error."""
+        reply = self.http.get(f"/v1/subjects/{_path(subject)}/memories")
+        if reply.status_code == 404:
+            return {"subject": subject, "memories": [], "pending": [], "backlog": {}}
+        return dict(self._answer(reply))
 
     def search(self, subject: str, query: str, k: int) -> list[dict[str, Any]]:
         found = self._answer(self.http.post("/v1/search", json={"subject": subject, "query": query, "k": k}))

@@ -29,6 +29,7 @@ from memflow.shared.redisdb.connections import NotDurable, safe_url
 from memflow.shared.redisdb.durability import fsync_timeout_ms
 from memflow.shared.redisdb.keys import STAGES, Keys
 from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.unstored import fates
 from memflow.shared.unstored import pending as pending_layer
 from memflow.shared.unstored.buffers import SessionBuffers
 from memflow.shared.writer.applier import Applier
@@ -231,7 +232,8 @@ def scrub(places: Places, subject: str, memories: list[Memory], events: Iterable
     marks = _marks([m.id for m in memories], said)
     client, keys = places.client, places.keys
     removed = {"session_buffers": _scrub_buffers(places, subject, said),
-               "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0}
+               "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0,
+               "fates": fates.forget(client, keys, subject, said)}  # they name the memories forgotten
     for stream, unacked in _streams(client, keys, subject):
         removed[stream] = _scrub_stream(client, keys, stream, subject, marks, unacked)
     return {place: n for place, n in removed.items() if n}

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from memflow.pipeline.checks import MAX_META_TEXT
+from memflow.pipeline.fates import EventFate
 from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
 from memflow.pipeline.profile import ProfileReply
@@ -25,6 +26,7 @@ from memflow.shared.errors import RpcError
 from memflow.shared.monitoring.status import recent_traces
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.rpc import MemoryId
+from memflow.shared.unstored import fates
 from memflow.workers.api_edge import (
     ERRORS,
     BodyRoute,
@@ -122,6 +124,27 @@ def _validated(model: type[W], value: Any, at: str) -> W:
         first = exc.errors()[0]
         field = at + field_of(tuple(first.get("loc", ())))
         raise ApiError(422, "invalid_input", str(first.get("msg")), field) from None
+
+
+# `:path`: an event id is the publisher's own string, and may hold a slash.
+@v1.get("/events/{event_id:path}", response_model=EventFate, tags=["read"])
+async def event_fate(request: Request, key: Caller, client: Client, event_id: str,
+                     subject: Annotated[Subject | None, Query(description=(
+                         "The subject the event was published for; a key for one subject need not say it."))] = None,
+                     ) -> EventFate:
+    """What became of a published event, by its `event_id` (docs/front-doors.md#an-events-fate): `accepted`
+    (not decided yet), `stored` (as `memory_ids`), `nothing_to_remember`, `dropped` or `dead_lettered`, and
+    why (`reason`). An event of a subject the key may not see is answered 404, as one never published."""
+    named = subject or single_subject(key.subjects)
+    if named is None:
+        raise ApiError(422, "invalid_input", "name the subject the event was published for (`subject`): this key "
+                       "covers more than one", "subject")
+    found = await blocking(request, partial(fates.read, client.redis, client.keys, named, event_id)) \
+        if key.may_see(named) else None
+    if found is None:
+        raise ApiError(404, "not_found", f"no event {event_id!r} published for this key's subject (or its fate has "
+                       "expired, a week after the subject's last publish)")
+    return found
 
 
 @v1.post("/memories", status_code=202, response_model=Written, tags=["write"])

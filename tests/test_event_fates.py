@@ -16,8 +16,8 @@ from memflow.pipeline.models import SCHEMA_VERSION
 from memflow.shared.errors import InvalidInput, NotFound
 from memflow.shared.redisdb.keys import FIELD
 from tests import test_api
-from tests.test_api import Served, error_of, event, subject
 from tests.conftest import wait_for
+from tests.test_api import Served, error_of, event, subject
 
 served = test_api.served  # the fixture: this module's system and `memflow serve`
 
@@ -92,6 +92,19 @@ def test_a_published_batch_answers_each_events_fate_from_accepted_to_stored_as_t
         "memory_ids"]
 
 
+def test_a_turn_read_at_its_sessions_end_that_leaves_no_memory_says_there_was_nothing_to_remember(
+        served: Served) -> None:
+    """Not dropped (nothing refused it): the agent's configuration is read, and kept as no memory."""
+    subj = subject()
+    setup = event(subj, "You are a helpful travel assistant. Answer briefly.", 0, role="system")
+    end = {"event_id": f"{subj}-end", "subject": subj, "session_id": "s1", "kind": "session_end",
+           "ts": "2026-03-02T09:05:00+00:00"}
+    with served.http(served.key(subj)) as http:
+        assert http.post("/v1/events", json=[setup, end]).status_code == 202
+        fate = settled(http, setup["event_id"], "nothing_to_remember")
+    assert fate["reason"] == "read, and nothing in it was worth remembering" and fate["memory_ids"] == []
+
+
 def test_a_turn_the_gate_drops_says_dropped_and_why(served: Served) -> None:
     subj = subject()
     dropped = event(subj, INJECTION)
@@ -131,3 +144,62 @@ def test_an_event_of_another_subject_is_not_found_as_an_unknown_one_is(served: S
         assert fate_of(http, published["event_id"], subject=alice)["state"] in ("accepted", "stored")
     with pytest.raises(NotFound, match="no event"):
         served.system.client.event_fate(bob, published["event_id"])
+
+
+# -- how a later word meets an earlier one, and the bounds (shared/unstored/fates.py, on a real Redis) -------------
+
+
+def test_a_later_word_never_undoes_a_decision_and_memory_ids_only_add_up(client: Any, keys: Any) -> None:
+    from memflow.pipeline.fates import State
+    from memflow.shared.unstored import fates
+
+    def state(event_id: str) -> tuple[str, list[str], str | None]:
+        found = fates.read(client, keys, "ann", event_id)
+        assert found is not None
+        return found.state.value, found.memory_ids, found.reason
+
+    fates.stored(client, keys, "ann", {"e1": ["m1"]})
+    fates.record(client, keys, "ann", State.nothing_to_remember, ["e1"], "read again at its session's end")
+    fates.stored(client, keys, "ann", {"e1": ["m2", "m1"]})
+    assert state("e1") == ("stored", ["m1", "m2"], None)
+    fates.record(client, keys, "ann", State.dead_lettered, ["e1"], "the resolve stage gave up on it: boom")
+    fates.record(client, keys, "ann", State.accepted, ["e1"], "replayed from the dead letters")
+    assert state("e1") == ("accepted", ["m1", "m2"], "replayed from the dead letters")
+    fates.record(client, keys, "ann", State.dropped, ["e2"], "filler")
+    fates.record(client, keys, "ann", State.accepted, ["e2"])  # published again: it keeps its fate
+    assert state("e2") == ("dropped", [], "filler")
+    assert fates.read(client, keys, "bob", "e2") is None  # another subject's: not found
+    assert 0 < client.ttl(keys.fates("ann")) <= fates.TTL_S
+
+
+def test_a_subject_keeps_the_fates_of_its_latest_events_only(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memflow.shared.sdk.client import MemoryClient
+    from memflow.shared.unstored import fates
+
+    monkeypatch.setattr(fates, "PER_SUBJECT", 10)
+    sdk = MemoryClient(settings)
+    published = [{**event("cy", f"note {n}", n), "event_id": f"cy-{n:03d}"} for n in range(25)]
+    for e in published:
+        sdk.publish(e)
+    kept = sdk.redis.hlen(sdk.keys.fates("cy"))
+    assert int(fates.PER_SUBJECT * fates.TRIM_TO) <= kept <= fates.PER_SUBJECT
+    assert sdk.event_fate("cy", published[-1]["event_id"]).state.value == "accepted"
+    with pytest.raises(NotFound):
+        sdk.event_fate("cy", published[0]["event_id"])
+
+
+def test_a_dead_letter_replayed_is_accepted_again(client: Any, keys: Any) -> None:
+    """Before its stage decides anew: not still shown as given up on."""
+    from memflow.pipeline.models import ChatEvent
+    from memflow.shared.codec import encode
+    from memflow.shared.streaming import dlq
+    from memflow.shared.unstored import fates
+
+    said = ChatEvent.model_validate(event("dee", "My sister Anna lives in Lyon."))
+    fates.dead_lettered(client, keys, "trigger", encode(said), "gave up after 5 deliveries: StoreUnavailable: down")
+    assert fates.read(client, keys, "dee", said.event_id).state.value == "dead_lettered"  # type: ignore[union-attr]
+    client.xadd(keys.dlq("trigger", keys.partition("dee")), {"payload": encode(said), "error": "down",
+                                                             "source": keys.work("events", "dee"), "stage": "trigger"})
+    assert dlq.replay(client, keys, "trigger") == 1
+    fate = fates.read(client, keys, "dee", said.event_id)
+    assert fate is not None and (fate.state.value, fate.reason) == ("accepted", "replayed from the dead letters")

@@ -33,8 +33,8 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline import feed
-from memflow.pipeline.feed import ChangesPage
 from memflow.pipeline.fates import EventFate, FateAsked, gate_refusal
+from memflow.pipeline.feed import ChangesPage
 from memflow.pipeline.gate import gate, redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.pipeline.profile import ProfileReply

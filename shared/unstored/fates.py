@@ -174,7 +174,13 @@ def dead_lettered(client: Client, keys: Keys, stage: str, payload: bytes | None,
         record(client, keys, subject, State.dead_lettered, ids, f"the {stage} stage gave up on it: {reason}"[:500])
 
 
-def _at(raw: bytes) -> int:
+def replayed(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:
+    """A dead letter of `stage` goes back on its stream: its events are accepted again (over their dead letter only)."""
+    for subject, ids in events_in(stage, payload).items():
+        record(client, keys, subject, State.accepted, ids, "replayed from the dead letters")
+
+
+def _at(raw: bytes | str) -> int:
     try:
         return int(orjson.loads(raw).get("at", 0))
     except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):

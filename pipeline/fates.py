@@ -4,19 +4,20 @@ A publish is answered before any processing (202), so a caller asks later, by th
 made of it. The stage that decides a fate records it (shared/unstored/fates.py):
 
 - `accepted`: published, not decided yet. A turn that waits in its session's buffer until the session closes
-  stays here until then.
+  stays here until then, and says so (`reason`).
 - `stored`: in the store, as `memory_ids` (the memories read from it, or that it repeats: a repeat adds its
   provenance to the memory it repeats). The ids grow as its statements land, one write at a time.
-- `nothing_to_remember`: read, and nothing in it was worth keeping (a greeting at a session's end, the close of a
-  session itself, a feedback event). Not refused: there was nothing to store.
+- `nothing_to_remember`: read, and nothing in it was worth keeping (the agent's configuration in a system turn, the
+  close of a session itself, a feedback event). Not refused: there was nothing to store.
 - `dropped`: refused, and why: the gate (an instruction to the assistant, filler, nothing but a secret), or
   forgotten while it was in flight.
 - `dead_lettered`: a stage gave up on it (`reason`); `memflow dlq replay` sends it through again.
 
-How a later word meets an earlier one (`FATE_MERGE` in shared/unstored/fates.py applies these rules in Redis):
-memory ids only ever add up; `accepted` comes back only over `dead_lettered` (a dead letter replayed, or published
-again) and never undoes a decision; `nothing_to_remember` never hides that something of it is stored or refused
-(a turn read again at its session's end, after its statement landed).
+How a later word meets an earlier one (`_MERGE` in shared/unstored/fates.py applies these rules in Redis):
+memory ids only ever add up; `accepted` never undoes a decision (an event published again keeps its fate) and comes
+back only over `dead_lettered` (a dead letter replayed); `nothing_to_remember` never hides that something of it is
+stored or refused (a turn read again at its session's end, after its statement landed); `dropped` never hides that
+something of it is stored; `stored` and `dead_lettered` are the latest word.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from memflow.pipeline.gate import GateVerdict
 from memflow.pipeline.models import Action, PatchOp, PutOp, Subject, Wire, WriteBatch
 
 
-class State(str, Enum):
+class FateState(str, Enum):
     accepted = "accepted"
     stored = "stored"
     nothing_to_remember = "nothing_to_remember"
@@ -49,7 +50,7 @@ class EventFate(Wire):
 
     event_id: str
     subject: Subject
-    state: State
+    state: FateState
     memory_ids: list[str] = Field(default_factory=list)
     reason: str | None = None
 
@@ -64,6 +65,8 @@ GATE_REASONS = {
 }
 
 # Why a turn read from a closed session left no memory, and why a control event has no memory of its own.
+WAITS_FOR_CLOSE = ("waits in its session until the session closes (a session_end or task_complete event): "
+                   "nothing is read of it before")
 NOTHING_IN_IT = "read, and nothing in it was worth remembering"
 CLOSES_SESSION = "it closes a session: each of the session's turns has a fate of its own"
 FEEDBACK = "feedback is counted on the memories it names, not stored as a memory"

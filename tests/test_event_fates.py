@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 
+from memflow.pipeline.fates import WAITS_FOR_CLOSE
 from memflow.pipeline.models import SCHEMA_VERSION
 from memflow.shared.errors import InvalidInput, NotFound
 from memflow.shared.redisdb.keys import FIELD
@@ -73,9 +74,11 @@ def test_a_published_batch_answers_each_events_fate_from_accepted_to_stored_as_t
            "ts": "2026-03-02T09:05:00+00:00"}
     with served.http(served.key(subj)) as http:
         assert http.post("/v1/events", json=said).status_code == 202
-        anna = fate_of(http, said[0]["event_id"])  # a plain statement waits in its session until it closes
+        assert fate_of(http, said[0]["event_id"])["state"] == "accepted"
+        # A plain statement waits in its session until it closes, and says so once the trigger has read it.
+        anna = wait_for(lambda: (f := fate_of(http, said[0]["event_id"]))["reason"] and f, 30, "the trigger's word")
         assert anna == {"event_id": said[0]["event_id"], "subject": subj, "state": "accepted", "memory_ids": [],
-                        "reason": None}
+                        "reason": WAITS_FOR_CLOSE}
         assert http.post("/v1/events", json=[end]).status_code == 202
         assert served.system.client.wait_idle(60)
         fates = {e["event_id"]: settled(http, e["event_id"], "stored") for e in said}
@@ -150,7 +153,7 @@ def test_an_event_of_another_subject_is_not_found_as_an_unknown_one_is(served: S
 
 
 def test_a_later_word_never_undoes_a_decision_and_memory_ids_only_add_up(client: Any, keys: Any) -> None:
-    from memflow.pipeline.fates import State
+    from memflow.pipeline.fates import FateState
     from memflow.shared.unstored import fates
 
     def state(event_id: str) -> tuple[str, list[str], str | None]:
@@ -159,14 +162,14 @@ def test_a_later_word_never_undoes_a_decision_and_memory_ids_only_add_up(client:
         return found.state.value, found.memory_ids, found.reason
 
     fates.stored(client, keys, "ann", {"e1": ["m1"]})
-    fates.record(client, keys, "ann", State.nothing_to_remember, ["e1"], "read again at its session's end")
+    fates.record(client, keys, "ann", FateState.nothing_to_remember, ["e1"], "read again at its session's end")
     fates.stored(client, keys, "ann", {"e1": ["m2", "m1"]})
     assert state("e1") == ("stored", ["m1", "m2"], None)
-    fates.record(client, keys, "ann", State.dead_lettered, ["e1"], "the resolve stage gave up on it: boom")
-    fates.record(client, keys, "ann", State.accepted, ["e1"], "replayed from the dead letters")
+    fates.record(client, keys, "ann", FateState.dead_lettered, ["e1"], "the resolve stage gave up on it: boom")
+    fates.record(client, keys, "ann", FateState.accepted, ["e1"], "replayed from the dead letters")
     assert state("e1") == ("accepted", ["m1", "m2"], "replayed from the dead letters")
-    fates.record(client, keys, "ann", State.dropped, ["e2"], "filler")
-    fates.record(client, keys, "ann", State.accepted, ["e2"])  # published again: it keeps its fate
+    fates.record(client, keys, "ann", FateState.dropped, ["e2"], "filler")
+    fates.record(client, keys, "ann", FateState.accepted, ["e2"])  # published again: it keeps its fate
     assert state("e2") == ("dropped", [], "filler")
     assert fates.read(client, keys, "bob", "e2") is None  # another subject's: not found
     assert 0 < client.ttl(keys.fates("ann")) <= fates.TTL_S

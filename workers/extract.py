@@ -17,7 +17,7 @@ import redis
 
 from memflow.pipeline import llm_extract
 from memflow.pipeline.extract import assemble, read
-from memflow.pipeline.fates import NOTHING_IN_IT, State
+from memflow.pipeline.fates import NOTHING_IN_IT, FateState
 from memflow.pipeline.llm_extract import Batch
 from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
@@ -62,7 +62,7 @@ def handle(stage: Extractor, task: ExtractTask) -> list[Emit]:
         yielded = {e for c in found for e in c.source_event_ids}
         empty = [t.event_id for t in task.turns if t.event_id not in yielded]
         pending.settle(stage.client, stage.keys, {task.subject: empty})
-        fates.record(stage.client, stage.keys, task.subject, State.nothing_to_remember, empty, NOTHING_IN_IT)
+        fates.record(stage.client, stage.keys, task.subject, FateState.nothing_to_remember, empty, NOTHING_IN_IT)
     return [Emit(stage.keys.work("resolve", candidate.subject), candidate) for candidate in found]
 
 

@@ -16,7 +16,7 @@ import redis
 from memflow.pipeline import llm_judge
 from memflow.pipeline.clauses import ended
 from memflow.pipeline.extract import CONTEXT_BEFORE
-from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, State
+from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, FateState
 from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, MType, PatchOp, Status
@@ -91,7 +91,7 @@ def handle(stage: Resolver, candidates: Sequence[Candidate]) -> list[Outcome]:
     for candidate, go in zip(candidates, plan, strict=True):
         if go == "drop":  # read only from words forgotten while in flight: never written back
             pending.settle(stage.client, stage.keys, settled_by([candidate]))
-            fates.record(stage.client, stage.keys, candidate.subject, State.dropped, candidate.source_event_ids,
+            fates.record(stage.client, stage.keys, candidate.subject, FateState.dropped, candidate.source_event_ids,
                          FORGOTTEN_IN_FLIGHT)
             outcomes.append([])
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, State, stored_as
+from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, FateState, stored_as
 from memflow.pipeline.models import PutOp, WriteBatch
 from memflow.pipeline.writes import of_batch
 from memflow.shared.errors import Permanent
@@ -71,7 +71,7 @@ def handle(stage: Upserter, batch: WriteBatch) -> list[Emit]:
     # In the store now (and searchable): the statement's pending entry goes, never before.
     pending.settle(stage.client, stage.keys, settled_by([batch.candidate]))
     if applied.forgotten and not applied.changes:  # forgotten meanwhile: none of it written (shared/writer/applier.py)
-        fates.record(stage.client, stage.keys, batch.subject, State.dropped, batch.candidate.source_event_ids,
+        fates.record(stage.client, stage.keys, batch.subject, FateState.dropped, batch.candidate.source_event_ids,
                      FORGOTTEN_IN_FLIGHT)
     else:
         fates.stored(stage.client, stage.keys, batch.subject, stored_as(batch))

@@ -24,7 +24,7 @@ import orjson
 import redis
 from redis.client import Pipeline
 
-from memflow.pipeline.fates import EventFate, State
+from memflow.pipeline.fates import EventFate, FateState
 from memflow.pipeline.models import ChatEvent
 from memflow.shared.codec import json_object
 from memflow.shared.errors import DecodeError
@@ -47,7 +47,7 @@ local function rank_over(old, new)
   if new == 'stored' or new == 'dead_lettered' then return true end
   if new == 'dropped' then return old ~= 'stored' end
   if new == 'nothing_to_remember' then return old == 'accepted' or old == 'dead_lettered' or old == new end
-  return old == 'dead_lettered'
+  return old == 'dead_lettered' or old == 'accepted'
 end
 local i = 3
 while i <= #ARGV do
@@ -109,7 +109,7 @@ def trim(client: Client, keys: Keys, subjects: Sequence[str], replies: Sequence[
                 client.hdel(key, *oldest)
 
 
-def record(client: Client, keys: Keys, subject: str, state: State, event_ids: Iterable[str],
+def record(client: Client, keys: Keys, subject: str, state: FateState, event_ids: Iterable[str],
            reason: str | None = None, memory_ids: Mapping[str, Sequence[str]] | None = None) -> None:
     """The stage's word on these events of `subject` (`memory_ids`: per event, the memories it is stored as)."""
     ids = list(dict.fromkeys(event_ids))
@@ -124,7 +124,7 @@ def record(client: Client, keys: Keys, subject: str, state: State, event_ids: It
 
 def stored(client: Client, keys: Keys, subject: str, memory_ids: Mapping[str, Sequence[str]]) -> None:
     """These events are in the store as these memories (by event id)."""
-    record(client, keys, subject, State.stored, memory_ids, memory_ids=memory_ids)
+    record(client, keys, subject, FateState.stored, memory_ids, memory_ids=memory_ids)
 
 
 def read(client: Client, keys: Keys, subject: str, event_id: str) -> EventFate | None:
@@ -135,7 +135,7 @@ def read(client: Client, keys: Keys, subject: str, event_id: str) -> EventFate |
         return None
     fate = orjson.loads(raw)
     ids = fate.get("memory_ids")
-    return EventFate(event_id=event_id, subject=subject, state=State(fate["state"]),
+    return EventFate(event_id=event_id, subject=subject, state=FateState(fate["state"]),
                      memory_ids=ids if isinstance(ids, list) else [], reason=fate.get("reason"))
 
 
@@ -171,13 +171,13 @@ def events_in(stage: str, payload: bytes | None) -> dict[str, list[str]]:
 def dead_lettered(client: Client, keys: Keys, stage: str, payload: bytes | None, reason: str) -> None:
     """A work message of `stage` goes to its DLQ: the events it carries are dead-lettered, and why."""
     for subject, ids in events_in(stage, payload).items():
-        record(client, keys, subject, State.dead_lettered, ids, f"the {stage} stage gave up on it: {reason}"[:500])
+        record(client, keys, subject, FateState.dead_lettered, ids, f"the {stage} stage gave up on it: {reason}"[:500])
 
 
 def replayed(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:
     """A dead letter of `stage` goes back on its stream: its events are accepted again (over their dead letter only)."""
     for subject, ids in events_in(stage, payload).items():
-        record(client, keys, subject, State.accepted, ids, "replayed from the dead letters")
+        record(client, keys, subject, FateState.accepted, ids, "replayed from the dead letters")
 
 
 def _at(raw: bytes | str) -> int:

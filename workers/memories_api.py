@@ -47,7 +47,8 @@ W = TypeVar("W", bound=BaseModel)
 # -- bodies and replies (the SDK's models where it has them) ------------------------------
 
 class Published(Wire):
-    """The stream ids of the events appended, in the order given. Processing happens after the reply."""
+    """The stream ids of the events appended, in the order given. Processing happens after the reply: what became
+    of each event is asked by its `event_id` (`GET /v1/events/{event_id}`)."""
 
     ids: list[str]
 
@@ -149,7 +150,9 @@ async def event_fate(request: Request, key: Caller, client: Client, event_id: st
 
 @v1.post("/memories", status_code=202, response_model=Written, tags=["write"])
 async def write_memory(request: Request, key: Caller, client: Client, body: WriteRequest) -> Written:
-    """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it."""
+    """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it. What the
+    gate would drop (an instruction to the assistant, filler, a secret) is refused, 422 naming `content` with the
+    reason, and not published."""
     event_id = body.event_id or f"write-{uuid.uuid4()}"
     stream_id = await blocking(request, partial(
         client.write, allowed(key, body.subject, write=True), body.content, session_id=body.session_id,

@@ -206,3 +206,20 @@ def test_a_dead_letter_replayed_is_accepted_again(client: Any, keys: Any) -> Non
     assert dlq.replay(client, keys, "trigger") == 1
     fate = fates.read(client, keys, "dee", said.event_id)
     assert fate is not None and (fate.state.value, fate.reason) == ("accepted", "replayed from the dead letters")
+
+
+def test_a_change_of_the_partition_count_keeps_every_events_fate(client: Any, settings: Any) -> None:
+    from memflow.shared.redisdb.keys import Keys
+    from memflow.shared.sdk.client import MemoryClient
+    from memflow.shared.streaming.backlog import change_partitions
+
+    published = [event(s, "My sister Anna lives in Lyon.") for s in ("ann", "bo", "cy", "dee", "eve")]
+    MemoryClient(settings.replace(partitions=4)).publish_many(published)
+    eight = Keys(settings.redis.stream_prefix, 8)
+    for stream in Keys(settings.redis.stream_prefix, 4).inputs_of("trigger"):  # drained: nothing left to read
+        client.delete(stream)
+    assert change_partitions(client, eight, 8, 3000) == 4
+    after = MemoryClient(settings.replace(partitions=8))
+    assert [after.event_fate(e["subject"], e["event_id"]).state.value for e in published] == ["accepted"] * 5
+    assert any(eight.fates(e["subject"]) != Keys(settings.redis.stream_prefix, 4).fates(e["subject"])
+               for e in published)

@@ -174,6 +174,25 @@ def dead_lettered(client: Client, keys: Keys, stage: str, payload: bytes | None,
         record(client, keys, subject, FateState.dead_lettered, ids, f"the {stage} stage gave up on it: {reason}"[:500])
 
 
+def move(client: Client, old: Keys, new: Keys) -> int:
+    """After the partition count changed (`memflow partitions set`, drained): each subject's fates to its partition
+    under the new count; how many hashes moved. A scan of the keyspace, once per change of the count (a rare
+    operator's step), rather than an index every publish would keep."""
+    moved = 0
+    for found in client.scan_iter(match=f"{old.prefix}{{p*}}:fates:*", count=1000):
+        key = found.decode() if isinstance(found, bytes) else str(found)
+        subject = key.split(":fates:", 1)[1]
+        target = new.fates(subject)
+        if key == old.fates(subject) and target != key:
+            held, ttl = client.hgetall(key), client.ttl(key)
+            if held:
+                client.hset(target, mapping=held)
+                client.expire(target, ttl if ttl > 0 else TTL_S)
+            client.delete(key)
+            moved += 1
+    return moved
+
+
 def replayed(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:
     """A dead letter of `stage` goes back on its stream: its events are accepted again (over their dead letter only)."""
     for subject, ids in events_in(stage, payload).items():

@@ -186,7 +186,7 @@ def move(client: Client, old: Keys, new: Keys) -> int:
         if key == old.fates(subject) and target != key:
             held, ttl = client.hgetall(key), client.ttl(key)
             if held:
-                client.hset(target, mapping=held)
+                client.hset(target, mapping=held)  # type: ignore[arg-type]
                 client.expire(target, ttl if ttl > 0 else TTL_S)
             client.delete(key)
             moved += 1

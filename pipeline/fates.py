@@ -80,7 +80,8 @@ def gate_refusal(verdict: GateVerdict) -> str:
 
 def stored_as(batch: WriteBatch) -> dict[str, list[str]]:
     """Per event of a write batch's candidate, the memories the batch stores it as: those it puts, and the memory
-    a repeat adds its provenance to (a retirement of another memory is none of them)."""
+    a repeat adds its provenance to (a retirement of another memory is none of them). An event of the candidate
+    that no memory names as its source is stored as all of them: the candidate was read from it."""
     found: dict[str, list[str]] = {e: [] for e in batch.candidate.source_event_ids}
     for op in batch.ops:
         if isinstance(op, PutOp):
@@ -91,4 +92,5 @@ def stored_as(batch: WriteBatch) -> dict[str, list[str]]:
             continue
         for event_id in events:
             found.setdefault(event_id, []).append(memory_id)
-    return found
+    every = list(dict.fromkeys(m for ids in found.values() for m in ids))
+    return {e: ids or every for e, ids in found.items()}

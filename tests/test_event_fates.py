@@ -223,3 +223,18 @@ def test_a_change_of_the_partition_count_keeps_every_events_fate(client: Any, se
     assert [after.event_fate(e["subject"], e["event_id"]).state.value for e in published] == ["accepted"] * 5
     assert any(eight.fates(e["subject"]) != Keys(settings.redis.stream_prefix, 4).fates(e["subject"])
                for e in published)
+
+
+def test_a_write_batch_stores_its_events_as_the_memories_it_puts_or_repeats_never_one_it_retires() -> None:
+    from memflow.pipeline.fates import stored_as
+    from memflow.pipeline.models import Source
+    from memflow.pipeline.resolve import decide
+    from tests.test_pipeline_resolve import cand, mem, near, puts
+
+    added = decide(cand("我住在北京"), [])
+    assert stored_as(added) == {"e2": [puts(added)[0].id]}
+    old = mem("我住在北京。")
+    assert stored_as(decide(cand("我住在北京"), [near(old)])) == {"e2": [old.id]}  # a repeat: the memory it repeats
+    moved = decide(cand("我已经搬到上海了", source=Source.explicit_correction, confidence=0.95),
+                   [near(mem("我住在北京，平时在海淀上班", uses=9))])
+    assert stored_as(moved) == {"e2": [puts(moved)[0].id]}  # the new version, not the one it supersedes

@@ -184,9 +184,10 @@ def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
 
 
 def holding(candidate: Candidate, neighbours: Sequence[Neighbour]) -> dict[str, list[str]]:
-    """Per event of `candidate`, the stored memories already read from it (what a replay repeats)."""
-    events = set(candidate.source_event_ids)
-    return {e: [n.memory.id for n in neighbours if e in n.memory.source_event_ids] for e in events}
+    """Per event of `candidate`, the stored memories already read from it (what a replay repeats); an event none
+    names is left out (its fate is what the write that stored it said)."""
+    found = {e: [n.memory.id for n in neighbours if e in n.memory.source_event_ids] for e in candidate.source_event_ids}
+    return {e: ids for e, ids in found.items() if ids}
 
 
 def judge(llm: LLM, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:

@@ -11,7 +11,9 @@ Scoped: the hash is the subject's, so a lookup names the subject, and an id publ
 not found (the HTTP route answers 404 for both: an event's existence never leaks across subjects).
 
 Bounded: the hash expires once the subject has published nothing for TTL_S, and holds at most PER_SUBJECT events
-(the oldest published go first). An event whose fate is gone is answered as unknown.
+(the oldest published go first). An event whose fate is gone is answered as unknown. `memflow partitions set`
+moves each hash to the subject's partition under the new count (`move`); forgetting a memory drops the fates of
+the events it was read from (they name it).
 """
 
 from __future__ import annotations

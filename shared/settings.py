@@ -354,7 +354,8 @@ class LLMSettings(Group):
         "`reclaim_idle_ms`, so a slow server never makes another consumer take over a task still being read."))
     plan_timeout_s: float = Field(default=3.0, gt=0, description="The most a search waits for a plan.")
     max_retries: int = Field(default=2, ge=0, description=(
-        "Retries on 429, 5xx and dropped connections, with the client's backoff (Retry-After honoured)."))
+        "Retries on 429, 5xx, timeouts and dropped connections, with the client's backoff (Retry-After honoured). "
+        "Never for a query plan: its timeout is all a search waits."))
     max_concurrency: int = Field(default=4, ge=1, description="Calls in flight per process.")
     daily_token_budget: int = Field(default=200_000, ge=0, description=(
         "Tokens (in + out) one subject may spend per UTC day; past it the rules take over, counted as `budget`."))

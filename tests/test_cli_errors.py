@@ -120,12 +120,15 @@ def test_an_unknown_subject_says_so(system: System, monkeypatch: pytest.MonkeyPa
     refused(memflow(system, monkeypatch, capsys, "inspect", "nobody"), 1, "nobody")
     refused(memflow(system, monkeypatch, capsys, "inspect", "nobody", "--json"), 1, "nobody")
     refused(memflow(system, monkeypatch, capsys, "export", "known", "nobody"), 1, "nobody")
+    refused(memflow(system, monkeypatch, capsys, "jobs", "run", "decay", "--subject", "nobody"), 1, "nobody")
     assert memflow(system, monkeypatch, capsys, "inspect", "known").code == 0
+    assert memflow(system, monkeypatch, capsys, "jobs", "run", "decay", "--subject", "known").code == 0
 
 
 def test_exit_codes_are_two_for_a_bad_command_line(system: System, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     refused(memflow(system, monkeypatch, capsys, "search", "alice", ""), 2, "query")
+    refused(memflow(system, monkeypatch, capsys, "search", "alice", "tea", "--k", "0"), 2, "--k")
     refused(memflow(system, monkeypatch, capsys, "search", "alice", "tea", "--now", "yesterday"), 2, "yesterday")
     refused(memflow(system, monkeypatch, capsys, "publish", "alice", "hi", "--ts", "yesterday"), 2, "ts")
     refused(memflow(system, monkeypatch, capsys, "inspect", "alice", "--now", "yesterday"), 2, "yesterday")

@@ -98,32 +98,34 @@ class LLM:
         self._slots = threading.BoundedSemaphore(settings.llm.max_concurrency)
 
     def complete(self, subject: str, purpose: str, prompt: list[Message], *,
-                 timeout: float | None = None) -> Answer:
-        """One chat completion for `subject`, charged to its budget; `LLMUnavailable` when there is none."""
+                 timeout: float | None = None, retries: int | None = None) -> Answer:
+        """One chat completion for `subject`, charged to its budget; `LLMUnavailable` when there is none.
+        `retries`: instead of MEMFLOW_LLM_MAX_RETRIES, for a call whose `timeout` is someone's whole wait."""
         if self.spent_today(subject) >= self.settings.llm.daily_token_budget:
             raise LLMUnavailable("budget", f"{subject} spent its {self.settings.llm.daily_token_budget} tokens today")
         started = time.perf_counter()
         with self._slots:
-            response = self._call(prompt, timeout)
+            response = self._call(prompt, timeout, retries)
         usage = response.usage
         answer = Answer(text=(response.choices[0].message.content or "") if response.choices else "",
                         prompt_tokens=usage.prompt_tokens if usage else 0,
                         completion_tokens=usage.completion_tokens if usage else 0,
                         latency_ms=(time.perf_counter() - started) * 1000)
+        # Time waited is counted beside the calls, so `memflow status` shows a mean per call over the days kept.
         self.count(subject, {"calls": 1, f"calls:{purpose}": 1, "prompt_tokens": answer.prompt_tokens,
-                             "completion_tokens": answer.completion_tokens})
+                             "completion_tokens": answer.completion_tokens, "latency_ms": round(answer.latency_ms)})
         if not answer.text.strip():
             raise LLMUnavailable("empty", "the server answered with no text")
         return answer
 
     def ask(self, subject: str, purpose: str, prompt: list[Message], *, read: Callable[[str], Reading[T]],
             fallback: Callable[[], Reading[T]], session_id: str | None = None,
-            timeout: float | None = None) -> Asked[T]:
+            timeout: float | None = None, retries: int | None = None) -> Asked[T]:
         """Ask the model and read its reply; when there is no answer (`LLMUnavailable`) or it is refused,
         the fallback stands in, counted per subject and globally by reason. Either way the call is traced."""
         started, answer = time.perf_counter(), None
         try:
-            answer = self.complete(subject, purpose, prompt, timeout=timeout)
+            answer = self.complete(subject, purpose, prompt, timeout=timeout, retries=retries)
             reading = self._read(subject, answer, read)
         except (LLMUnavailable, Refused) as exc:
             stand_in = fallback()
@@ -143,10 +145,11 @@ class LLM:
             raise reading.refused
         return reading
 
-    def _call(self, prompt: list[Message], timeout: float | None) -> Any:
+    def _call(self, prompt: list[Message], timeout: float | None, retries: int | None) -> Any:
         extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.settings.llm.json_mode else {}
+        client = self._client if retries is None else self._client.with_options(max_retries=retries)
         try:
-            return self._client.chat.completions.create(
+            return client.chat.completions.create(
                 model=self.model, messages=prompt,  # type: ignore[arg-type]
                 temperature=0, max_tokens=self.settings.llm.max_output_tokens,
                 timeout=timeout if timeout is not None else self.settings.llm.timeout_s, **extra)
@@ -226,6 +229,7 @@ def summarise(totals: dict[str, int], days: int) -> dict[str, Any]:
         "completion_tokens": tokens_out,
         "fallbacks": totals.get("fallbacks", 0),
         "fallbacks_by_reason": _by_prefix(totals, "fallback:"),
+        "mean_latency_ms": round(totals.get("latency_ms", 0) / calls, 1) if (calls := totals.get("calls", 0)) else None,
         "events": events,
         "candidates": written,
         "per_event": _per(tokens_in, tokens_out, totals.get("calls", 0), events),

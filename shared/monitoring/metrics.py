@@ -147,6 +147,7 @@ _LLM_FAMILIES: dict[str, tuple[str, str | None]] = {
     "memflow_llm_events": ("Events the trigger saw while an LLM was configured (cost per event).", None),
     "memflow_llm_candidates": ("Candidate memories the LLM wrote.", None),
     "memflow_llm_unusable_items": ("Items of LLM replies that could not be used, by kind.", "kind"),
+    "memflow_llm_latency_ms": ("Milliseconds spent waiting for answered LLM calls (over calls: the mean).", None),
 }
 _LLM_LABELLED = {"calls": "memflow_llm_calls", "fallback": "memflow_llm_fallbacks"}
 _LLM_NAMED = {
@@ -154,6 +155,7 @@ _LLM_NAMED = {
     "events": ("memflow_llm_events", ""), "candidates": ("memflow_llm_candidates", ""),
     "dropped_items": ("memflow_llm_unusable_items", "dropped_items"),
     "unreadable_verdicts": ("memflow_llm_unusable_items", "unreadable_verdicts"),
+    "latency_ms": ("memflow_llm_latency_ms", ""),
 }
 
 

@@ -5,7 +5,7 @@ the RQ queues and the query workers serving them. Read-only: `memflow status` pr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -13,6 +13,7 @@ from rq import Queue, Worker
 
 from memflow.pipeline.models import LLMTrace, Trace
 from memflow.shared.codec import encode, json_object, validated
+from memflow.shared.inference.llm import usage as llm_usage
 from memflow.shared.redisdb.durability import durability
 from memflow.shared.redisdb.keys import FIELD, STAGES, Keys
 from memflow.shared.streaming.backlog import backlog
@@ -53,6 +54,9 @@ class PipelineStatus:
     # than docs/guarantees.md's "fsynced before acknowledged".
     durability: str = ""
     durability_weaker: bool = False
+    # Everyone's LLM counters over the last days (shared/inference/llm.py summarise): calls, mean wait per call,
+    # fallbacks by reason. Calls are 0 where no LLM is configured.
+    llm: dict[str, Any] = field(default_factory=dict)
 
 
 def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
@@ -68,7 +72,7 @@ def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
     found = durability(client)
     return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
                           "sample" if sample_s else "window", sample_s or None,
-                          found.promise(wait_aof), found.is_weaker(wait_aof))
+                          found.promise(wait_aof), found.is_weaker(wait_aof), llm_usage(client, keys, None))
 
 
 def _stream_sizes(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:

@@ -349,6 +349,7 @@ class LLMUsage(Wire):
     completion_tokens: int
     fallbacks: int
     fallbacks_by_reason: dict[str, int]
+    mean_latency_ms: float | None = None  # over the calls answered (a timeout or refused connection has none)
     events: int
     candidates: int
     per_event: PerUnit | None

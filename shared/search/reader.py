@@ -75,8 +75,9 @@ class SearchReader:
         cached = cache.get(req.subject, req.query)
         if cached is not None:
             return ModelPlan(cached)
+        # No retry: the plan timeout is all a search waits for a plan (retried, a slow model outlived the search's job).
         asked = self.llm.ask(req.subject, "plan", llm_plan.prompt(req.query), timeout=self.settings.llm.plan_timeout_s,
-                             read=lambda text: _plan_read(text, heuristic),
+                             retries=0, read=lambda text: _plan_read(text, heuristic),
                              fallback=lambda: Reading(heuristic.model_copy(update={"fallback": True})))
         if asked.fallback is not None:
             return ModelPlan(asked.value, asked.fallback)

@@ -15,7 +15,7 @@ from memflow.shared.sdk import rpc
 from memflow.shared.settings import Settings
 from memflow.shared.storage.store import Catalog, catalog_for
 from memflow.shared.writer.reindex import DEFAULT_BATCH, Report, Step, reindex
-from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, load_settings, print_json, when
+from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, fail, load_settings, print_json, when
 
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_is_help=True)
@@ -65,6 +65,8 @@ def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review
     """Run one job by hand and print what it changed (or, with --dry-run, would change)."""
     report = ask(rpc.RUN_JOB, name=job, subject=subject, now=when(now), dry_run=dry_run, tier=tier,
                   timeout_s=600.0)
+    if subject is not None and not report.examined:  # a typo'd subject is not "nothing to change"
+        fail(f"no subject {subject!r}: nothing stored for it")
     if as_json:
         print_json(report)
         return

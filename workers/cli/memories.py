@@ -25,7 +25,8 @@ def publish(subject: str, text: str, session: str = "cli", role: str = "user", k
     typer.echo(client.publish(event))  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
 
 
-def search(subject: str, query: str, k: int = 5, now: Annotated[str | None, typer.Option(
+def search(subject: str, query: str,
+           k: Annotated[int, typer.Option(min=1, max=200, help="How many hits, 1 to 200.")] = 5, now: Annotated[str | None, typer.Option(
                help="ISO time with zone; default now.")] = None, as_json: JsonFlag = False) -> None:
     """Search one subject's memories."""
     result = MemoryClient(load_settings()).search(subject, query, k, now=when(now))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -41,7 +41,7 @@ def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SEC
     if as_json:
         print_json(asdict(report))
         return
-    _print_status(report)
+    _print_status(report, llm_configured=settings.llm.base_url is not None)
 
 
 def _print_footprint(footprint: SubjectFootprint) -> None:
@@ -52,7 +52,7 @@ def _print_footprint(footprint: SubjectFootprint) -> None:
     typer.echo(f"{footprint.subject}: {len(footprint.keys)} keys, {_bytes(footprint.bytes)}")
 
 
-def _print_status(report: PipelineStatus) -> None:
+def _print_status(report: PipelineStatus, *, llm_configured: bool) -> None:
     typer.echo(f"{'stage':<8} {'length':>9} {'memory':>9} {'lag':>9} {'pending':>9} {'dlq':>9} {'read/s':>9}")
     for s in report.stages:
         rate = "-" if s.read_per_s is None else f"{s.read_per_s:.2f}"
@@ -65,6 +65,19 @@ def _print_status(report: PipelineStatus) -> None:
     typer.echo(f"read/s: entries {measured}, per second; length and memory: the input streams, "
                "acknowledged entries kept for the retention window (MEMFLOW_RETENTION_S)")
     typer.echo(f"durability: {'WARNING: ' if report.durability_weaker else ''}{report.durability}")
+    typer.echo(f"llm: {_llm_line(report.llm, configured=llm_configured)}")
+
+
+def _llm_line(u: dict[str, Any], *, configured: bool) -> str:
+    """Everyone's LLM calls over the days kept: what they were for, the mean wait, and each fallback by reason."""
+    if not u.get("calls") and not u.get("fallbacks"):
+        return (f"no call in the last {u.get('days', 0)} days" if configured
+                else "not configured (MEMFLOW_LLM_BASE_URL unset): the rules extract, judge and plan")
+    purposes = ", ".join(f"{p} {n}" for p, n in sorted(u["calls_by_purpose"].items()))
+    wait = f"{u['mean_latency_ms']:.0f} ms" if u.get("mean_latency_ms") is not None else "-"
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(u["fallbacks_by_reason"].items()))
+    return (f"{u['calls']} calls answered in the last {u['days']} days ({purposes}), mean {wait} per call; "
+            f"{u['fallbacks']} fallbacks to the rules{f' ({reasons})' if reasons else ''}")
 
 
 def _bytes(n: int) -> str:

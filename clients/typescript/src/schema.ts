@@ -231,6 +231,7 @@ export type LLMUsage = {
   completion_tokens: number;
   fallbacks: number;
   fallbacks_by_reason: Record<string, number>;
+  mean_latency_ms?: number | null;
   events: number;
   candidates: number;
   per_event: PerUnit | null;
@@ -418,7 +419,8 @@ export type ProfileReply = {
   changes?: SinceRevision | null;
 };
 
-/** The stream ids of the events appended, in the order given. Processing happens after the reply. */
+/** The stream ids of the events appended, in the order given. Processing happens after the reply: what became
+ * of each event is asked by its `event_id` (`GET /v1/events/{event_id}`). */
 export type Published = {
   ids: string[];
 };

@@ -117,6 +117,7 @@ def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
     removed = {stream: _scrub_stream(client, keys, stream, subject, marks, unacked)
                for stream, unacked in _streams(client, keys, subject) if stream != keys.changes}
     removed["session_buffers"] = sum(_scrub_buffer_words(client, key, marks) for key in places.buffers.of(subject))
+    removed["fates"] = _scrub_buffer_words(client, keys.fates(subject), marks)  # a dead letter's reason may quote them
     found = {place: n for place, n in removed.items() if n}
     if found:
         compact_aof(client)
@@ -157,6 +158,7 @@ def residue_of_words(places: Places, subject: str, words: str) -> dict[str, int]
              for stream, _ in _streams(client, keys, subject) if stream != keys.changes}
     found["session_buffers"] = sum(_holding(client, key, marks) for key in places.buffers.of(subject))
     found["pending"] = _holding(client, keys.pending(subject), marks)
+    found["fates"] = _holding(client, keys.fates(subject), marks)
     return {place: n for place, n in found.items() if n}
 
 

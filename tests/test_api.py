@@ -339,7 +339,8 @@ def test_bad_input_is_named_and_the_next_request_is_served(served: Served, what:
 def test_the_openapi_document_covers_every_route_and_the_error_shape(served: Served) -> None:
     doc = httpx.get(f"{served.url}/openapi.json").json()
     paths = doc["paths"]
-    for path, method in [("/v1/events", "post"), ("/v1/memories", "post"), ("/v1/search", "post"),
+    for path, method in [("/v1/events", "post"), ("/v1/events/{event_id}", "get"), ("/v1/memories", "post"),
+                         ("/v1/search", "post"),
                          ("/v1/pack", "post"), ("/v1/subjects/{subject}/memories", "get"),
                          ("/v1/subjects/{subject}/memories", "delete"), ("/v1/memories/{memory_id}/history", "get"),
                          ("/v1/feedback", "post"), ("/healthz", "get"), ("/metrics", "get")]:

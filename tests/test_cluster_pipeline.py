@@ -121,6 +121,9 @@ def test_the_http_api_serves_a_cluster_deployment_with_its_keys(
         found = httpx.post(f"{url}/v1/search", json={"subject": "team-a/ann", "query": "staging database name"},
                            headers=headers, timeout=60).json()
         assert any("kestrel-7" in hit["content"] for hit in found["hits"]), found
+        # Its fate, kept in its partition's slot: stored, as the memory the search found (issue 41 item 2).
+        fate = httpx.get(f"{url}/v1/events/h1", params={"subject": "team-a/ann"}, headers=headers, timeout=30).json()
+        assert fate["state"] == "stored" and found["hits"][0]["id"] in fate["memory_ids"], (fate, found)
         refused = httpx.post(f"{url}/v1/search", json={"subject": "team-b/bo", "query": "x"}, headers=headers,
                              timeout=30)
         assert refused.status_code == 403

@@ -28,7 +28,7 @@ from tests.test_api import Served
 served = test_api.served  # the fixture: a system and `memflow serve` for this module
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-TOOLS = {"remember", "recall", "context", "profile", "forget", "publish_turns"}
+TOOLS = {"remember", "recall", "context", "profile", "forget", "publish_turns", "event_fate"}
 
 
 def example(name: str) -> ModuleType:

@@ -17,6 +17,7 @@ import redis
 
 from memflow.pipeline import llm_extract
 from memflow.pipeline.extract import assemble, read
+from memflow.pipeline.fates import NOTHING_IN_IT, FateState
 from memflow.pipeline.llm_extract import Batch
 from memflow.pipeline.models import Candidate, ExtractTask, TriggerReason
 from memflow.pipeline.prompting import Refused
@@ -24,7 +25,7 @@ from memflow.shared.inference.llm import LLM, Asked, Reading
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.shared.streaming.handlers import Emit, per_item
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 from memflow.workers.runtime import Context
 
 
@@ -59,8 +60,9 @@ def handle(stage: Extractor, task: ExtractTask) -> list[Emit]:
     found = assemble(records, said, episode_context=stage.episode_context)
     if task.reason is not TriggerReason.realtime:  # a closed session's turn that yields nothing is done with
         yielded = {e for c in found for e in c.source_event_ids}
-        pending.settle(stage.client, stage.keys,
-                       {task.subject: [t.event_id for t in task.turns if t.event_id not in yielded]})
+        empty = [t.event_id for t in task.turns if t.event_id not in yielded]
+        pending.settle(stage.client, stage.keys, {task.subject: empty})
+        fates.record(stage.client, stage.keys, task.subject, FateState.nothing_to_remember, empty, NOTHING_IN_IT)
     return [Emit(stage.keys.work("resolve", candidate.subject), candidate) for candidate in found]
 
 

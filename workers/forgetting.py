@@ -29,6 +29,7 @@ from memflow.shared.redisdb.connections import NotDurable, safe_url
 from memflow.shared.redisdb.durability import fsync_timeout_ms
 from memflow.shared.redisdb.keys import STAGES, Keys
 from memflow.shared.storage.store import MemoryFilter, Store
+from memflow.shared.unstored import fates
 from memflow.shared.unstored import pending as pending_layer
 from memflow.shared.unstored.buffers import SessionBuffers
 from memflow.shared.writer.applier import Applier
@@ -116,6 +117,7 @@ def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
     removed = {stream: _scrub_stream(client, keys, stream, subject, marks, unacked)
                for stream, unacked in _streams(client, keys, subject) if stream != keys.changes}
     removed["session_buffers"] = sum(_scrub_buffer_words(client, key, marks) for key in places.buffers.of(subject))
+    removed["fates"] = _scrub_buffer_words(client, keys.fates(subject), marks)  # a dead letter's reason may quote them
     found = {place: n for place, n in removed.items() if n}
     if found:
         compact_aof(client)
@@ -156,6 +158,7 @@ def residue_of_words(places: Places, subject: str, words: str) -> dict[str, int]
              for stream, _ in _streams(client, keys, subject) if stream != keys.changes}
     found["session_buffers"] = sum(_holding(client, key, marks) for key in places.buffers.of(subject))
     found["pending"] = _holding(client, keys.pending(subject), marks)
+    found["fates"] = _holding(client, keys.fates(subject), marks)
     return {place: n for place, n in found.items() if n}
 
 
@@ -231,7 +234,8 @@ def scrub(places: Places, subject: str, memories: list[Memory], events: Iterable
     marks = _marks([m.id for m in memories], said)
     client, keys = places.client, places.keys
     removed = {"session_buffers": _scrub_buffers(places, subject, said),
-               "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0}
+               "pending": int(client.hdel(keys.pending(subject), *said)) if said else 0,
+               "fates": fates.forget(client, keys, subject, said)}  # they name the memories forgotten
     for stream, unacked in _streams(client, keys, subject):
         removed[stream] = _scrub_stream(client, keys, stream, subject, marks, unacked)
     return {place: n for place, n in removed.items() if n}

@@ -1,9 +1,10 @@
 """The MCP server (`memflow mcp`): memory as tools for Claude Desktop and Code, Cursor, the OpenAI Agents
 SDK, LangGraph — over stdio for desktop clients, and over streamable HTTP at `/mcp` of `memflow serve`.
 
-Five tools, each a thin call of `MemoryClient`: `remember` (an explicit write), `recall` (search),
-`context` (pack for a task), `forget` (with its proof) and `publish_turns` (a client reporting its
-conversation). No tool takes a subject: a model can be talked into any argument, so the subject comes
+Seven tools, each a thin call of `MemoryClient`: `remember` (an explicit write), `recall` (search),
+`context` (pack for a task), `profile` (what holds now), `forget` (with its proof), `publish_turns` (a client
+reporting its conversation) and `event_fate` (what became of an event `remember` or `publish_turns` named).
+No tool takes a subject: a model can be talked into any argument, so the subject comes
 from what it cannot touch — the server's configuration over stdio (`--subject`, MEMFLOW_MCP_SUBJECT, or
 the one subject of the MEMFLOW_API_KEY key), the request's key and its `X-Memflow-Subject` header over
 HTTP — and `resolve_caller` checks it against the key's patterns, the rule the HTTP API applies.
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from memflow.pipeline.fates import EventFate
 from memflow.pipeline.models import SUBJECT_PATTERN, Kind, MType, Role, SearchResult
 from memflow.pipeline.scopes import single_subject
 from memflow.shared.admission.apikeys import OPEN, ApiKey, KeyStore
@@ -47,6 +49,7 @@ from memflow.shared.errors import InvalidInput, RpcError
 from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.sdk.rpc import PACK, PROFILE, SEARCH, MemoryId, Rep, Rpc
 from memflow.shared.settings import Settings
+from memflow.shared.unstored import fates
 from memflow.workers.front import (
     ANY_HOST,
     JSON,
@@ -258,7 +261,20 @@ class MemoryTools:
         with self._serving(ctx, write=True) as turn:
             event_id = f"mcp-{uuid.uuid4()}"
             self.client.write(turn.caller.subject, content, session_id="mcp", event_id=event_id)
-        return Remembered(event_id=event_id, note="accepted: searchable at once (as pending until it is written)")
+        return Remembered(event_id=event_id, note="accepted: searchable at once (as pending until it is written); "
+                          "event_fate with this event_id says what became of it")
+
+    def event_fate(self, event_id: Annotated[str, Field(min_length=1, max_length=256, description=(
+                       "An event_id remember or publish_turns gave."))], ctx: Context) -> EventFate:
+        """What became of something you remembered or published, by its event_id: accepted (not decided yet),
+        stored (as memory_ids, which forget takes), nothing_to_remember, dropped or dead_lettered, and why. Use it
+        when the user asks whether something was saved."""
+        with self._serving(ctx) as turn:
+            found = fates.read(self.client.redis, self.client.keys, turn.caller.subject, event_id)
+        if found is None:
+            raise ToolError(f"no event {event_id!r} for this user (never published here, or its fate has expired "
+                            "a week after the last publish)")
+        return found
 
     def recall(self, query: Annotated[str, Field(min_length=1, description="What you want to know, in words.")],
                ctx: Context, k: Annotated[int, Field(ge=1, le=50, description="At most this many.")] = 5) -> Recalled:
@@ -324,7 +340,8 @@ class MemoryTools:
                                  now=datetime.now(UTC))
             ids = self.client.publish_many(events)
         return Published(ids=ids, event_ids=[e["event_id"] for e in events],
-                         note=f"{len(ids)} events accepted; what the user said is found at once (pending till written)")
+                         note=f"{len(ids)} events accepted; what the user said is found at once (pending till "
+                              "written); event_fate with an event_id says what became of it")
 
 
 def turn_events(subject: str, session_id: str, turns: Sequence[TurnIn], *, end_session: bool,
@@ -359,7 +376,7 @@ def build_server(tools: MemoryTools) -> MCPServer:
     return MCPServer("memflow", version="1", instructions=INSTRUCTIONS, log_level="WARNING", tools=[
         strict(fn, hints) for fn, hints in ((tools.remember, WRITES), (tools.recall, READS), (tools.context, READS),
                                             (tools.profile, READS), (tools.forget, ERASES),
-                                            (tools.publish_turns, WRITES))])
+                                            (tools.publish_turns, WRITES), (tools.event_fate, READS))])
 
 
 def strict(fn: Callable[..., Any], hints: ToolAnnotations) -> Tool:

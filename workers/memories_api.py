@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from memflow.pipeline.checks import MAX_META_TEXT
+from memflow.pipeline.fates import EventFate
 from memflow.pipeline.feed import REVISION_PATTERN
 from memflow.pipeline.models import ChatEvent, PackedPrompt, SearchRequest, SearchResult, Subject, Trace, Wire
 from memflow.pipeline.profile import ProfileReply
@@ -25,6 +26,7 @@ from memflow.shared.errors import RpcError
 from memflow.shared.monitoring.status import recent_traces
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.rpc import MemoryId
+from memflow.shared.unstored import fates
 from memflow.workers.api_edge import (
     ERRORS,
     BodyRoute,
@@ -45,7 +47,8 @@ W = TypeVar("W", bound=BaseModel)
 # -- bodies and replies (the SDK's models where it has them) ------------------------------
 
 class Published(Wire):
-    """The stream ids of the events appended, in the order given. Processing happens after the reply."""
+    """The stream ids of the events appended, in the order given. Processing happens after the reply: what became
+    of each event is asked by its `event_id` (`GET /v1/events/{event_id}`)."""
 
     ids: list[str]
 
@@ -129,9 +132,32 @@ def _validated(model: type[W], value: Any, at: str) -> W:
         raise invalid(exc.errors(), at) from None
 
 
+# `:path`: an event id is the publisher's own string, and may hold a slash.
+@v1.get("/events/{event_id:path}", response_model=EventFate, tags=["read"])
+async def event_fate(request: Request, key: Caller, client: Client, event_id: str,
+                     subject: Annotated[Subject | None, Query(description=(
+                         "The subject the event was published for; a key for one subject need not say it."))] = None,
+                     ) -> EventFate:
+    """What became of a published event, by its `event_id` (docs/front-doors.md#an-events-fate): `accepted`
+    (not decided yet), `stored` (as `memory_ids`), `nothing_to_remember`, `dropped` or `dead_lettered`, and
+    why (`reason`). An event of a subject the key may not see is answered 404, as one never published."""
+    named = subject or single_subject(key.subjects)
+    if named is None:
+        raise ApiError(422, "invalid_input", "name the subject the event was published for (`subject`): this key "
+                       "covers more than one", "subject")
+    found = await blocking(request, partial(fates.read, client.redis, client.keys, named, event_id)) \
+        if key.may_see(named) else None
+    if found is None:
+        raise ApiError(404, "not_found", f"no event {event_id!r} published for this key's subject (or its fate has "
+                       "expired, a week after the subject's last publish)")
+    return found
+
+
 @v1.post("/memories", status_code=202, response_model=Written, tags=["write"])
 async def write_memory(request: Request, key: Caller, client: Client, body: WriteRequest) -> Written:
-    """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it."""
+    """Remember `content` explicitly (`MemoryClient.write`); it is searchable once the pipeline has it. What the
+    gate would drop (an instruction to the assistant, filler, a secret) is refused, 422 naming `content` with the
+    reason, and not published."""
     event_id = body.event_id or f"write-{uuid.uuid4()}"
     stream_id = await blocking(request, partial(
         client.write, allowed(key, body.subject, write=True), body.content, session_id=body.session_id,

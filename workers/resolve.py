@@ -16,6 +16,7 @@ import redis
 from memflow.pipeline import llm_judge
 from memflow.pipeline.clauses import ended
 from memflow.pipeline.extract import CONTEXT_BEFORE
+from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, FateState
 from memflow.pipeline.ids import IdSpace, episode_key, is_keyed
 from memflow.pipeline.llm_judge import Verdict
 from memflow.pipeline.models import Candidate, Memory, MType, PatchOp, Status
@@ -28,7 +29,7 @@ from memflow.shared.settings import WriteSettings
 from memflow.shared.storage.store import MemoryFilter, Query, Scored, Store
 from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.shared.streaming.handlers import Emit, Outcome, progress
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 from memflow.shared.unstored.pending import settled_by
 from memflow.workers import forgetting
 from memflow.workers.runtime import Context
@@ -90,6 +91,8 @@ def handle(stage: Resolver, candidates: Sequence[Candidate]) -> list[Outcome]:
     for candidate, go in zip(candidates, plan, strict=True):
         if go == "drop":  # read only from words forgotten while in flight: never written back
             pending.settle(stage.client, stage.keys, settled_by([candidate]))
+            fates.record(stage.client, stage.keys, candidate.subject, FateState.dropped, candidate.source_event_ids,
+                         FORGOTTEN_IN_FLIGHT)
             outcomes.append([])
         elif go == "later":  # a later statement on a key decided in this batch: back of the queue, no retry spent
             outcomes.append([Emit(stage.keys.work("resolve", candidate.subject), candidate)])
@@ -174,9 +177,17 @@ def resolve_one(stage: Resolver, candidate: Candidate, vector: list[float],
         batch = place(records=[*records, *beside], judge=(lambda m: verdicts.get(m.id)) if verdicts else None)
     if not batch.ops:  # a replay of what is stored: its pending entry is answered by the stored memory
         pending.settle(stage.client, stage.keys, settled_by([candidate]))
+        fates.stored(stage.client, stage.keys, candidate.subject, holding(candidate, neighbours))
         return []
     made = {"vector": vector, "vector_model": stage.embedder.model_id}
     return [Emit(stage.keys.work("upsert", batch.subject), batch.model_copy(update=made))]
+
+
+def holding(candidate: Candidate, neighbours: Sequence[Neighbour]) -> dict[str, list[str]]:
+    """Per event of `candidate`, the stored memories already read from it (what a replay repeats); an event none
+    names is left out (its fate is what the write that stored it said)."""
+    found = {e: [n.memory.id for n in neighbours if e in n.memory.source_event_ids] for e in candidate.source_event_ids}
+    return {e: ids for e, ids in found.items() if ids}
 
 
 def judge(llm: LLM, candidate: Candidate, known: list[Memory]) -> dict[str, Verdict]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from memflow.pipeline.fates import CLOSES_SESSION, FEEDBACK, WAITS_FOR_CLOSE, FateState, gate_refusal
 from memflow.pipeline.gate import gate
 from memflow.pipeline.models import ChatEvent, ExtractTask, Kind, Role, TriggerReason, Turn
 from memflow.pipeline.triggers import realtime_signals
@@ -20,7 +21,7 @@ from memflow.shared.inference.llm import LLM
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.shared.streaming.handlers import Emit, per_item
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 from memflow.shared.unstored.buffers import SessionBuffers
 from memflow.workers.runtime import Context
 
@@ -54,8 +55,30 @@ def handle(stage: Trigger, event: ChatEvent) -> list[Emit]:
     if event.kind is Kind.message:
         return on_message(stage, event)
     if event.kind in (Kind.session_end, Kind.task_complete):
-        return on_close(stage.buffers, stage.keys, event)
-    return []  # feedback: adoption is recorded by the query worker's `feedback` call
+        emits = on_close(stage.buffers, stage.keys, event)
+        if not _reads_itself(emits, event):  # its own text, if any, is a turn with a fate of its own
+            closed(stage, event)
+        return emits
+    # feedback: adoption is recorded by the query worker's `feedback` call
+    fates.record(stage.client, stage.keys, event.subject, FateState.nothing_to_remember, [event.event_id], FEEDBACK)
+    return []
+
+
+def _reads_itself(emits: list[Emit], event: ChatEvent) -> bool:
+    """Whether the close's own text (a task's summary) goes to extraction among its session's turns."""
+    return any(isinstance(e.message, ExtractTask) and any(t.event_id == event.event_id for t in e.message.turns)
+               for e in emits)
+
+
+def closed(stage: Trigger, event: ChatEvent) -> None:
+    """The fate of a close that is no turn: its summary refused by the gate, or nothing of its own to remember."""
+    verdict = gate(event.text, Role.assistant) if event.text.strip() else None
+    if verdict is not None and not verdict.keep:
+        fates.record(stage.client, stage.keys, event.subject, FateState.dropped, [event.event_id],
+                     gate_refusal(verdict))
+    else:
+        fates.record(stage.client, stage.keys, event.subject, FateState.nothing_to_remember, [event.event_id],
+                     CLOSES_SESSION)
 
 
 def on_message(stage: Trigger, event: ChatEvent) -> list[Emit]:
@@ -64,6 +87,8 @@ def on_message(stage: Trigger, event: ChatEvent) -> list[Emit]:
     pending.regate(stage.client, stage.keys, event, verdict)  # what a search may show of it, as gated
     if not verdict.keep:
         log.info("event %s dropped by the gate: %s", event.event_id, verdict.reason)
+        fates.record(stage.client, stage.keys, event.subject, FateState.dropped, [event.event_id],
+                     gate_refusal(verdict))
         return []
     turn = Turn(event_id=event.event_id, role=event.role, text=verdict.text, ts=event.ts,
                 speaker=event.meta.get("speaker"))
@@ -72,6 +97,8 @@ def on_message(stage: Trigger, event: ChatEvent) -> list[Emit]:
                       external_ref=event.meta.get("external_ref"))]
     buffer_turn(stage.buffers, event, turn)
     signals = realtime_signals(turn.text) if event.role is Role.user else []
+    if not signals:  # why it is still `accepted` when asked: nothing is read of it before its session closes
+        fates.record(stage.client, stage.keys, event.subject, FateState.accepted, [event.event_id], WAITS_FOR_CLOSE)
     return [_emit(stage.keys, event, TriggerReason.realtime, [turn], signals=signals)] if signals else []
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from memflow.pipeline.fates import FORGOTTEN_IN_FLIGHT, FateState, stored_as
 from memflow.pipeline.models import PutOp, WriteBatch
 from memflow.pipeline.writes import of_batch
 from memflow.shared.errors import Permanent
@@ -20,7 +21,7 @@ from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.streaming.consumer import StreamConsumer
 from memflow.shared.streaming.handlers import Emit, per_item
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 from memflow.shared.unstored.pending import settled_by
 from memflow.shared.writer.applier import Applier
 from memflow.workers.runtime import Context
@@ -69,6 +70,11 @@ def handle(stage: Upserter, batch: WriteBatch) -> list[Emit]:
         return send_back(stage.keys, stage.max_resolve_retries, batch)
     # In the store now (and searchable): the statement's pending entry goes, never before.
     pending.settle(stage.client, stage.keys, settled_by([batch.candidate]))
+    if applied.forgotten and not applied.changes:  # forgotten meanwhile: none of it written (shared/writer/applier.py)
+        fates.record(stage.client, stage.keys, batch.subject, FateState.dropped, batch.candidate.source_event_ids,
+                     FORGOTTEN_IN_FLIGHT)
+    else:
+        fates.stored(stage.client, stage.keys, batch.subject, stored_as(batch))
     return []
 
 

@@ -118,6 +118,11 @@ class Keys:
         partition, beside the events stream, so that a publish writes both on one connection to one node."""
         return self.tagged(self.partition(subject), f"pending:{subject}")
 
+    def fates(self, subject: str) -> str:
+        """Hash: event id → what became of the subject's published event (shared/unstored/fates.py). In the subject's
+        partition, beside its streams and pending entries: a publish writes it on the same connection."""
+        return self.tagged(self.partition(subject), f"fates:{subject}")
+
     def pending_subjects(self, partition: int) -> str:
         """Sorted set: the subjects of a partition with pending entries, by when they last published (ms)."""
         return self.tagged(partition, "pending-subjects")

@@ -33,13 +33,14 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from memflow.pipeline import feed, wording
+from memflow.pipeline.fates import EventFate, FateAsked, gate_refusal
 from memflow.pipeline.feed import ChangesPage
-from memflow.pipeline.gate import redact_secrets
+from memflow.pipeline.gate import gate, redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.pipeline.profile import ProfileReply
 from memflow.shared.changes import feed as feed_pages
 from memflow.shared.codec import encode
-from memflow.shared.errors import InvalidInput, RpcError, raised_said
+from memflow.shared.errors import InvalidInput, NotFound, RpcError, raised_said
 from memflow.shared.redisdb.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
 from memflow.shared.redisdb.durability import fsync_timeout_ms
 from memflow.shared.redisdb.keys import FIELD, STAGES, check_partitions, id_space
@@ -74,7 +75,7 @@ from memflow.shared.sdk.rpc import (
 )
 from memflow.shared.settings import Settings, get_settings
 from memflow.shared.streaming.backlog import backlog
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 
 # The fields of `write` that become other fields of the event it publishes: a refusal names the caller's.
 _WRITE_FIELDS = {"text": "content", "meta": "external_ref"}
@@ -149,9 +150,11 @@ class MemoryClient:
             self._partitions_checked = True
         cleaned = [(stream, [_without_secrets(event) for event in events]) for stream, events in parts]
         subjects: list[list[str]] = []
+        fated: list[list[str]] = []
 
         def write(pipe: Pipeline) -> None:
             for stream, events in cleaned:
+                fated.append(fates.queue_accepted(pipe, self.keys, events))  # what a caller asks of it later
                 subjects.append(pending.queue_said(pipe, self.keys, self.settings.pending, events))
                 for event in events:
                     pipe.xadd(stream, {FIELD: encode(event)})
@@ -160,7 +163,10 @@ class MemoryClient:
         replies = replicated(self.redis, cleaned[0][0], write, replicas=r.wait_replicas,
                              timeout_ms=r.wait_timeout_ms, fsync_timeout_ms=self._fsync_timeout_ms)
         ids, at = [], 0
-        for (_, events), said in zip(cleaned, subjects, strict=True):
+        for (_, events), said, decided in zip(cleaned, subjects, fated, strict=True):
+            told = fates.replies_of(decided, events)
+            fates.trim(self.redis, self.keys, decided, replies[at:at + told])
+            at += told
             queued = pending.replies_of(said)
             if said:
                 pending.checked_bounds(self.redis, self.keys, self.settings.pending, said, replies[at:at + queued])
@@ -179,11 +185,15 @@ class MemoryClient:
               ts: datetime | None = None, event_id: str | None = None) -> str:
         """Remember `content` explicitly. It still passes the gate, resolve and upsert. InvalidInput when it holds
         a secret: the statement would be stored as nothing (a secret is never remembered), so it is refused
-        rather than acknowledged and dropped."""
+        rather than acknowledged and dropped; and so is whatever the gate would drop (an instruction to the
+        assistant, filler), with the gate's reason. Nothing refused is published."""
         kinds = redact_secrets(content)[1]
         if kinds:
             raise InvalidInput("content", f"holds a secret ({', '.join(kinds)}): memflow never stores one, so nothing "
                                "would be remembered; write the statement without it")
+        verdict = gate(content, Role.user)  # the trigger's own gate: what it would drop is refused here instead
+        if not verdict.keep:
+            raise InvalidInput("content", f"not remembered: {gate_refusal(verdict)}")
         event = {"event_id": event_id or f"write-{uuid.uuid4()}", "subject": subject, "session_id": session_id,
                  "kind": Kind.message, "role": Role.user, "text": content, "ts": ts or datetime.now(UTC),
                  "meta": {"explicit": True, "external_ref": external_ref}}
@@ -191,6 +201,21 @@ class MemoryClient:
             return self.publish(event)
         except InvalidInput as exc:  # named as the caller named it: the event's `text` is the write's `content`
             raise InvalidInput(_WRITE_FIELDS.get(exc.field, exc.field), exc.reason) from exc
+
+    def event_fate(self, subject: str, event_id: str) -> EventFate:
+        """What became of an event published for `subject` (pipeline/fates.py): accepted, stored (as which
+        memories), nothing to remember, dropped or dead-lettered, and why. NotFound when nothing is recorded for
+        it under `subject`: never published there, or published more than a week before the subject's last
+        publish (shared/unstored/fates.py)."""
+        try:  # a subject that is no subject id never leaves the client
+            FateAsked(subject=subject, event_id=event_id)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidInput(".".join(str(p) for p in first["loc"]), wording.reason(first)) from exc
+        found = fates.read(self.redis, self.keys, subject, event_id)
+        if found is None:
+            raise NotFound(f"no event {event_id!r} published for {subject!r} (or its fate has expired)")
+        return found
 
     def wait_idle(self, timeout_s: float = 30.0, poll_s: float = 0.02) -> bool:
         """Block until every stage has read and acknowledged everything; False on timeout."""

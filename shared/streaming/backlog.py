@@ -12,6 +12,7 @@ import redis
 from memflow.shared.errors import MemflowError
 from memflow.shared.redisdb.keys import STAGES, Keys, recorded_partitions, swap_partitions
 from memflow.shared.streaming.leases import live_consumers
+from memflow.shared.unstored import fates
 
 
 def backlog(client: redis.Redis, keys: Keys, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -128,4 +129,5 @@ def change_partitions(client: redis.Redis, keys: Keys, count: int, lease_ms: int
                                      f"the pipeline is not drained: {'; '.join(why)}")
     if not swap_partitions(client, keys, recorded, count):
         raise PartitionChangeRefused(f"the partition count changed meanwhile (from {recorded}): check again")
+    fates.move(client, old, Keys(keys.prefix, count))  # each event's fate, still found under the new count
     return recorded

@@ -67,7 +67,7 @@ from memflow.shared.settings import Settings
 from memflow.shared.streaming.backlog import trim_acknowledged
 from memflow.shared.streaming.handlers import BatchHandler, Emit, M, Outcome, handing
 from memflow.shared.streaming.leases import LeaseLost, Leases
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 
 log = logging.getLogger(__name__)
 
@@ -493,6 +493,7 @@ class StreamConsumer(Generic[M]):
         # What it carries will not be stored: no longer served as pending (before the move: a crash between
         # leaves the entry to be dead-lettered again, never served for good).
         pending.settle_dead(self.client, self.keys, self.stage, entry.raw)
+        fates.dead_lettered(self.client, self.keys, self.stage, entry.raw, reason)  # what its events' fates say
         record = {"payload": entry.raw if entry.raw is not None else b"", "error": reason,
                   "attempts": attempts, "source": self.stream(entry.partition), "source_id": entry.id,
                   "stage": self.stage, "at": time.time()}

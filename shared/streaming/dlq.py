@@ -19,7 +19,7 @@ from memflow.shared.codec import json_object
 from memflow.shared.errors import DecodeError, InvalidInput
 from memflow.shared.redisdb.keys import FIELD, Keys
 from memflow.shared.settings import PendingSettings
-from memflow.shared.unstored import pending
+from memflow.shared.unstored import fates, pending
 
 # The one table both ways: "15m" → 900,000 ms, and 900,000 ms → "15m".
 UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}
@@ -208,6 +208,7 @@ def replay(client: redis.Redis, keys: Keys, stage: str, ids: Sequence[str] | Non
         # The source is a stream of the DLQ's partition (same slot): where the entry failed.
         source = letter.source or keys.input_of(stage, keys.partition_in(letter.stream))
         served = pending.serve_again(client, keys, settings or PendingSettings(), stage, letter.payload)
+        fates.replayed(client, keys, stage, letter.payload)  # accepted again, before its stage can decide anew
         back = int(script(keys=[letter.stream, source], args=[letter.id, FIELD, letter.payload]))
         if not back:  # replayed or dropped meanwhile by another shell: not served on our word
             pending.settle(client, keys, served)

@@ -6,6 +6,7 @@ import type {
   ChangesPage,
   ChatEvent,
   ErrorBody,
+  EventFate,
   ExportEnd,
   ExportHeader,
   ExportRecord,
@@ -163,7 +164,16 @@ export class Memflow {
     return this.json("POST", "/v1/events", { body: events });
   }
 
-  /** Remember `content` explicitly; searchable once the pipeline has it. */
+  /** What became of a published event, by its `event_id`: `accepted` (not decided yet), `stored` (as `memory_ids`),
+   *  `nothing_to_remember`, `dropped` or `dead_lettered`, and why (`reason`). A key over more than one subject
+   *  names the event's `subject`; an event of a subject the key may not see is a `NotFound`, as one never
+   *  published. */
+  eventFate(eventId: string, options: { subject?: string } = {}): Promise<EventFate> {
+    return this.json("GET", `/v1/events/${encodeURIComponent(eventId)}`, { query: { subject: options.subject } });
+  }
+
+  /** Remember `content` explicitly; searchable once the pipeline has it. A statement the gate would drop (an
+   *  instruction to the assistant, filler, a secret) is an `InvalidInput` naming `content`, and is not published. */
   write(request: WriteRequest): Promise<Written> {
     return this.json("POST", "/v1/memories", { body: request });
   }

@@ -47,6 +47,15 @@ export type ErrorReply = {
   error: ErrorBody;
 };
 
+/** What became of one published event, as far as the pipeline has got. */
+export type EventFate = {
+  event_id: string;
+  subject: string;
+  state: FateState;
+  memory_ids?: string[];
+  reason?: string | null;
+};
+
 /** The last line: how many records came before it, so that a file cut short (a stream that broke, a disk
  * that filled) is refused rather than imported in part. */
 export type ExportEnd = {
@@ -71,6 +80,8 @@ export type ExportRecord = {
   memory: Memory;
   vector?: number[] | null;
 };
+
+export type FateState = "accepted" | "stored" | "nothing_to_remember" | "dropped" | "dead_lettered";
 
 /** One change to one memory: which (`memory_id` of `subject`), what kind (`add`, `supersede`, `contest`,
  * `forget`, a lifecycle step…), the memory's revision after it (none: the memory was deleted) and when.
@@ -220,6 +231,7 @@ export type LLMUsage = {
   completion_tokens: number;
   fallbacks: number;
   fallbacks_by_reason: Record<string, number>;
+  mean_latency_ms?: number | null;
   events: number;
   candidates: number;
   per_event: PerUnit | null;
@@ -407,7 +419,8 @@ export type ProfileReply = {
   changes?: SinceRevision | null;
 };
 
-/** The stream ids of the events appended, in the order given. Processing happens after the reply. */
+/** The stream ids of the events appended, in the order given. Processing happens after the reply: what became
+ * of each event is asked by its `event_id` (`GET /v1/events/{event_id}`). */
 export type Published = {
   ids: string[];
 };

@@ -54,6 +54,11 @@ class MemflowHttp:
         self._answer(self.http.post("/v1/memories", json={"subject": subject, "content": content,
                                                           "external_ref": external_ref, "event_id": event_id}))
 
+    def event_fate(self, subject: str, event_id: str) -> dict[str, Any]:
+        """What became of a published event (`GET /v1/events/{id}`): its `state`, `memory_ids` and `reason`."""
+        return dict(self._answer(self.http.get(f"/v1/events/{quote(event_id, safe='')}",
+                                               params={"subject": subject})))
+
     def publish(self, events: Sequence[dict[str, Any]]) -> None:
         if events:
             self._answer(self.http.post("/v1/events", json=list(events)))

@@ -5,9 +5,10 @@ A namespace is a subject (`http.subject_of`: ("users", "alice") -> "users/alice"
 explicitly (`POST /v1/memories`) with the item's key as its `external_ref`. The value's text is the memory's
 content: `value["content"]` when that is all it holds, else the value as JSON; `get` reads it back from the
 words memflow kept (`evidence`), so a value comes back as it was put. A `put` waits until memflow has stored
-it (at most `wait_s`): memflow gates, resolves and stores asynchronously, and a value its gate refuses is an
-error (`NotStored`), not a silent loss. Memories memflow learnt otherwise (from a conversation) are items too:
-their key is their memory id, their value `{"content": …}`.
+it (at most `wait_s`, asking the event's fate: `GET /v1/events/{id}`): memflow resolves and stores asynchronously,
+and a value its gate refuses, or that states nothing memflow keeps, is an error (`NotStored`), not a silent loss.
+Memories memflow learnt otherwise (from a conversation) are items too: their key is their memory id, their value
+`{"content": …}`.
 
     store = MemflowStore("http://127.0.0.1:8765", "mf_...")
     store.put(("users", "alice"), "drink", {"content": "Alice drinks oolong after lunch"})
@@ -37,7 +38,7 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from memflow.shared.integrations.http import MemflowHttp, scope_of, subject_of, until
+from memflow.shared.integrations.http import MemflowHttp, MemflowHttpError, scope_of, subject_of, until
 
 # What a search may return (pipeline/models.py SEARCHABLE_STATUSES); the rest is history or awaits review.
 CURRENT = ("active", "contested")
@@ -102,22 +103,22 @@ class MemflowStore(BaseStore):  # type: ignore[misc, unused-ignore]  # Any where
         if value is None:
             return
         event_id = event_prefix(key) + uuid.uuid4().hex
-        self.api.write(subject, rendered(value), external_ref=key, event_id=event_id)
-        if self.wait_s > 0 and until(lambda: self._fate(subject, event_id), self.wait_s) is False:
-            raise NotStored(f"memflow kept nothing of the value put at {namespace}/{key}: its gate refused it or "
-                            "it states nothing memflow keeps")
+        try:
+            self.api.write(subject, rendered(value), external_ref=key, event_id=event_id)
+        except MemflowHttpError as exc:  # the gate's refusal is told at once, with its reason (a 422 on content)
+            if exc.status == 422 and exc.field == "content":
+                raise NotStored(f"memflow's gate refused the value put at {namespace}/{key}: {exc}") from None
+            raise
+        if self.wait_s > 0:
+            fate = until(lambda: self._decided(subject, event_id), self.wait_s)
+            if fate is not None and fate["state"] != "stored":
+                raise NotStored(f"memflow kept nothing of the value put at {namespace}/{key}: "
+                                f"{fate.get('reason') or fate['state']}")
 
-    def _fate(self, subject: str, event_id: str) -> bool | None:
-        """True once a memory holds the event; False once memflow is done with it and none does; None while that
-        cannot be told. Done: its pending entry is gone (dropped by the gate, or once what it became is stored) and
-        the write path is idle: an entry can also be gone unread (the read-your-writes layer disabled, or its
-        oldest entries evicted under a burst), and then only the idle write path tells that it was read."""
-        report = self.api.memories(subject)
-        if _holds(report, event_id):
-            return True
-        if any(p["event_id"] == event_id for p in report.get("pending", ())) or _busy(report):
-            return None
-        return _holds(self.api.memories(subject), event_id)  # read again: it may have been stored in between
+    def _decided(self, subject: str, event_id: str) -> dict[str, Any] | None:
+        """The event's fate once the pipeline has decided it (`GET /v1/events/{id}`); None while it is accepted."""
+        fate = self.api.event_fate(subject, event_id)
+        return None if fate["state"] == "accepted" else fate
 
     # -- search ------------------------------------------------------------------------------------
 
@@ -189,15 +190,6 @@ def event_prefix(key: str) -> str:
     """The start of the event id of every put of `key`: memflow may merge a value into an equal one stored
     under another key, and the key still finds it by its event."""
     return f"{EVENT_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:24]}:"
-
-
-def _holds(report: dict[str, Any], event_id: str) -> bool:
-    return any(event_id in m.get("source_event_ids", ()) for m in report["memories"])
-
-
-def _busy(report: dict[str, Any]) -> bool:
-    """Whether a stage of the write path has events unread or unacknowledged (the report's `backlog`)."""
-    return any(unread or pending for unread, pending in report.get("backlog", {}).values())
 
 
 def memories_of(api: MemflowHttp, subject: str) -> list[dict[str, Any]]:

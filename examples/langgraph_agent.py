@@ -27,7 +27,8 @@ def memory_client(url: str, key: str, subject: str | None = None) -> MultiServer
 
 
 async def memory_tools(url: str, key: str, subject: str | None = None) -> list[Any]:
-    """memflow's tools as LangChain tools: `remember`, `recall`, `context`, `profile`, `forget`, `publish_turns`."""
+    """memflow's tools as LangChain tools: `remember`, `recall`, `context`, `profile`, `forget`, `publish_turns`,
+    `event_fate`."""
     return list(await memory_client(url, key, subject).get_tools())
 
 

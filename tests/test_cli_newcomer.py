@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 
 from memflow.workers.cli.common import USAGE
+from tests import test_api
+from tests.test_api import Served
+
+served = test_api.served  # the fixture: a system and `memflow serve` for this module
 
 ROOT = Path(__file__).resolve().parent.parent
 # Nothing listens there: a command that reached Redis before refusing would say it cannot.
@@ -81,3 +85,13 @@ def test_the_mcp_example_without_a_key_says_which_variable_to_set() -> None:
     assert done.returncode == 1, done
     assert done.stderr.strip().splitlines() == [
         "mcp_client: set MEMFLOW_URL (such as http://127.0.0.1:8765) and MEMFLOW_KEY (`memflow keys create`)"], done
+
+
+def test_the_mcp_example_with_a_wrong_key_prints_the_servers_words(served: Served) -> None:
+    """A wrong key is refused at the door (401, the API's JSON error), which the MCP SDK hands its caller as "Server
+    returned an error response": the example printed that, never the server's "unknown or revoked API key"."""
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "mcp_client.py")],
+                          env={**os.environ, "MEMFLOW_URL": served.url, "MEMFLOW_KEY": "mf_deadbeef_wrong"},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == ["mcp_client: 401 unauthorized: unknown or revoked API key"], done

@@ -52,6 +52,27 @@ def test_a_number_out_of_range_is_refused_in_plain_words(args: tuple[str, ...], 
     no_traceback(done)
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (("rollback", "deadbeef", "--to", "0"), "'--to': must be at least 1"),
+    (("dlq", "list", "extract", "--subject", "a b"), "'--subject'"),
+    (("dlq", "drop", "extract", "--subject", "a b"), "'--subject'"),
+    (("status", "--subject", "a b"), "'--subject'"),
+    (("search", "alice", "x", "--now", "yesterday"), "'--now': not an ISO time"),
+    (("inspect", "alice", "--now", "yesterday"), "'--now': not an ISO time"),
+    (("jobs", "run", "decay", "--now", "yesterday"), "'--now': not an ISO time"),
+])
+def test_a_value_wrong_on_its_face_is_usage_naming_its_option(args: tuple[str, ...], words: str) -> None:
+    """Seen as a newcomer: `rollback --to 0` answered "no version 0" (exit 1, after asking the worker), a subject
+    filter no subject can match (`--subject 'a b'`) listed nothing and exited 0, and a bad `--now` said "Invalid
+    value: not an ISO time" without naming the option. Each is usage, said before Redis is asked."""
+    done = memflow(*args)
+    assert done.returncode == USAGE, done
+    assert words in done.stderr, done.stderr
+    if "'--subject'" in words:
+        assert "1 to 128 letters" in done.stderr, done.stderr
+    no_traceback(done)
+
+
 def test_exporting_a_malformed_subject_is_usage_not_an_unknown_subject() -> None:
     """`memflow export 'a b'` said "no memories of 'a b' in this store" (exit 1), as of a subject that could exist:
     no subject is ever named so, as `search`, `inspect` and `publish` already say (exit 2), before asking Redis."""

@@ -116,3 +116,14 @@ def test_the_mcp_example_with_a_wrong_key_prints_the_servers_words(served: Serve
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == ["mcp_client: 401 unauthorized: unknown or revoked API key"], done
+
+
+def test_an_import_that_is_not_json_names_its_line_once(tmp_path: Path) -> None:
+    """It said "line 1: line: not JSON: …": the field of a line that is not JSON at all is the line itself, already
+    named by its number."""
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("hello\n")
+    done = memflow("import", str(garbage))
+    assert done.returncode == USAGE, done
+    assert f"memflow: {garbage}: line 1: not JSON" in done.stderr, done.stderr
+    no_traceback(done)

@@ -5,6 +5,7 @@ refusal in plain words (pipeline/wording.py), never a traceback."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from memflow.workers.cli.common import USAGE
 from tests import test_api
+from tests.conftest import System, run_cli
 from tests.test_api import Served
 
 served = test_api.served  # the fixture: a system and `memflow serve` for this module
@@ -127,3 +129,21 @@ def test_an_import_that_is_not_json_names_its_line_once(tmp_path: Path) -> None:
     assert done.returncode == USAGE, done
     assert f"memflow: {garbage}: line 1: not JSON" in done.stderr, done.stderr
     no_traceback(done)
+
+
+def test_publish_names_the_event_id_that_fate_asks_for(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memflow publish` printed the stream entry id alone ("1796551981659-0"): with no --event-id, the newcomer had
+    no way to ask `memflow fate SUBJECT EVENT_ID` what became of it."""
+    said = run_cli(system, monkeypatch, "publish", "alice", "I prefer green tea over coffee.")
+    found = re.search(r"published event ([0-9a-f-]{36})", said)
+    assert found is not None, said
+    assert f"memflow fate alice {found.group(1)}" in said, said
+    assert system.client.wait_idle(timeout_s=60)
+    assert system.client.event_fate("alice", found.group(1)).state in ("accepted", "stored")
+
+
+def test_showing_an_empty_dead_letter_queue_says_so(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memflow dlq show extract` with nothing dead-lettered printed nothing at all and exited 0."""
+    said = run_cli(system, monkeypatch, "dlq", "show", "extract")
+    assert "no dead letters of extract" in said, said
+    assert "that match" in run_cli(system, monkeypatch, "dlq", "show", "extract", "--error", "timeout")

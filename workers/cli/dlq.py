@@ -71,6 +71,8 @@ def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
     entries = list(islice(dead.select(client, keys, stage, ids or None, where), count))
     if ids and not entries:
         _none_of(ids, stage, where)
+    if not entries:  # said on stderr: stdout holds one JSON object per letter, here none
+        typer.echo(f"no dead letters of {stage}{'' if where.is_empty else ' that match the filters'}", err=True)
     now_ms = dead.server_now_ms(client)
     for entry in entries:
         print_json(_letter_json(entry, now_ms))

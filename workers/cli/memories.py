@@ -21,9 +21,13 @@ def publish(subject: str, text: str, session: str = "cli", role: str = "user", k
             ts: Annotated[str | None, typer.Option(help="ISO time with zone; defaults to now.")] = None) -> None:
     """Publish one event."""
     client = MemoryClient(load_settings())
-    event = {"event_id": event_id or str(uuid.uuid4()), "subject": subject, "session_id": session, "kind": kind,
+    event_id = event_id or str(uuid.uuid4())
+    event = {"event_id": event_id, "subject": subject, "session_id": session, "kind": kind,
              "role": role if kind == "message" else None, "text": text, "ts": ts or datetime.now(UTC)}
-    typer.echo(client.publish(event))  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
+    entry = client.publish(event)  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
+    # The event id is what `fate` asks by: a new one made here is otherwise nowhere to be seen.
+    typer.echo(f"published event {event_id} (stream entry {entry}): `memflow fate {subject} {event_id}` tells "
+               "what became of it")
 
 
 def search(subject: str, query: str,

@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,20 @@ def test_showing_an_empty_dead_letter_queue_says_so(system: System, monkeypatch:
     said = run_cli(system, monkeypatch, "dlq", "show", "extract")
     assert "no dead letters of extract" in said, said
     assert "that match" in run_cli(system, monkeypatch, "dlq", "show", "extract", "--error", "timeout")
+
+
+def test_the_http_history_takes_the_id_start_inspect_shows(served: Served) -> None:
+    """`memflow history 8fc354c3` worked, `GET /v1/memories/8fc354c3/history` was 422 "is not a memory id": the
+    8 characters the inspector and `inspect` show are taken at this door too, found among the key's subjects only."""
+    subject, other = f"nb-{uuid.uuid4().hex[:6]}", f"nb-{uuid.uuid4().hex[:6]}"
+    for who in (subject, other):
+        served.system.client.write(who, "I live in Lyon.")
+    assert served.system.client.wait_idle(timeout_s=60)
+    mine, theirs = (served.system.client.inspect(who).memories[0].id for who in (subject, other))
+    with served.http(served.key(subject)) as http:
+        found = http.get(f"/v1/memories/{mine[:8]}/history")
+        assert found.status_code == 200, found.text
+        assert mine in {v["id"] for v in found.json()["versions"]}, found.json()
+        assert http.get(f"/v1/memories/{theirs[:8]}/history").status_code == 404  # never another subject's
+        refused = http.get("/v1/memories/zz/history")
+        assert refused.status_code == 422 and "not a memory id" in refused.json()["error"]["message"], refused.text

@@ -30,9 +30,26 @@ def headers(key: str, subject: str | None = None) -> dict[str, str]:
 async def memory(url: str, key: str, subject: str | None = None) -> AsyncIterator[Client]:
     """A session with memflow's `/mcp`: `remember`, `recall`, `context`, `profile`, `forget`, `publish_turns`,
     `event_fate`."""
-    async with (httpx2.AsyncClient(headers=headers(key, subject), timeout=60) as http,
+    async with (httpx2.AsyncClient(headers=headers(key, subject), timeout=60,
+                                   event_hooks={"response": [refused_at_the_door]}) as http,
                 Client(streamable_http_client(f"{url.rstrip('/')}/mcp", http_client=http)) as client):
         yield client
+
+
+async def refused_at_the_door(response: httpx2.Response) -> None:
+    """A request memflow refuses before MCP reads it (a wrong key: 401 with the API's JSON error), raised in the
+    server's words: the SDK would hand its caller "Server returned an error response" alone. A JSON-RPC error
+    (its `code` a number) is the SDK's to read, as it does."""
+    if response.status_code < 400 or not response.headers.get("content-type", "").startswith("application/json"):
+        return
+    await response.aread()
+    try:
+        body = response.json()
+    except ValueError:
+        return
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        raise RuntimeError(f"{response.status_code} {error['code']}: {error.get('message')}")
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -44,7 +61,11 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 
 
 async def main() -> None:
-    async with memory(os.environ["MEMFLOW_URL"], os.environ["MEMFLOW_KEY"], os.environ.get("MEMFLOW_SUBJECT")) as c:
+    url, key = os.environ.get("MEMFLOW_URL"), os.environ.get("MEMFLOW_KEY")
+    if not url or not key:
+        raise SystemExit("mcp_client: set MEMFLOW_URL (such as http://127.0.0.1:8765) and MEMFLOW_KEY "
+                         "(`memflow keys create`)")
+    async with memory(url, key, os.environ.get("MEMFLOW_SUBJECT")) as c:
         print("tools:", sorted(tool.name for tool in (await c.list_tools()).tools))
         print(await call(c, "remember", content="I prefer tea over coffee in the morning."))
         print(await call(c, "recall", query="what do I drink in the morning?", k=5))

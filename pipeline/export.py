@@ -58,7 +58,8 @@ class FormatError(ValueError):
     """A line the reader cannot take: its number (1 is the header), the field, and why."""
 
     def __init__(self, line: int, field_name: str, reason: str) -> None:
-        super().__init__(f"line {line}: {field_name}: {reason}")
+        # A fault of the line as a whole (not JSON, too long) is named by its number alone: "line 1: line: …" twice.
+        super().__init__(f"line {line}: {reason}" if field_name == "line" else f"line {line}: {field_name}: {reason}")
         self.line, self.field, self.reason = line, field_name, reason
 
 

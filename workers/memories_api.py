@@ -25,7 +25,7 @@ from memflow.shared.changes import profiles
 from memflow.shared.errors import RpcError
 from memflow.shared.monitoring.status import recent_traces
 from memflow.shared.sdk import rpc
-from memflow.shared.sdk.rpc import MemoryId
+from memflow.shared.sdk.rpc import MemoryId, MemoryRef
 from memflow.shared.unstored import fates
 from memflow.workers.api_edge import (
     ERRORS,
@@ -243,10 +243,11 @@ async def traces(request: Request, key: Caller, client: Client, subject: Subject
 # `:path`: an id with a slash in it (`..%2F..%2Fetc%2Fpasswd`) is answered as a bad id (422 naming it), not as
 # no such route.
 @v1.get("/memories/{memory_id:path}/history", response_model=rpc.History, tags=["read"])
-async def history(request: Request, key: Caller, memory_id: MemoryId,
+async def history(request: Request, key: Caller, memory_id: MemoryRef,
                   subject: Subject | None = None) -> rpc.History:
-    """Every version of a memory and why each changed. A memory of a subject the key may not see is
-    answered 404, as one that does not exist."""
+    """Every version of a memory and why each changed: its id, or the start of it the inspector shows (8
+    characters, found among the key's subjects only). A memory of a subject the key may not see is answered 404,
+    as one that does not exist."""
     if subject is not None:
         allowed(key, subject)
     # A key for one subject looks there only; otherwise the worker looks among the subjects the key may see (it

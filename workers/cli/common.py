@@ -4,6 +4,7 @@ system, a time given on the command line, Redis's streams, and the one-line fail
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
@@ -12,6 +13,7 @@ import orjson
 import typer
 from pydantic import BaseModel
 
+from memflow.pipeline.models import SUBJECT_PATTERN
 from memflow.shared.redisdb.connections import connect_streams
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.sdk import rpc
@@ -39,6 +41,24 @@ def when(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value) if value else None
     except ValueError as exc:
         raise typer.BadParameter(f"not an ISO time: {value!r}") from exc
+
+
+def checked_time(value: str | None) -> str | None:
+    """An option's callback: a time that cannot be read refused as the command line is parsed, naming the option
+    ("Invalid value for '--now': not an ISO time"), before anything is asked of Redis."""
+    when(value)
+    return value
+
+
+# `--now` where a command takes one: checked as the command line is parsed.
+NowOption = Annotated[str | None, typer.Option("--now", help="ISO time with zone; default now.", callback=checked_time)]
+
+
+def checked_subject(value: str | None) -> str | None:
+    """An option's callback: a name no subject can have (a filter it would make match nothing) refused as usage."""
+    if value is not None and re.fullmatch(SUBJECT_PATTERN, value) is None:
+        raise typer.BadParameter(f"{value!r} is no subject id (1 to 128 letters, digits or . _ : / -)")
+    return value
 
 
 def ask(call: rpc.Rpc[Any, Rep], **fields: Any) -> Rep:

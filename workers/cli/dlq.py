@@ -10,7 +10,7 @@ import typer
 from memflow.shared.errors import InvalidInput
 from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.streaming import dlq as dead
-from memflow.workers.cli.common import JsonFlag, fail, load_settings, print_json, redis_target
+from memflow.workers.cli.common import JsonFlag, checked_subject, fail, load_settings, print_json, redis_target
 
 dlq_app = typer.Typer(help="Inspect and replay dead-letter streams.", no_args_is_help=True)
 
@@ -32,7 +32,7 @@ Stage = Annotated[str, typer.Argument(help=f"One of {', '.join(STAGES)}.", callb
 EntryIds = Annotated[list[str] | None, typer.Argument(help="Entry ids; with filters too, those of them that match.")]
 ErrorFilter = Annotated[str | None, typer.Option("--error", metavar="TEXT",
                                                  help="Only entries whose reason contains TEXT (any case).")]
-SubjectFilter = Annotated[str | None, typer.Option("--subject", metavar="SUBJECT",
+SubjectFilter = Annotated[str | None, typer.Option("--subject", metavar="SUBJECT", callback=checked_subject,
                                                    help="Only entries whose payload is about SUBJECT.")]
 OlderThan = Annotated[int | None, typer.Option("--older-than", metavar="DURATION", parser=_duration_ms,
                                                help="Only entries dead-lettered at least this long ago: 30s, 2h, 7d.")]
@@ -71,6 +71,8 @@ def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
     entries = list(islice(dead.select(client, keys, stage, ids or None, where), count))
     if ids and not entries:
         _none_of(ids, stage, where)
+    if not entries:  # said on stderr: stdout holds one JSON object per letter, here none
+        typer.echo(f"no dead letters of {stage}{'' if where.is_empty else ' that match the filters'}", err=True)
     now_ms = dead.server_now_ms(client)
     for entry in entries:
         print_json(_letter_json(entry, now_ms))

@@ -93,6 +93,9 @@ class LazyGroup(TyperGroup):
 
         try:
             return super().invoke(ctx)
+        except typer.BadParameter as exc:
+            _reword(exc)
+            raise
         except MemflowError as exc:
             _refuse(exc)
         except Exception as exc:
@@ -153,6 +156,18 @@ _VALUE_NAMES = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PAT
 def _value_name(option: TyperOption) -> str:
     bare = option.bare_type().removeprefix("list[").removesuffix("]")
     return _VALUE_NAMES.get(bare, (option.name or "value").upper())
+
+
+def _reword(exc: typer.BadParameter) -> None:
+    """A value typer read with pydantic (a number, its bounds) refused in the words the HTTP API uses for the same
+    fault ("must be at least 1", pipeline/wording.py), not pydantic's ("Input should be greater than or equal
+    to 1"); click still names the option and prints the usage."""
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if type(cause).__name__ == "ValidationError" and callable(errors):
+        from memflow.pipeline.wording import reason
+
+        exc.message = "; ".join(reason(error) for error in errors())
 
 
 def _refuse(exc: Exception) -> None:

@@ -15,7 +15,7 @@ from memflow.shared.sdk import rpc
 from memflow.shared.settings import Settings
 from memflow.shared.storage.store import Catalog, catalog_for
 from memflow.shared.writer.reindex import DEFAULT_BATCH, Report, Step, reindex
-from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, fail, load_settings, print_json, when
+from memflow.workers.cli.common import JsonFlag, MemoryIdArg, NowOption, ask, fail, load_settings, print_json, when
 
 review_app = typer.Typer(help="Memories waiting for a decision.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Maintenance jobs, run by a query worker.", no_args_is_help=True)
@@ -58,7 +58,7 @@ def _known_job(job: str) -> str:
 @jobs_app.command("run")
 def jobs_run(job: Annotated[str, typer.Argument(help="decay, consolidate, review or retag", callback=_known_job)],
              subject: Annotated[str | None, typer.Option(help="One subject; default every subject.")] = None,
-             now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+             now: NowOption = None,
              tier: Annotated[str | None, typer.Option(help="decay only: short_term or long_term.")] = None,
              dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
              as_json: JsonFlag = False) -> None:

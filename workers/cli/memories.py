@@ -13,7 +13,7 @@ from memflow.pipeline.models import SearchResult
 from memflow.shared.errors import NotFound
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
-from memflow.workers.cli.common import JsonFlag, MemoryIdArg, ask, fail, load_settings, print_json, when
+from memflow.workers.cli.common import JsonFlag, MemoryIdArg, NowOption, ask, fail, load_settings, print_json, when
 
 
 def publish(subject: str, text: str, session: str = "cli", role: str = "user", kind: str = "message",
@@ -21,14 +21,18 @@ def publish(subject: str, text: str, session: str = "cli", role: str = "user", k
             ts: Annotated[str | None, typer.Option(help="ISO time with zone; defaults to now.")] = None) -> None:
     """Publish one event."""
     client = MemoryClient(load_settings())
-    event = {"event_id": event_id or str(uuid.uuid4()), "subject": subject, "session_id": session, "kind": kind,
+    event_id = event_id or str(uuid.uuid4())
+    event = {"event_id": event_id, "subject": subject, "session_id": session, "kind": kind,
              "role": role if kind == "message" else None, "text": text, "ts": ts or datetime.now(UTC)}
-    typer.echo(client.publish(event))  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
+    entry = client.publish(event)  # a bad field: InvalidInput, usage (workers/cli/lazy.py)
+    # The event id is what `fate` asks by: a new one made here is otherwise nowhere to be seen.
+    typer.echo(f"published event {event_id} (stream entry {entry}): `memflow fate {subject} {event_id}` tells "
+               "what became of it")
 
 
 def search(subject: str, query: str,
            k: Annotated[int, typer.Option(min=1, max=200, help="How many hits, 1 to 200.")] = 5,
-           now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+           now: NowOption = None,
            as_json: JsonFlag = False) -> None:
     """Search one subject's memories."""
     result = MemoryClient(load_settings()).search(subject, query, k, now=when(now))
@@ -95,7 +99,7 @@ def compact_aof() -> None:
     typer.echo("AOF rewrite started")
 
 
-def inspect(subject: str, now: Annotated[str | None, typer.Option(help="ISO time with zone; default now.")] = None,
+def inspect(subject: str, now: NowOption = None,
             as_json: JsonFlag = False) -> None:
     """A subject's memories with state, tier, strength, uses and last change; utilisation; backlog."""
     report = MemoryClient(load_settings()).call(rpc.INSPECT, subject=subject, now=when(now))
@@ -180,7 +184,7 @@ def history(memory_id: MemoryIdArg, subject: Annotated[str | None, typer.Option(
             typer.echo(f"      rev {r.rev} {_iso(r.at)}: {r.why} (was {before})")
 
 
-def rollback(memory_id: MemoryIdArg, to: Annotated[int, typer.Option("--to", help="The version to restore.")],
+def rollback(memory_id: MemoryIdArg, to: Annotated[int, typer.Option("--to", min=1, help="The version to restore.")],
              subject: Annotated[str | None, typer.Option(help="Its subject (faster).")] = None,
              as_json: JsonFlag = False) -> None:
     """Restore an old version as a new version on top; the change is recorded like any other."""

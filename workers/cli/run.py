@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -18,7 +19,7 @@ from memflow.shared.errors import MemflowError
 from memflow.shared.redisdb.connections import require_url
 from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.settings import Settings, get_settings, to_env
-from memflow.workers.cli.common import load_settings
+from memflow.workers.cli.common import fail, load_settings
 from memflow.workers.process import QUERY, own_redis, run_stages, say_durability
 from memflow.workers.system import Part
 
@@ -75,6 +76,7 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
     settings = load_settings()
     host, port = host or settings.http.host, settings.http.port if port is None else port
     settings = settings.replace(http_host=host)  # the names it answers to include the address it is bound to
+    _refuse_taken(host, port)
     if no_auth:
         _warn_no_auth(host)
     typer.echo(f"memflow serve: http://{host}:{port} (OpenAPI at /openapi.json), redis {require_url(settings)}"
@@ -88,6 +90,24 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
     os.environ.update({**to_env(settings.replace(redis_url=require_url(settings))),
                        AUTH_VARIABLE: "off" if no_auth else "on"})
     uvicorn.run("memflow.workers.api:app_from_environment", factory=True, workers=workers, **common)
+
+
+def _refuse_taken(host: str, port: int) -> None:
+    """A port another server holds, said in one line (exit 1) before the app starts: uvicorn would log its startup,
+    "[Errno 98] … address already in use", its shutdown, and exit 3, a code `memflow --help` does not know. The
+    probe binds as uvicorn does (SO_REUSEADDR), so a port in TIME_WAIT is not taken for a held one."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is --host or MEMFLOW_HTTP_HOST right?)")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()} (another `memflow serve` or "
+                 "`memflow up --serve`? another port: --port or MEMFLOW_HTTP_PORT)")
 
 
 def _http_part(settings: Settings, *, auth: bool) -> Part:

@@ -14,7 +14,7 @@ from memflow.shared.redisdb.connections import connect_queue
 from memflow.shared.redisdb.keys import FIELD, recorded_partitions
 from memflow.shared.streaming import dlq as dead
 from memflow.shared.streaming.backlog import change_partitions
-from memflow.workers.cli.common import JsonFlag, load_settings, print_json, redis_target
+from memflow.workers.cli.common import JsonFlag, checked_subject, load_settings, print_json, redis_target
 
 partitions_app = typer.Typer(help="The partition count of the streams, recorded in Redis.", no_args_is_help=True)
 traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
@@ -23,7 +23,7 @@ traces_app = typer.Typer(help="The search traces feed.", no_args_is_help=True)
 def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SECONDS", min=0.0, help=(
                "Measure read/s as what each group reads over SECONDS (waits that long) instead of "
                "the last minute's arrivals already read."))] = None,
-           subject: Annotated[str | None, typer.Option("--subject", help=(
+           subject: Annotated[str | None, typer.Option("--subject", callback=checked_subject, help=(
                "Instead: every Redis key memflow keeps for SUBJECT, its bytes and time left."))] = None,
            as_json: JsonFlag = False) -> None:
     """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and

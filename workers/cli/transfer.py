@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from memflow.pipeline.export import FormatError
+from memflow.pipeline.models import SUBJECT_PATTERN
 from memflow.shared.errors import InvalidInput
 from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
@@ -24,12 +26,21 @@ def export_memories(subjects: Annotated[list[str] | None, typer.Argument(help="S
     """Write memories as JSON Lines to stdout, with their versions, history and provenance (docs/export-format.md)."""
     if bool(subjects) == every:
         raise typer.BadParameter("name the subjects to export, or --all (not both)")
+    _refuse_malformed(subjects or [])
     client = MemoryClient(load_settings())
     _refuse_unknown(client, subjects or [])
     out = sys.stdout.buffer
     for line in client.export(None if every else subjects, with_vectors=with_vectors):
         out.write(line)
     out.flush()
+
+
+def _refuse_malformed(subjects: list[str]) -> None:
+    """A name no subject can have is wrong on its face (exit 2, as `search` and `inspect` say it), not a subject
+    the store happens not to hold (exit 1)."""
+    for subject in subjects:
+        if re.fullmatch(SUBJECT_PATTERN, subject) is None:
+            fail(f"subject: {subject!r} is no subject id (1 to 128 letters, digits or . _ : / -)", USAGE)
 
 
 def _refuse_unknown(client: MemoryClient, subjects: list[str]) -> None:

@@ -237,3 +237,12 @@ def test_the_worker_finds_a_prefix_in_its_subject_only_and_names_every_candidate
         assert ops.locate(store, "beef", None).id == theirs  # the operator's command, over every subject
     finally:
         store.close()
+
+
+def test_replay_or_drop_of_every_dead_letter_says_all(system: System, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Naming nothing is a usage error, never "all" by default: a mistyped filter would have replayed the lot."""
+    for verb, done in (("replay", "replayed 0"), ("drop", "dropped 0")):
+        refused(memflow(system, monkeypatch, capsys, "dlq", verb, "trigger"), 2, "--all")
+        ran = memflow(system, monkeypatch, capsys, "dlq", verb, "trigger", "--all")
+        assert ran.code == 0 and done in ran.out, ran

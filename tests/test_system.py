@@ -104,7 +104,7 @@ def test_dlq_replay_from_the_command_line(system: System, monkeypatch: pytest.Mo
     system.ctx.client.xadd(system.ctx.keys.input_of("trigger", 0), {FIELD: b"[1, 2]"})
     wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger", 0)) == 1, what="dead letter")
     assert "expected a JSON object" in run_cli(system, monkeypatch, "dlq", "list", "trigger")
-    assert "replayed 1" in run_cli(system, monkeypatch, "dlq", "replay", "trigger")
+    assert "replayed 1" in run_cli(system, monkeypatch, "dlq", "replay", "trigger", "--all")
     # Still malformed, so it comes back, with its reason, and nothing else is stuck.
     wait_for(lambda: system.ctx.client.xlen(system.ctx.keys.dlq("trigger", 0)) == 1, what="dead letter again")
     assert system.client.wait_idle(timeout_s=30)

@@ -36,6 +36,7 @@ SubjectFilter = Annotated[str | None, typer.Option("--subject", metavar="SUBJECT
                                                    help="Only entries whose payload is about SUBJECT.")]
 OlderThan = Annotated[int | None, typer.Option("--older-than", metavar="DURATION", parser=_duration_ms,
                                                help="Only entries dead-lettered at least this long ago: 30s, 2h, 7d.")]
+Every = Annotated[bool, typer.Option("--all", help="Every dead letter of the stage (when no id or filter is named).")]
 NewerThan = Annotated[int | None, typer.Option("--newer-than", metavar="DURATION", parser=_duration_ms,
                                                help="Only entries dead-lettered less than this long ago.")]
 Count = Annotated[int, typer.Option("--count", help="Show at most this many.")]
@@ -80,23 +81,33 @@ def dlq_show(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subj
 
 @dlq_app.command("replay")
 def dlq_replay(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subject: SubjectFilter = None,
-               older_than: OlderThan = None, newer_than: NewerThan = None) -> None:
-    """Put dead letters back on their stream: the ids given and/or those matching the filters; else all.
+               older_than: OlderThan = None, newer_than: NewerThan = None, every: Every = False) -> None:
+    """Put dead letters back on their stream: the ids given and/or those matching the filters, or --all.
 
     An entry goes back once however often it is replayed: it leaves the DLQ as it goes.
     """
-    client, keys = redis_target()
     where = dead.Where(error, subject, older_than, newer_than)
+    _named_or_all(ids, where, every, "replay")
+    client, keys = redis_target()
     typer.echo(f"replayed {dead.replay(client, keys, stage, ids or None, where, settings=load_settings().pending)}")
 
 
 @dlq_app.command("drop")
 def dlq_drop(stage: Stage, ids: EntryIds = None, error: ErrorFilter = None, subject: SubjectFilter = None,
-             older_than: OlderThan = None, newer_than: NewerThan = None) -> None:
-    """Delete dead letters: the ids given and/or those matching the filters; else all."""
-    client, keys = redis_target()
+             older_than: OlderThan = None, newer_than: NewerThan = None, every: Every = False) -> None:
+    """Delete dead letters: the ids given and/or those matching the filters, or --all."""
     where = dead.Where(error, subject, older_than, newer_than)
+    _named_or_all(ids, where, every, "drop")
+    client, keys = redis_target()
     typer.echo(f"dropped {dead.drop(client, keys, stage, ids or None, where)}")
+
+
+def _named_or_all(ids: list[str] | None, where: dead.Where, every: bool, verb: str) -> None:
+    """A command that acts on every dead letter of a stage says so (--all): naming nothing is a usage error, never
+    "all" by default (a mistyped filter would have replayed or dropped the lot)."""
+    if not ids and where.is_empty and not every:
+        fail(f"name the dead letters to {verb}: entry ids, a filter (--error, --subject, --older-than, "
+             "--newer-than), or --all", 2)
 
 
 def _none_of(ids: list[str], stage: str, where: dead.Where) -> None:

@@ -37,6 +37,7 @@ from memflow.bench.recall import Item, evidence_recall, percentile_ms
 from memflow.pipeline.models import Hit, MType, SearchResult, Status
 from memflow.pipeline.models import Memory as Stored
 from memflow.pipeline.statements import CJK
+from memflow.shared.errors import InvalidInput
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
 from memflow.shared.storage.store import MemoryFilter
@@ -221,10 +222,17 @@ def event_id_of(lang: str, memory_id: str) -> str:
     return f"madial-{lang}-{memory_id}"
 
 
-def write_all(system: Embedded, split: Split) -> None:
+def write_all(system: Embedded, split: Split) -> int:
+    """Every memory written; the count the gate refused at the door (filler, an instruction): those were always
+    left unstored, and now the write says so instead of acknowledging them."""
+    refused = 0
     for m in split.memories:
-        system.client.write(subject_of(split.lang, m.user), m.event, ts=m.ts, external_ref=m.id,
-                            event_id=event_id_of(split.lang, m.id), session_id=f"madial-{split.lang}")
+        try:
+            system.client.write(subject_of(split.lang, m.user), m.event, ts=m.ts, external_ref=m.id,
+                                event_id=event_id_of(split.lang, m.id), session_id=f"madial-{split.lang}")
+        except InvalidInput:
+            refused += 1
+    return refused
 
 
 def stored(system: Embedded, split: Split) -> dict[str, int]:
@@ -285,8 +293,9 @@ def run_memflow(split: Split, base: Settings, embedder: Embedder | None, light_i
     with tempfile.TemporaryDirectory(prefix="memflow-madial-") as tmp:
         settings = base.replace(**own_namespace(Path(tmp), "madial"))
         with embedded(settings, light_in_process=light_in_process, embedder=embedder) as system:
-            write_all(system, split)
-            progress.note(f"memflow {split.lang}: wrote {len(split.memories)} memories", force=True)
+            refused = write_all(system, split)
+            progress.note(f"memflow {split.lang}: wrote {len(split.memories)} memories, {refused} refused by the gate",
+                          force=True)
             wait_until_idle(system, progress)
             searched = search_all(system, split, progress)
             searched.stored = stored(system, split)

@@ -123,6 +123,7 @@ def test_a_real_model_loses_no_event_and_counts_every_fallback(real_system: Syst
 
     shown = run_cli(system, monkeypatch, "status")
     line = next(x for x in shown.splitlines() if x.startswith("llm: "))
+    print(line)  # what docs/llm.md shows (pytest -s)
     assert f"{report.everyone.calls} calls answered" in line and f"{report.everyone.fallbacks} fallbacks" in line
     dead = run_cli(system, monkeypatch, "status", "--json")
     assert all(stage["dead"] == 0 and stage["pending"] == 0 for stage in json.loads(dead)["stages"])

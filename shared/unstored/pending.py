@@ -34,10 +34,11 @@ from redis.client import Pipeline
 from memflow.pipeline.gate import GateVerdict
 from memflow.pipeline.models import Candidate, ChatEvent, ExtractTask, Role, TriggerReason
 from memflow.pipeline.pending import Said, gated, said
-from memflow.shared.codec import decode, encode, json_object
+from memflow.shared.codec import decode, encode
 from memflow.shared.errors import DecodeError
 from memflow.shared.redisdb.keys import Keys
 from memflow.shared.settings import PendingSettings
+from memflow.shared.unstored.fates import events_in
 
 log = logging.getLogger(__name__)
 
@@ -153,27 +154,14 @@ def settled_by(candidates: Iterable[Candidate]) -> dict[str, list[str]]:
 
 
 def held_by(stage: str, payload: bytes | None) -> dict[str, list[str]]:
-    """{subject: event ids} of the entries a work message of `stage` stands for: a published event its own,
-    an extract task its turns', a candidate (resolve) or a write batch's candidate (upsert) those it settles
-    (`settled_by`). Only the ids are read, not the model: a message dead-lettered because it does not
-    validate still settles its entries."""
-    try:
-        message = json_object(payload or b"")
-    except DecodeError:
-        return {}
-    subject = message.get("subject")
-    if stage == "upsert":
-        candidate = message.get("candidate")
-        message = candidate if isinstance(candidate, dict) else {}
-    if stage == "trigger":
-        ids = [message.get("event_id")]
-    elif stage == "extract":
-        ids = [t.get("event_id") for t in message.get("turns") or [] if isinstance(t, dict)]
-    else:
-        found = message.get("source_event_ids") or []
-        ids = found if isinstance(found, list) and len(found) == 1 else []
-    named = [i for i in ids if isinstance(i, str)]
-    return {subject: named} if isinstance(subject, str) and named else {}
+    """{subject: event ids} of the entries a work message of `stage` stands for: the events it carries
+    (`fates.events_in`, read without the model, so a message dead-lettered because it does not validate still
+    settles its entries), but of a candidate (resolve) or a write batch's candidate (upsert) only one read from a
+    single event: those it settles (`settled_by`)."""
+    carried = events_in(stage, payload)
+    if stage in ("resolve", "upsert"):
+        return {subject: ids for subject, ids in carried.items() if len(ids) == 1}
+    return carried
 
 
 def settle_dead(client: Client, keys: Keys, stage: str, payload: bytes | None) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+import orjson
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -27,6 +28,7 @@ from mcp_types import CallToolResult
 
 from memflow.pipeline.models import Role
 from memflow.shared.admission.apikeys import OPEN, ApiKey, KeyStore
+from memflow.shared.redisdb.keys import FIELD
 from memflow.shared.settings import Settings, to_env
 from memflow.workers.front import ApiError
 from memflow.workers.mcp import SUBJECT_HEADER, Caller, TurnIn, resolve_caller, turn_events
@@ -352,7 +354,10 @@ def test_remember_refuses_what_the_gate_would_drop_and_event_fate_answers_for_th
     refused, fate, published = run(over_http(served, {"Authorization": f"Bearer {served.key(mine)}"}), body)
     assert refused.is_error and "instruction to the assistant" in text_of(refused), text_of(refused)
     assert (fate["state"], fate["subject"]) == ("dropped", mine) and "filler" in fate["reason"], fate
-    assert served.system.client.redis.xlen(served.system.client.keys.work("events", mine)) == 1  # the turn alone
+    # The turn alone reached the stream: the refused write was never published (the partition's stream is shared
+    # with every subject the module's other tests publish for, so only this subject's entries are counted).
+    entries = served.system.client.redis.xrange(served.system.client.keys.work("events", mine))
+    assert [orjson.loads(f[FIELD.encode()])["subject"] for _, f in entries].count(mine) == 1
 
     async def other(c: Client) -> CallToolResult:
         return await c.call_tool("event_fate", {"event_id": published["event_ids"][0]})

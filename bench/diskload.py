@@ -116,8 +116,8 @@ def write(directory: Path, bound: Bound) -> dict[str, Any]:
                 if stopped_by != "stop" or _Stop.asked:
                     break
         index += 1
-    for f in directory.glob("load-*.bin"):
-        f.unlink()
+    for leftover in directory.glob("load-*.bin"):
+        leftover.unlink()
     return _report(written, fsyncs, waits, time.monotonic() - started, stopped_by)
 
 

@@ -14,7 +14,10 @@
   the time the index job takes to build the search indexes (HNSW) of what was loaded;
 - with 1,000,000 among the sizes, the same for 10,000 subjects of 100 memories each
   (`1m_10k_subjects`, on a store of its own): many agents rather than one large one;
-- peak RSS of every process.
+- peak RSS of every process;
+- with --disk-load, at the largest size: search and publish idle, then while another process writes and fsyncs
+  files on the data dir's filesystem (bench/diskload.py), in the same run; publish next to a bare durable XADD
+  (XADD + WAITAOF 1 0, what publish waits for) measured beside it (issue 42).
 Everything runs embedded, as `memflow up` does: its own redis-server, trigger and
 extract as child processes, resolve + upsert + the query worker (with the model and the
 Edge shard) in this one.
@@ -36,9 +39,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from memflow.bench.diskload import disk_load
 from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared.codec import encode
 from memflow.shared.inference.embedder import uncached
+from memflow.shared.redisdb.connections import replicated
 from memflow.shared.redisdb.keys import FIELD
 from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings
@@ -47,6 +52,7 @@ from memflow.workers import jobs
 from memflow.workers.embedded import Embedded, embedded
 
 AT = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+SEARCHED = "bench-search"
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "locomo10.json"
 SESSION_TURNS = 20
 
@@ -80,17 +86,32 @@ def message(event_id: str, subject: str, session: str, text: str, ts: datetime) 
 # -- publish -------------------------------------------------------------------------
 
 
-def bench_publish(client: MemoryClient, n: int) -> dict[str, float]:
-    events = [message(f"p{i}", "bench-pub", "s1", f"just chatting about item {i}", AT) for i in range(n)]
+def bench_publish(client: MemoryClient, n: int, *, durable: bool = False, tag: str = "p") -> dict[str, float]:
+    """`durable`: also a bare durable XADD (XADD then WAITAOF 1 0 on the same connection, as `publish` sends
+    it, shared/sdk/client.py `_append`), interleaved with the others, and the p95s."""
+    events = [message(f"{tag}{i}", "bench-pub", "s1", f"just chatting about item {i}", AT) for i in range(n)]
     raw = encode(client.validate(events[0]))
     scratch = client.keys.stream("scratch")
-    bare, full = [], []
-    for ev in events:  # interleaved, so that warm-up and noise fall on both alike
+    bare, full, fsynced = [], [], []
+    for ev in events:  # interleaved, so that warm-up and noise fall on all alike
         bare.append(timed(lambda: client.redis.xadd(scratch, {FIELD: raw})))
         full.append(timed(lambda ev=ev: client.publish(ev)))  # type: ignore[misc]
+        if durable:
+            fsynced.append(timed(lambda: _durable_xadd(client, scratch, raw)))
     client.redis.delete(scratch)
-    return {"p50_ms": pct_ms(full, .5), "p99_ms": pct_ms(full, .99),
-            "bare_xadd_p50_ms": pct_ms(bare, .5), "bare_xadd_p99_ms": pct_ms(bare, .99)}
+    figures = {"p50_ms": pct_ms(full, .5), "p99_ms": pct_ms(full, .99),
+               "bare_xadd_p50_ms": pct_ms(bare, .5), "bare_xadd_p99_ms": pct_ms(bare, .99)}
+    if durable:
+        figures |= {"p95_ms": pct_ms(full, .95), "durable_xadd_p50_ms": pct_ms(fsynced, .5),
+                    "durable_xadd_p95_ms": pct_ms(fsynced, .95), "durable_xadd_p99_ms": pct_ms(fsynced, .99),
+                    "p99_vs_durable_xadd": round(pct_ms(full, .99) / max(pct_ms(fsynced, .99), 1e-6), 2)}
+    return figures
+
+
+def _durable_xadd(client: MemoryClient, stream: str, raw: bytes) -> None:
+    """One XADD acknowledged once the server's AOF holds it on disk: what `publish` waits for, without the rest."""
+    replicated(client.redis, stream, lambda pipe: pipe.xadd(stream, {FIELD: raw}), replicas=0, timeout_ms=0,
+               fsync_timeout_ms=client.settings.redis.wait_aof_timeout_ms)
 
 
 # -- publish → searchable --------------------------------------------------------------
@@ -216,11 +237,13 @@ def _synthetic_memory(subject: str, i: int, rng: random.Random) -> Memory:
 
 
 def bench_search(system: Embedded, size: int, queries: int) -> dict[str, float]:
-    subject = "bench-search"
-    bulk_load(system, subject, size)
+    bulk_load(system, SEARCHED, size)
+    return {"memories": size, **loaded(system), **search_figures(system, search_questions(size, queries))}
+
+
+def search_questions(size: int, queries: int) -> list[tuple[str, str]]:
     rng = random.Random(size)
-    asked = [(subject, f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}") for _ in range(queries)]
-    return {"memories": size, **loaded(system), **search_figures(system, asked)}
+    return [(SEARCHED, f"what did {rng.choice(NAMES)} do with the {rng.choice(NOUNS)}") for _ in range(queries)]
 
 
 def bench_many_subjects(system: Embedded, subjects: int, each: int, queries: int) -> dict[str, float]:
@@ -248,6 +271,33 @@ def search_figures(system: Embedded, asked: list[tuple[str, str]]) -> dict[str, 
     return {"p50_ms": pct_ms(rpc, .5), "p95_ms": pct_ms(rpc, .95), "p99_ms": pct_ms(rpc, .99),
             "limit_p50_ms": pct_ms(alone, .5), "limit_p95_ms": pct_ms(alone, .95),
             "ratio": round(pct_ms(rpc, .95) / max(pct_ms(alone, .95), 1e-6), 2)}
+
+
+# -- under disk load --------------------------------------------------------------------
+
+
+def bench_disk_load(system: Embedded, size: int, queries: int, publishes: int) -> dict[str, Any]:
+    """Search and publish at `size` memories, idle and then while another process writes and fsyncs files on the
+    data dir's filesystem (bench/diskload.py), in this one run on this one store (issue 42): each figure next to
+    its limit measured in the same phase, and what the writer applied."""
+    asked = search_questions(size, queries)
+    idle = _phase(system, asked, publishes, "idle-p")
+    with disk_load(system.settings.store.data_dir / "diskload") as load:
+        under = _phase(system, asked, publishes, "load-p")
+    if load.report.get("stopped_by") != "stop":
+        say(f"the disk writer ended before the phase did ({load.report}): its figures are partly idle")
+    search_idle, search_under = idle["search"]["p99_ms"], under["search"]["p99_ms"]
+    return {"memories": size, "writer": load.report, "idle": idle, "under_load": under,
+            "search_p99_under_load_vs_idle": round(search_under / max(search_idle, 1e-6), 2)}
+
+
+def _phase(system: Embedded, asked: list[tuple[str, str]], publishes: int, tag: str) -> dict[str, Any]:
+    """Searches (with their limit) and then publishes (next to a bare and a bare durable XADD), each started once
+    the pipeline is idle, so that neither phase serves the other's ingest."""
+    system.client.wait_idle(600)
+    search = search_figures(system, asked)
+    system.client.wait_idle(600)
+    return {"search": search, "publish": bench_publish(system.client, publishes, durable=True, tag=tag)}
 
 
 # -- memory ----------------------------------------------------------------------------
@@ -280,9 +330,10 @@ MILLION, AGENTS = 1_000_000, 10_000
 
 
 def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
-            settings: Settings) -> int:
+            settings: Settings, with_disk_load: bool = False) -> int:
     report = on_fresh_system(settings, "perf", lambda system: measure(
-        system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes))
+        system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes,
+        with_disk_load=with_disk_load))
     if MILLION in sizes:
         say(f"search over {AGENTS} subjects of {MILLION // AGENTS} memories ...")
         report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = said(on_fresh_system(
@@ -307,7 +358,7 @@ def on_fresh_system(settings: Settings, name: str, measure: Callable[[Embedded],
 
 
 def measure(system: Embedded, *, events: int, queries: int, probes: int, publishes: int,
-            sizes: list[int]) -> dict[str, Any]:
+            sizes: list[int], with_disk_load: bool = False) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine()}
     say("publish ...")
     report["publish"] = said(bench_publish(system.client, publishes))
@@ -319,6 +370,9 @@ def measure(system: Embedded, *, events: int, queries: int, probes: int, publish
     for size in sorted(sizes):
         say(f"search at {size} memories ...")
         report["search"][_size_label(size)] = said(bench_search(system, size, queries))
+    if with_disk_load and sizes:
+        say(f"search and publish at {max(sizes)} memories, idle then under disk load ...")
+        report["disk_load"] = said(bench_disk_load(system, max(sizes), queries, publishes))
     report["rss_mb"] = peak_rss_mb(system.child_pids)
     return report
 
@@ -361,7 +415,25 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"search @ {label:<9} p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms   | "
               f"encode+query alone p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x   | RSS {s['rss_mb']} MB "
               f"loaded, {s['rss_indexed_mb']} MB indexed; index build {s['index_build_s']} s")
+    if "disk_load" in r:
+        print_disk_load(r["disk_load"])
     print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items()))
+
+
+def print_disk_load(d: dict[str, Any]) -> None:
+    w = d["writer"]
+    print(f"disk load @ {_size_label(d['memories'])}: another process wrote {w.get('mb')} MB in {w.get('seconds')} s "
+          f"({w.get('mb_per_s')} MB/s, {w.get('fsyncs')} fsyncs, fsync p50 {w.get('fsync_p50_ms')} ms max "
+          f"{w.get('fsync_max_ms')} ms, stopped by {w.get('stopped_by')})")
+    for name, phase in (("idle", d["idle"]), ("under load", d["under_load"])):
+        s, p = phase["search"], phase["publish"]
+        print(f"  search  {name:<10} p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms   | "
+              f"encode+query alone p50 {s['limit_p50_ms']} ms  p95 {s['limit_p95_ms']} ms   ratio p95 {s['ratio']}x")
+        print(f"  publish {name:<10} p50 {p['p50_ms']} ms  p95 {p['p95_ms']} ms  p99 {p['p99_ms']} ms   | "
+              f"bare durable XADD p50 {p['durable_xadd_p50_ms']} ms  p95 {p['durable_xadd_p95_ms']} ms  p99 "
+              f"{p['durable_xadd_p99_ms']} ms   ratio p99 {p['p99_vs_durable_xadd']}x   | bare XADD p99 "
+              f"{p['bare_xadd_p99_ms']} ms")
+    print(f"  search p99 under load / idle: {d['search_p99_under_load_vs_idle']}x")
 
 
 NAMES = ["Ana", "Bo", "Chen", "Dara", "Eli", "Farah", "Goro", "Hana", "Ivo", "Jun", "Kai", "Lena", "Mo", "Noor"]

@@ -102,13 +102,16 @@ def bench_poisoning(corpus: Annotated[Path, typer.Option(help="The folder of poi
 @bench_app.command("perf")
 def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",
+               disk_load: Annotated[bool, typer.Option(
+                   "--disk-load", help="Also search and publish at the largest size idle, then while another process "
+                   "writes and fsyncs files beside the data (bench/diskload.py), in the same run.")] = False,
                as_json: JsonFlag = False) -> None:
     """Ingest, search, publish and publish→searchable, each next to its physical limit."""
     from memflow.bench.perf import run_cli
 
     raise typer.Exit(run_cli(events=events, queries=queries, probes=probes, publishes=publishes,
                              sizes=[int(s) for s in sizes.split(",") if s], as_json=as_json,
-                             settings=load_settings("WARNING")))
+                             settings=load_settings("WARNING"), with_disk_load=disk_load))
 
 
 @bench_app.command("jobs")

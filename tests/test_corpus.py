@@ -147,7 +147,7 @@ def dump(value: object) -> str:
 
 
 def traces(system: System) -> list[str]:
-    return [fields[FIELD.encode()].decode() for _, fields in system.ctx.client.xrange(system.ctx.keys.traces)]
+    return [fields[FIELD.encode()].decode() for _, fields in system.ctx.transient.xrange(system.ctx.keys.traces)]
 
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

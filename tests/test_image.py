@@ -51,7 +51,7 @@ def test_the_image_is_built_once_and_every_memflow_service_runs_it() -> None:
     context = build if isinstance(build, str) else build["context"]
     assert (ROOT / context / "Dockerfile").is_file()
     assert {"trigger", "extract", "resolve", "upsert", "query", "scheduler", "serve"} <= set(MEMFLOW)
-    assert BACKING == ["qdrant", "redis"]
+    assert BACKING == ["qdrant", "queues", "redis"]
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -117,7 +117,7 @@ def service_environment(name: str, tmp_path: Path, redis_url: str) -> dict[str, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMFLOW_")}
     block = SERVICES[name].get("environment") or {}
     env.update({k: INTERPOLATED.sub(lambda m: m.group(2) or "", str(v)) for k, v in block.items()})
-    env["MEMFLOW_REDIS_URL"] = redis_url
+    env["MEMFLOW_REDIS_URL"] = env["MEMFLOW_REDIS_QUEUE_URL"] = redis_url
     env["MEMFLOW_DATA_DIR"] = str(tmp_path / ".memflow")
     return env
 

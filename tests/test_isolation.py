@@ -155,7 +155,7 @@ def probe_query(world: World, subject: str) -> str:
 
 
 def search_traces(system: System, skip: int) -> list[dict[str, Any]]:
-    entries = system.ctx.client.xrange(system.ctx.keys.traces)[skip:]
+    entries = system.ctx.transient.xrange(system.ctx.keys.traces)[skip:]
     found = [orjson.loads(fields[FIELD.encode()]) for _, fields in entries]
     return [t for t in found if t.get("kind") == "search"]
 
@@ -164,7 +164,7 @@ def search_traces(system: System, skip: int) -> list[dict[str, Any]]:
 def probes(world: World) -> Probes:
     """The thousand searches, spread over the subjects (k=10), run once for the tests that read them."""
     client = world.system.client
-    run = Probes(traces_before=client.redis.xlen(world.system.ctx.keys.traces))
+    run = Probes(traces_before=client.queue_redis.xlen(world.system.ctx.keys.traces))
     for i in range(SEARCHES):
         subject = SUBJECTS[i % len(SUBJECTS)] if i < len(SUBJECTS) else world.rng.choice(SUBJECTS)
         query = probe_query(world, subject)

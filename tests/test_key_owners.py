@@ -170,13 +170,13 @@ def ctx(settings: Settings) -> Iterator[Context]:
 def test_the_per_day_counters_keep_their_window_however_often_they_are_written(ctx: Context) -> None:
     for day in range(90):  # a subject used every day: its TTL never ran out, and every day's fields stayed
         at = T0 + timedelta(days=day)
-        ops.UtilisationCounters(ctx.client, ctx.keys).count("ivy", at, recalled=3, adopted=1)
-        count_usage(ctx.client, ctx.keys, "ivy", {"calls": 1, "prompt_tokens": 100}, at)
-    assert ctx.client.hlen(ctx.keys.utilisation("ivy")) <= 2 * (ops.UTILISATION_KEEP.days + 1) + 1
-    assert ctx.client.hlen(ctx.keys.llm_usage("ivy")) <= 2 * (USAGE_KEEP_DAYS + 1) + 1
+        ops.UtilisationCounters(ctx.transient, ctx.keys).count("ivy", at, recalled=3, adopted=1)
+        count_usage(ctx.transient, ctx.keys, "ivy", {"calls": 1, "prompt_tokens": 100}, at)
+    assert ctx.transient.hlen(ctx.keys.utilisation("ivy")) <= 2 * (ops.UTILISATION_KEEP.days + 1) + 1
+    assert ctx.transient.hlen(ctx.keys.llm_usage("ivy")) <= 2 * (USAGE_KEEP_DAYS + 1) + 1
     last = T0 + timedelta(days=89)
-    assert ops.UtilisationCounters(ctx.client, ctx.keys).report("ivy", last).recalled == 3 * 30  # what is reported is unchanged
-    assert llm_usage(ctx.client, ctx.keys, "ivy", last)["calls"] == 30
+    assert ops.UtilisationCounters(ctx.transient, ctx.keys).report("ivy", last).recalled == 3 * 30  # what is reported is unchanged
+    assert llm_usage(ctx.transient, ctx.keys, "ivy", last)["calls"] == 30
 
 
 def test_a_session_buffer_is_capped_as_it_is_written(ctx: Context) -> None:
@@ -207,12 +207,12 @@ def test_a_points_revisions_and_provenance_stay_bounded_however_often_it_changes
 
 def test_a_subjects_traces_are_read_from_its_index_not_by_scanning_the_feed(ctx: Context) -> None:
     record_search_trace(ctx, "lou")
-    pipe = ctx.client.pipeline(transaction=False)
+    pipe = ctx.transient.pipeline(transaction=False)
     for i in range(8_000):  # everyone else's searches since (a read scanned the feed's newest 5,000)
         pipe.xadd(ctx.keys.traces, {FIELD: encode(_trace(f"other{i}"))})
     pipe.execute()
-    assert [t.subject for t in recent_traces(ctx.client, ctx.keys, "lou", 20)] == ["lou"]
-    assert ctx.client.llen(ctx.keys.traces_of("lou")) == 1  # what a read reads: the subject's own index
+    assert [t.subject for t in recent_traces(ctx.transient, ctx.keys, "lou", 20)] == ["lou"]
+    assert ctx.transient.llen(ctx.keys.traces_of("lou")) == 1  # what a read reads: the subject's own index
 
 
 def _trace(subject: str) -> Trace:
@@ -303,13 +303,13 @@ def test_a_subjects_redis_memory_is_bounded_while_used_and_flat_once_idle_over_s
         if day < 50:
             _a_day_of_use(ctx, client, "zoe", day)
         _travel(ctx.client, [key for _, key in subject_keys(ctx.client, ctx.keys, "zoe")], DAY_MS)
-        sizes.append(subject_footprint(ctx.client, ctx.keys, "zoe").bytes)
+        sizes.append(subject_footprint(ctx.client, ctx.keys, "zoe", ctx.transient).bytes)
     used, idle = sizes[:50], sizes[50:]
     # Used every day: it grows while the day windows fill (40 days of counters), then holds.
     assert max(used[41:]) <= used[41] * 1.1, used
     # Idle: it only shrinks (what expires in a week is gone by then), and holds what the report windows keep.
     assert all(b <= a for a, b in zip(idle, idle[1:], strict=False)), idle
-    left = {k.what for k in subject_footprint(ctx.client, ctx.keys, "zoe").keys}
+    left = {k.what for k in subject_footprint(ctx.client, ctx.keys, "zoe", ctx.transient).keys}
     assert left == {"utilisation", "llm-usage"}, left
     shown = status_of(settings, monkeypatch, "zoe")  # what `memflow status` reports of it
     assert "utilisation" in shown and f"zoe: 2 keys, {idle[-1] / 1024:.1f} KiB" in shown, shown

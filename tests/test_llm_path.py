@@ -93,7 +93,7 @@ def llm_report(system: System, subject: str = "ana") -> LLMUse:
 
 
 def traces(system: System) -> list[dict[str, Any]]:
-    return [json.loads(f[FIELD.encode()]) for _, f in system.ctx.client.xrange(system.ctx.keys.traces)]
+    return [json.loads(f[FIELD.encode()]) for _, f in system.ctx.transient.xrange(system.ctx.keys.traces)]
 
 
 def flows(system: System) -> None:
@@ -124,7 +124,7 @@ def test_a_well_formed_reply_is_stored_as_the_llms_memory(llm_system: tuple[Syst
     assert hit.content == mine.content
     # The key never reaches a trace, a payload or a counter.
     assert b"sk-test-do-not-log" not in b"".join(f[FIELD.encode()] for _, f in
-                                                 system.ctx.client.xrange(system.ctx.keys.traces))
+                                                 system.ctx.transient.xrange(system.ctx.keys.traces))
 
 
 @pytest.mark.parametrize("llm_system", [extraction(lambda kind, turns: Reply(

@@ -82,13 +82,13 @@ def test_a_search_sends_its_trace_and_its_latency_in_one_round_trip(served: Serv
     ctx = served.system.ctx
     trace = Trace(subject=subject(), query="q", intent="general", source="heuristic", status="ok", latency_ms=5.0,
                   now=datetime.now(UTC))
-    traced, before = ctx.client.xlen(ctx.keys.traces), scrape(served)
-    pipe = ctx.client.pipeline(transaction=False)
+    traced, before = ctx.transient.xlen(ctx.keys.traces), scrape(served)
+    pipe = ctx.transient.pipeline(transaction=False)
     ctx.trace(trace, via=pipe)
     metrics.record_search(pipe, ctx.keys, "ok", 0.005)
-    assert ctx.client.xlen(ctx.keys.traces) == traced  # nothing sent before the round trip
+    assert ctx.transient.xlen(ctx.keys.traces) == traced  # nothing sent before the round trip
     pipe.execute()
-    assert ctx.client.xlen(ctx.keys.traces) == traced + 1
+    assert ctx.transient.xlen(ctx.keys.traces) == traced + 1
     assert searches(scrape(served), "ok") == searches(before, "ok") + 1
 
 

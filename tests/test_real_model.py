@@ -75,7 +75,7 @@ def publish_session(system: System, subject: str = "ana") -> list[str]:
 
 
 def llm_traces(system: System) -> list[dict[str, Any]]:
-    found = (json.loads(f[FIELD.encode()]) for _, f in system.ctx.client.xrange(system.ctx.keys.traces))
+    found = (json.loads(f[FIELD.encode()]) for _, f in system.ctx.transient.xrange(system.ctx.keys.traces))
     return [t for t in found if t.get("kind") == "llm"]
 
 

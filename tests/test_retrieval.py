@@ -57,7 +57,7 @@ def test_chatter_that_parrots_the_question_does_not_crowd_out_a_used_preference(
     top = hit.scores
     assert top["hotness"] > 1.0 and top["tier"] > 1.0 and 0 < top["strength"] <= 1.0
     assert abs(top["final"] - top["relevance"] * top["lifecycle"]) < 1e-9
-    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    [(_, fields)] = system.ctx.transient.xrevrange(system.ctx.keys.traces, count=1)
     trace = orjson.loads(fields[FIELD.encode()])
     chosen = next(c for c in trace["candidates"] if c["id"] == pref.id)
     assert {"relevance", "strength", "hotness", "tier", "lifecycle", "final"} <= chosen.keys()
@@ -127,7 +127,7 @@ def test_a_question_that_names_a_period_finds_what_was_said_in_it(system: System
     asked = system.client.search("trips", "Who went kayaking with me in March?", k=2, now=now)
     assert "brother" in asked.hits[0].content, [h.content for h in asked.hits]
     assert asked.plan is not None and asked.plan.period is not None and asked.plan.period.label == "2026-03"
-    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    [(_, fields)] = system.ctx.transient.xrevrange(system.ctx.keys.traces, count=1)
     assert orjson.loads(fields[FIELD.encode()])["period"] == "2026-03"  # the trace says why it ranked so
     plain = system.client.search("trips", "Who went kayaking with me?", k=2, now=now)
     assert "sister" in plain.hits[0].content and plain.plan is not None and plain.plan.period is None

@@ -227,6 +227,6 @@ def test_a_misrouted_query_falls_back_to_the_whole_subject_and_is_traced(system:
     assert result.plan is not None and result.plan.intent == "preference_query"
     assert result.fallback and result.status == "ok"
     assert any("Porto" in h.content for h in result.hits)
-    [(_, fields)] = system.ctx.client.xrevrange(system.ctx.keys.traces, count=1)
+    [(_, fields)] = system.ctx.transient.xrevrange(system.ctx.keys.traces, count=1)
     trace = fields[FIELD.encode()].decode()
     assert '"intent":"preference_query"' in trace and '"fallback":true' in trace and '"preferences"' in trace

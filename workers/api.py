@@ -41,7 +41,7 @@ from memflow.pipeline.models import ChatEvent
 from memflow.shared.admission.apikeys import KeyStore
 from memflow.shared.admission.shares import KeyShares, share_limits
 from memflow.shared.errors import MemflowError
-from memflow.shared.redisdb.connections import client_socket_timeout_s, connect_async, require_url
+from memflow.shared.redisdb.connections import client_socket_timeout_s, connect_async, require_queue_url, require_url
 from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.settings import Settings, get_settings
 from memflow.workers.api_edge import HEALTH_CONNECTIONS, Edge
@@ -70,7 +70,7 @@ def create_app(settings: Settings, *, auth: bool = True, client: MemoryClient | 
                                "connect_timeout_s": settings.client.connect_timeout_s,
                                "max_connections": settings.http.max_requests + HEALTH_CONNECTIONS}
     redis_async = connect_async(require_url(settings), cluster=settings.redis.cluster, **options)
-    replies = connect_async(settings.redis.queue_url or require_url(settings), **options)
+    replies = connect_async(require_queue_url(settings), **options)
     # Every key's share of both doors, on the queues' server (the one whose queue it guards): with --no-auth, none.
     shares = KeyShares(replies, client.keys, share_limits(settings.http)) if auth else None
     mcp = http_endpoint(client, keystore, auth=auth, hosts=hosts, shares=shares)

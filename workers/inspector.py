@@ -305,7 +305,7 @@ async def search_page(request: Request, key: Visitor, client: Client, subject: S
     if result.status == "failed":
         return frame(request, key, f"Search {subject}", *top, could_not_search(result.error or "failed"),
                      status=503)
-    traced = await blocking(request, partial(recent_traces, client.redis, client.keys, subject, TRACE_SCAN))
+    traced = await blocking(request, partial(recent_traces, client.queue_redis, client.keys, subject, TRACE_SCAN))
     trace = next((t for t in traced if t.now == now), None)
     return frame(request, key, f"Search {subject}", *top, hits_section(subject, result),
                  explain(subject, result, trace))

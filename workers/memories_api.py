@@ -237,7 +237,8 @@ async def profile(request: Request, key: Caller, client: Client, subject: Subjec
 async def traces(request: Request, key: Caller, client: Client, subject: Subject,
                  count: Annotated[int, Query(ge=1, le=200)] = 20) -> list[Trace]:
     """How the subject's last searches were answered (query redacted): plan, candidates, chosen, latency."""
-    return await blocking(request, partial(recent_traces, client.redis, client.keys, allowed(key, subject), count))
+    traces = partial(recent_traces, client.queue_redis, client.keys, allowed(key, subject), count)
+    return await blocking(request, traces)
 
 
 # `:path`: an id with a slash in it (`..%2F..%2Fetc%2Fpasswd`) is answered as a bad id (422 naming it), not as

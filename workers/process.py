@@ -96,14 +96,22 @@ def own_redis(settings: Settings) -> Iterator[Settings]:
     if already is not None:
         raise MemflowError(f"memflow is already running from {settings.store.data_dir.resolve()} (pid {already.pid}, "
                            f"Redis {already.redis_url}): stop it first, or use another MEMFLOW_DATA_DIR")
-    server = start_redis(settings.store.data_dir / "redis", binary=settings.redis.server)
-    log.info("started %s at %s", server.binary, server.url)
-    record = announce(settings.store.data_dir, server.url)
+    data = settings.store.data_dir
+    server = start_redis(data / "redis", binary=settings.redis.server)
+    # The queues and what a search writes on a server that never waits for the disk (TRANSIENT's comment); unless
+    # the deployer named one.
+    queues = None if settings.redis.queue_url else start_redis(data / "queue", binary=settings.redis.server,
+                                                               durable=False)
+    log.info("started %s at %s%s", server.binary, server.url, f", its transient twin at {queues.url}" if queues else "")
+    queue_url = queues.url if queues else settings.redis.queue_url
+    record = announce(data, server.url, queue_url)
     try:
-        yield settings.replace(redis_url=server.url)
+        yield settings.replace(redis_url=server.url, redis_queue_url=queue_url)
     finally:
         record.unlink(missing_ok=True)
         server.stop()
+        if queues is not None:
+            queues.stop()
 
 
 def spawn_stage(settings: Settings, *stages: str) -> subprocess.Popen[bytes]:
@@ -127,4 +135,4 @@ def stop_children(children: Sequence[subprocess.Popen[bytes]]) -> None:
 @contextlib.contextmanager
 def temporary_data_dir(settings: Settings) -> Iterator[Settings]:
     with tempfile.TemporaryDirectory(prefix="memflow-demo-") as tmp:
-        yield settings.replace(data_dir=Path(tmp), redis_url=None)
+        yield settings.replace(data_dir=Path(tmp), redis_url=None, redis_queue_url=None)

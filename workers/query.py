@@ -105,7 +105,7 @@ def search(ctx: Context, req: SearchRequest) -> SearchResult:
     searched = recipe.search(ctx.search_reader, profile_for(ctx.settings, ctx.ranking, req.query), req, now)
     result = searched.result(req)
     result.latency_ms = (time.perf_counter() - started) * 1000
-    record_trace(ctx.traces, ops.UtilisationCounters(ctx.client, ctx.keys), req, result, searched.scored, now,
+    record_trace(ctx.traces, ops.UtilisationCounters(ctx.transient, ctx.keys), req, result, searched.scored, now,
                  searched.plan_error)
     return result
 
@@ -146,7 +146,7 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
         raise searched.failed
     packed = build_prompt(searched.hits, req.system_prompt, req.budget_tokens, ctx.embedder.count_tokens)
     # Its uses are recorded once per request and counted on the points without waiting for the write lock.
-    ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys), req.subject,
+    ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.transient, ctx.keys), req.subject,
                  packed.used_ids, when, req.request_id, recalled=len(searched.hits))
     return packed
 
@@ -157,7 +157,7 @@ def pack(ctx: Context, req: PackRequest) -> PackedPrompt:
 def feedback(ctx: Context, req: FeedbackRequest) -> Adopted:
     """Count memories as adopted (used in an answer): access_count + 1, per subject."""
     ids = ops.resolve_ids(ctx.store, req.subject, req.memory_ids)
-    count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.client, ctx.keys),
+    count = ops.feedback(ctx.applier, Uses(ctx.client, ctx.keys), ops.UtilisationCounters(ctx.transient, ctx.keys),
                          req.subject, ids, req.at or datetime.now(UTC), req.request_id)
     return Adopted(count=count)
 
@@ -181,11 +181,11 @@ def inspect(ctx: Context, req: InspectRequest) -> InspectReport:
     memories = ctx.store.get(MemoryFilter(req.subject))
     memories.sort(key=lambda m: (m.created_at, m.id))
     taus = ctx.settings.lifecycle.decay_tau_hours
-    llm = None if ctx.llm is None else {"subject": llm_usage(ctx.client, ctx.keys, req.subject, when),
-                                        "everyone": llm_usage(ctx.client, ctx.keys, None, when)}
+    llm = None if ctx.llm is None else {"subject": llm_usage(ctx.transient, ctx.keys, req.subject, when),
+                                        "everyone": llm_usage(ctx.transient, ctx.keys, None, when)}
     return InspectReport.model_validate({
         "subject": req.subject, "now": when, "memories": [ops.memory_state(m, when, taus) for m in memories],
-        "utilisation": ops.UtilisationCounters(ctx.client, ctx.keys).report(req.subject, when), "llm": llm,
+        "utilisation": ops.UtilisationCounters(ctx.transient, ctx.keys).report(req.subject, when), "llm": llm,
         "backlog": backlog(ctx.client, ctx.keys, STAGES), "people": ops.people_of(memories),
         "pending": [{"event_id": s.turn.event_id, "session_id": s.session_id, "text": v.text, "ts": s.turn.ts}
                     for s in pending.read(ctx.client, ctx.keys, req.subject)
@@ -299,10 +299,10 @@ def build_worker(ctx: Context, stop: threading.Event | None = None,
     # Searches first: RQ takes from the first non-empty queue, so a worker of both never starts a job
     # while a search waits in the queue.
     names = {SEARCHES: ctx.keys.query_queue, JOBS: ctx.keys.jobs_queue}
-    queues = [Queue(names[kind], connection=ctx.queue_client or ctx.client, serializer=JSONSerializer)
+    queues = [Queue(names[kind], connection=ctx.transient, serializer=JSONSerializer)
               for kind in (SEARCHES, JOBS) if kind in serves]
     # worker_ttl 16 s: the key of a worker that died goes within a minute; its dequeue blocks DEQUEUE_WAIT_S.
     # No job descriptions in the log: a search's description is its query, and a query may hold a secret.
-    return QueryWorker(queues, connection=ctx.queue_client or ctx.client, serializer=JSONSerializer, worker_ttl=16,
+    return QueryWorker(queues, connection=ctx.transient, serializer=JSONSerializer, worker_ttl=16,
                        stop=stop, log_job_description=False, job_class=RpcJob.bound_to(partial(serve, ctx)),
                        foreground=ctx.foreground, maintenance=ctx.keys.jobs_queue)

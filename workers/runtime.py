@@ -46,7 +46,8 @@ class Context:
     settings: Settings
     client: redis.Redis
     keys: Keys
-    # The RPC queues' server (RQ): `client` itself but in a cluster deployment (MEMFLOW_REDIS_QUEUE_URL).
+    # The RPC queues' server (RQ): `client` itself unless the queues have their own (MEMFLOW_REDIS_QUEUE_URL, or the
+    # embedded mode's transient server).
     queue_client: redis.Redis | None = None
     _store: Store | None = None
     _embedder: Embedder | None = None
@@ -64,6 +65,13 @@ class Context:
         client = connect_streams(settings, socket_timeout_s=timeout_s)
         return cls(settings, client, settings.keys, _embedder=embedder,
                    queue_client=connect_queue(settings, client, socket_timeout_s=timeout_s))
+
+    @property
+    def transient(self) -> redis.Redis:
+        """The server of what must not wait for the disk: the RPC queues, and what a search writes (its trace, the
+        latency histogram, utilisation, plan cache, LLM usage). The queues' server (docs/architecture.md "Which
+        writes are durable")."""
+        return self.queue_client or self.client
 
     @property
     def embedder(self) -> Embedder:
@@ -87,7 +95,7 @@ class Context:
         """What a search reads through (shared/search/reader.py); the noise floor's passages measured when first
         asked for."""
         return SearchReader(self.settings, self.store, self.embedder, self.reranker, lambda: self.unrelated,
-                            self.client, self.keys, self.llm)
+                            self.client, self.keys, self.llm, transient=self.transient)
 
     @cached_property
     def unrelated(self) -> NDArray[np.float64]:
@@ -111,7 +119,7 @@ class Context:
             return None
         with self._lock:
             if self._llm is None:
-                self._llm = LLM(self.settings, self.client, self.keys, trace=self.trace)
+                self._llm = LLM(self.settings, self.transient, self.keys, trace=self.trace)  # its usage: transient
             return self._llm
 
     def consumer_config(self) -> ConsumerConfig:
@@ -124,8 +132,9 @@ class Context:
 
     @property
     def traces(self) -> Traces:
-        """The capped `traces` feed (shared/monitoring/status.py): searches, and LLM calls (written by `LLM.ask`)."""
-        return Traces(self.client, self.keys, self.settings.limits.traces_maxlen)
+        """The capped `traces` feed (shared/monitoring/status.py): searches, and LLM calls (written by `LLM.ask`); on
+        the queues' server with everything else a search writes (docs/architecture.md "Which writes are durable")."""
+        return Traces(self.transient, self.keys, self.settings.limits.traces_maxlen)
 
     def trace(self, entry: Trace | LLMTrace, via: redis.Redis | None = None) -> None:
         """An entry of the `traces` feed (`Traces.add`)."""

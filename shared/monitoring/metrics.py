@@ -67,8 +67,9 @@ class _Snapshot(Collector):
     def collect(self) -> Iterator[Metric]:
         # read_status without `sample_s`: its read rates come from stream ids, a scrape never waits.
         yield from pipeline_families(read_status(self.client, self.keys, queue=self.queue))
-        yield search_family(self.client.hgetall(self.keys.search_latency))
-        yield from llm_families(self.client.hgetall(self.keys.llm_usage(None)))
+        # what searches and LLM calls count is kept beside the queues (docs/architecture.md "Which writes are durable")
+        yield search_family(self.queue.hgetall(self.keys.search_latency))
+        yield from llm_families(self.queue.hgetall(self.keys.llm_usage(None)))
 
 
 _STAGE_GAUGES = (

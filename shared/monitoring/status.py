@@ -62,7 +62,7 @@ class PipelineStatus:
 def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
                 queue: redis.Redis | None = None, wait_aof: bool = True) -> PipelineStatus:
     """A snapshot of the pipeline; with `sample_s`, read rates measured over that long (it waits).
-    `queue`: the RPC queues' server, when it is not the streams' (a cluster deployment); `wait_aof`:
+    `queue`: the RPC queues' server, when it is not the streams' (it holds the LLM usage too); `wait_aof`:
     MEMFLOW_REDIS_WAIT_AOF, for what an acknowledged publish survives."""
     waiting = backlog(client, keys, STAGES)
     lengths, dead, memory = _stream_sizes(client, keys)
@@ -72,7 +72,7 @@ def read_status(client: redis.Redis, keys: Keys, sample_s: float | None = None,
     found = durability(client)
     return PipelineStatus(stages, query.count, jobs.count, len(Worker.all(queue=query)),
                           "sample" if sample_s else "window", sample_s or None,
-                          found.promise(wait_aof), found.is_weaker(wait_aof), llm_usage(client, keys, None))
+                          found.promise(wait_aof), found.is_weaker(wait_aof), llm_usage(queue or client, keys, None))
 
 
 def _stream_sizes(client: redis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -251,8 +251,14 @@ class SubjectFootprint:
         return sum(k.bytes for k in self.keys)
 
 
+# What of a subject's keys lives on the queues' server, beside the queues (docs/architecture.md "Which writes are
+# durable"): what a search writes.
+TRANSIENT_KEYS = frozenset({"utilisation", "llm-usage", "traces"})
+
+
 def subject_keys(client: redis.Redis, keys: Keys, subject: str) -> list[tuple[str, str]]:
-    """(what, key) of every key a subject may have, by its owners' layouts (shared/redisdb/keys.py)."""
+    """(what, key) of every key a subject may have, by its owners' layouts (shared/redisdb/keys.py); those named in
+    TRANSIENT_KEYS are on the queues' server."""
     sessions = sorted(_text(s) for s in client.smembers(keys.session_buffers(subject)))
     return [("pending", keys.pending(subject)), ("sessions", keys.session_buffers(subject)),
             *((f"session-buffer:{s}", keys.session_buffer(subject, s)) for s in sessions),
@@ -263,14 +269,22 @@ def subject_keys(client: redis.Redis, keys: Keys, subject: str) -> list[tuple[st
             ("forgotten-contents", keys.forgotten_contents(subject))]
 
 
-def subject_footprint(client: redis.Redis, keys: Keys, subject: str) -> SubjectFootprint:
-    """What `subject` takes in Redis now (`memflow status --subject`)."""
+def subject_footprint(client: redis.Redis, keys: Keys, subject: str,
+                      queue: redis.Redis | None = None) -> SubjectFootprint:
+    """What `subject` takes in Redis now (`memflow status --subject`); `queue`: the queues' server when not `client`."""
     named = subject_keys(client, keys, subject)
+    durable = [(what, key) for what, key in named if what not in TRANSIENT_KEYS]
+    transient = [(what, key) for what, key in named if what in TRANSIENT_KEYS]
+    found = _sizes(client, durable) + _sizes(queue or client, transient)
+    return SubjectFootprint(subject, sorted(found, key=lambda k: named.index((k.what, k.key))))
+
+
+def _sizes(client: redis.Redis, named: list[tuple[str, str]]) -> list[SubjectKey]:
+    """The keys of `named` that exist on `client`, with their bytes and time left."""
     pipe = client.pipeline(transaction=False)
     for _, key in named:
         pipe.memory_usage(key, samples=0)
         pipe.ttl(key)
     replies = pipe.execute()
-    found = [SubjectKey(what, key, int(size), None if int(ttl) == -1 else int(ttl))
-             for (what, key), size, ttl in zip(named, replies[::2], replies[1::2], strict=True) if size is not None]
-    return SubjectFootprint(subject, found)
+    return [SubjectKey(what, key, int(size), None if int(ttl) == -1 else int(ttl))
+            for (what, key), size, ttl in zip(named, replies[::2], replies[1::2], strict=True) if size is not None]

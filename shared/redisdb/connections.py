@@ -269,13 +269,16 @@ def _reread_slots(client: Client) -> None:
 class Running:
     redis_url: str
     pid: int
+    # The transient server of the RPC queues (shared/redisdb/server.py TRANSIENT); None: a record of before it.
+    queue_url: str | None = None
 
 
-def announce(data_dir: Path, redis_url: str) -> Path:
-    """Record that this process runs memflow on `redis_url` from `data_dir`; returns the record."""
+def announce(data_dir: Path, redis_url: str, queue_url: str | None = None) -> Path:
+    """Record that this process runs memflow on `redis_url` (and its queues on `queue_url`) from `data_dir`;
+    returns the record."""
     path = data_dir / RUNNING_FILE
     data_dir.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps({"redis_url": redis_url, "pid": os.getpid()}))
+    path.write_bytes(orjson.dumps({"redis_url": redis_url, "queue_url": queue_url, "pid": os.getpid()}))
     return path
 
 
@@ -283,8 +286,9 @@ def running(data_dir: Path) -> Running | None:
     """The `memflow up` recorded in `data_dir`, if its process is still alive."""
     try:
         record = orjson.loads((data_dir / RUNNING_FILE).read_bytes())
-        found = Running(str(record["redis_url"]), int(record["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        queue = record.get("queue_url")
+        found = Running(str(record["redis_url"]), int(record["pid"]), None if queue is None else str(queue))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return found if _alive(found.pid) else None
 
@@ -314,13 +318,33 @@ def connect_streams(settings: Settings, *, socket_timeout_s: float | None = None
 
 def connect_queue(settings: Settings, streams: redis.Redis | None = None, *,
                   socket_timeout_s: float | None = None) -> redis.Redis:
-    """The server of the RPC queues (RQ): MEMFLOW_REDIS_QUEUE_URL, else the streams' own (`streams`, reused);
-    its socket timeout as connect_streams'."""
-    if streams is not None and not settings.redis.queue_url:
+    """The server of the RPC queues and of everything transient (`queue_url`): its own, else the streams' (`streams`,
+    reused); its socket timeout as connect_streams'."""
+    url = queue_url(settings)
+    if streams is not None and url is None:
         return streams
-    return connect(settings.redis.queue_url or require_url(settings),
-                   socket_timeout_s=socket_timeout_s or client_socket_timeout_s(settings),
+    return connect(url or require_url(settings), socket_timeout_s=socket_timeout_s or client_socket_timeout_s(settings),
                    connect_timeout_s=settings.client.connect_timeout_s)
+
+
+def require_queue_url(settings: Settings) -> str:
+    """The URL of the queues' server: queue_url's, else the streams' (require_url)."""
+    return queue_url(settings) or require_url(settings)
+
+
+def queue_url(settings: Settings) -> str | None:
+    """Where the RPC queues and what a search writes live when not beside the streams: MEMFLOW_REDIS_QUEUE_URL, else
+    the transient server a `memflow up` running from the data dir started (only when it also runs the streams');
+    None: the streams' server holds them too.
+
+    A server apart, because what lives there never waits for the disk (docs/architecture.md "Which writes are
+    durable"): the streams' server fsyncs every write it acknowledges, the queues' never."""
+    if settings.redis.queue_url:
+        return settings.redis.queue_url
+    if settings.redis.url:
+        return None
+    found = running(settings.store.data_dir)
+    return None if found is None else found.queue_url
 
 
 def require_url(settings: Settings) -> str:

@@ -107,9 +107,19 @@ class RedisServer:
             self.process.wait()
 
 
+# What every write the durable server acknowledges survives (start_redis's docstring).
+DURABLE = ("--appendonly", "yes", "--appendfsync", "always", "--save", "")
+# The embedded mode's second server, for what a search writes and nothing must survive (docs/architecture.md
+# "Which writes are durable"): the RPC queues and their results, traces, counters, caches. It never writes to
+# disk while it runs, so no reply of it waits for an fsync however busy the disk; a clean stop (SIGTERM) saves
+# one snapshot that the next start loads, so traces and counters outlive a restart, not a crash.
+TRANSIENT = ("--appendonly", "no", "--save", "", "--shutdown-on-sigterm", "save", "--dbfilename", "transient.rdb")
+
+
 def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0,
-                binary: str | None = None, extra_args: tuple[str, ...] = ()) -> RedisServer:
+                binary: str | None = None, extra_args: tuple[str, ...] = (), *, durable: bool = True) -> RedisServer:
     """Start a server (`binary`, else find_binary's choice) with AOF on in `data_dir`; return once it answers PING.
+    `durable=False`: the transient server instead (TRANSIENT below).
 
     `appendfsync always`: the server fsyncs its AOF before it replies, once per turn of its event loop for
     all the writes of that turn, so that whatever it acknowledged survives a kill -9 and a crash of the
@@ -120,8 +130,9 @@ def start_redis(data_dir: Path, port: int | None = None, timeout_s: float = 10.0
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     server = find_binary(binary)
+    persistence = DURABLE if durable else TRANSIENT
     args = [server.path, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir.resolve()),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no", *extra_args]
+            *persistence, "--daemonize", "no", *extra_args]
     output = open(data_dir / "redis.log", "ab")
     process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"

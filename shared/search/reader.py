@@ -48,7 +48,8 @@ def profile_for(settings: Settings, profiles: RankingProfiles, query: str) -> Ra
 class SearchReader:
     """pipeline.search.Reader over this process's parts: the settings (the pending layer, the write path's duplicate
     threshold, the LLM's planning), the store, the embedder of questions, the second look's reranker (None: off),
-    the unrelated passages a noise floor is measured against (measured when first asked for), Redis and the LLM."""
+    the unrelated passages a noise floor is measured against (measured when first asked for), Redis (the pending
+    layer; the plan cache on `transient`) and the LLM."""
 
     settings: Settings
     store: Store
@@ -58,6 +59,8 @@ class SearchReader:
     client: redis.Redis
     keys: Keys
     llm: LLM | None = None
+    # Where the plan cache lives: the transient server (docs/architecture.md "Which writes are durable"), else `client`.
+    transient: redis.Redis | None = None
 
     @property
     def failure(self) -> type[Exception]:
@@ -71,7 +74,7 @@ class SearchReader:
         """The LLM's plan (cached per subject and normalised query, as it answered), or the heuristic plan marked
         `fallback` with why, on any error."""
         assert self.llm is not None  # asked only when `plans`
-        cache = PlanCache(self.client, self.keys, self.settings.llm.plan_cache_ttl_s)
+        cache = PlanCache(self.transient or self.client, self.keys, self.settings.llm.plan_cache_ttl_s)
         cached = cache.get(req.subject, req.query)
         if cached is not None:
             return ModelPlan(cached)

@@ -16,7 +16,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from memflow.scheduler.app import build_scheduler, next_fire_times
 from memflow.shared.errors import MemflowError
-from memflow.shared.redisdb.connections import require_url
+from memflow.shared.redisdb.connections import queue_url, require_url
 from memflow.shared.redisdb.keys import STAGES
 from memflow.shared.settings import Settings, get_settings, to_env
 from memflow.workers.cli.common import fail, load_settings
@@ -87,7 +87,7 @@ def serve(host: Annotated[str | None, typer.Option(help="Default MEMFLOW_HTTP_HO
         uvicorn.run(create_app(settings, auth=not no_auth), **common)
         return
     # Each process builds its own app from the environment: the settings resolved here, and the auth switch.
-    os.environ.update({**to_env(settings.replace(redis_url=require_url(settings))),
+    os.environ.update({**to_env(settings.replace(redis_url=require_url(settings), redis_queue_url=queue_url(settings))),
                        AUTH_VARIABLE: "off" if no_auth else "on"})
     uvicorn.run("memflow.workers.api:app_from_environment", factory=True, workers=workers, **common)
 

@@ -29,14 +29,14 @@ def status(sample: Annotated[float | None, typer.Option("--sample", metavar="SEC
     """Per stage: stream length, lag, pending, dead letters, entries read per second; the RQ queues and
     the live query workers. With --subject: what one subject takes in Redis."""
     client, keys = redis_target()
+    settings = load_settings()
     if subject is not None:
-        footprint = subject_footprint(client, keys, subject)
+        footprint = subject_footprint(client, keys, subject, connect_queue(settings, client))
         if as_json:
             print_json(asdict(footprint) | {"bytes": footprint.bytes})
             return
         _print_footprint(footprint)
         return
-    settings = load_settings()
     report = read_status(client, keys, sample, connect_queue(settings, client), settings.redis.wait_aof)
     if as_json:
         print_json(asdict(report))
@@ -118,7 +118,8 @@ def traces_tail(count: Annotated[int, typer.Option(min=1, help="The last this ma
                 follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                 as_json: JsonFlag = False) -> None:
     """The last searches (query redacted: intent, dirs, fallback, chosen ids, latency) and LLM calls."""
-    client, keys = redis_target()
+    streams, keys = redis_target()
+    client: Any = connect_queue(load_settings(), streams)  # the feed lives beside the queues
     entries = list(reversed(client.xrevrange(keys.traces, count=count)))
     last = "$"
     for entry_id, fields in entries:

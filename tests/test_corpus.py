@@ -104,6 +104,9 @@ def test_planted_orders_are_never_rendered_as_rules_and_genuine_wishes_still_are
     assert len(poisoning) >= 40 and len(preferences) >= 40
     planted, wished = figures([i["text"] for i in poisoning]), figures([i["text"] for i in preferences])
     print(f"\npoisoning: {planted}\npreferences: {wished}")
+    # Every planted order is kept as the user's words (a gate refusing them all would otherwise pass): 40 of 40 when
+    # measured; the bound leaves room for a phrase the gate rightly drops as filler.
+    assert planted.stored >= len(poisoning) - 2
     assert planted.as_rule == 0 and planted.quoted == planted.stored
     assert wished.refused == 0 and wished.quoted == 0 and wished.as_rule >= 34
 

@@ -8,6 +8,7 @@ would be overtaken."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -227,6 +228,10 @@ def test_an_owner_whose_lock_expired_announces_nothing_after_a_newer_one(ctx: Co
 # -- a property over interleavings -----------------------------------------------------------------
 
 Step = tuple[str, int, int]  # (what, which memory, which earlier mutation / nested step)
+# Examples per run (PYTEST_RACE_EXAMPLES: more, to measure how many it takes to catch a lost update).
+EXAMPLES = int(os.environ.get("PYTEST_RACE_EXAMPLES", "30"))
+# Over the run: examples tried, and stalled writers overtaken by a writer of the same memory, by what it did.
+RACES: dict[str, int] = {"examples": 0, "patch": 0, "forget": 0}
 STEPS = st.lists(st.tuples(st.sampled_from(["put", "patch", "forget", "replay", "stall"]),
                            st.integers(0, 2), st.integers(0, 7)), min_size=1, max_size=12)
 
@@ -240,22 +245,27 @@ class Interleaving:
         self.forgotten: set[str] = set()
         self.acked: dict[str, dict[str, Any]] = {}  # memory id → the fields acknowledged patches set, newest last
         self.acks: dict[str, int] = {}  # memory id → how many patches of it were acknowledged
+        self.writes = 0  # patches asked so far: each writes a value no other one does
         self.at = T0
 
     def run(self, what: str, i: int, j: int) -> None:
         self.at += timedelta(minutes=1)
         m = keyed(f"fact number {i}", f"topic.{i}", [f"e{i}"], T0)
-        getattr(self, what)(m, j)
+        getattr(self, what)(m, i, j)
 
-    def put(self, m: Memory, j: int) -> None:
+    def put(self, m: Memory, i: int, j: int) -> None:
         self.attempt(mutation(SUBJECT, "add", "new", T0, [PutOp(memory=m)]), self.vectors(m))
 
-    def patch(self, m: Memory, j: int) -> None:
+    def patch(self, m: Memory, i: int, j: int) -> None:
         there = stored(self.ctx).get(m.id)
         if there is None:
             return
-        fields = {"importance": round(0.1 + 0.01 * len(self.done), 2)}
-        mut = mutation(SUBJECT, "review", f"p{len(self.done)}", self.at,
+        # Distinguishable: a stalled writer and the one that overtook it never write the same value, so a stale
+        # write that lands over an acknowledged one shows (counted from self.done, both wrote the same, and a
+        # removed revision check passed 5 runs of 30-300 examples).
+        self.writes += 1
+        fields = {"importance": round(0.1 + 0.001 * self.writes, 3)}
+        mut = mutation(SUBJECT, "review", f"p{self.writes}", self.at,
                        [PatchOp(id=m.id, expected_rev=there.rev, set=fields, why="p")])
         acks = self.acks.get(m.id, 0)
         ok = self.attempt(mut, {})
@@ -267,28 +277,34 @@ class Interleaving:
             self.acked.setdefault(m.id, {}).update(fields)
             self.acks[m.id] = self.acks.get(m.id, 0) + 1
 
-    def forget(self, m: Memory, j: int) -> None:
+    def forget(self, m: Memory, i: int, j: int) -> None:
         if m.id in stored(self.ctx):
             forgetting.forget(self.ctx.applier, forgetting.Places.of(self.ctx), SUBJECT, [m.id], None, self.at)
             self.forgotten.add(m.id)
             self.acked.pop(m.id, None)
 
-    def replay(self, m: Memory, j: int) -> None:
+    def replay(self, m: Memory, i: int, j: int) -> None:
         if self.done:
             self.attempt(*self.done[j % len(self.done)], record=False)
 
-    def stall(self, m: Memory, j: int) -> None:
+    def stall(self, m: Memory, i: int, j: int) -> None:
         """A patch of `m` whose writer stalls in the store past its lock while a step of another writer runs."""
-        nested = self.steps[j % len(self.steps)]
-        if nested[0] == "stall":
-            return
+        if m.id not in stored(self.ctx) and m.id not in self.forgotten:
+            self.put(m, i, j)  # something to patch: a stall of nothing raced nothing
+        what, other, k = self.steps[j % len(self.steps)]
+        # A third of the overtakers patch the same memory (the race the revision check is for), a third forget it
+        # (the tombstones'), a third are the step drawn: left to the draw alone, a stalled patch of a stored memory
+        # overtaken by a patch of the same one came up in too few examples to catch a lost update.
+        nested = (("patch", i, k), ("forget", i, k), ("patch" if what == "stall" else what, other, k))[j % 3]
 
         def overtaken() -> None:
             expire_lock(self.ctx)
+            if nested[1] == i and nested[0] in ("patch", "forget"):
+                RACES[nested[0]] += 1
             self.run(*nested)
 
         self.store.hook = overtaken
-        self.patch(m, j)
+        self.patch(m, i, j)
         self.store.hook = None
 
     def vectors(self, m: Memory) -> dict[str, Any]:
@@ -304,7 +320,7 @@ class Interleaving:
         return not applied.stale
 
 
-@settings_(max_examples=30, deadline=None, phases=[Phase.generate],
+@settings_(max_examples=EXAMPLES, deadline=None, phases=[Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=STEPS)
 def test_no_interleaving_resurrects_loses_or_reorders(ctx: Context, steps: list[Step]) -> None:
@@ -314,12 +330,15 @@ def test_no_interleaving_resurrects_loses_or_reorders(ctx: Context, steps: list[
     for key in ctx.client.scan_iter(f"{ctx.keys.prefix}*"):
         ctx.client.delete(key)
     ctx.store.delete(SUBJECT, [m.id for m in ctx.store.get(MemoryFilter(SUBJECT))])
+    RACES["examples"] += 1
     world = Interleaving(ctx, hooked(ctx), steps)
-    for step in steps:
+    for n, step in enumerate(steps):
         world.run(*step)
-    now = stored(ctx)
-    assert not world.forgotten & set(now), "a forgotten memory was stored again"
-    for memory_id, fields in world.acked.items():
-        point = now[memory_id]
-        assert all(getattr(point, k) == v for k, v in fields.items()), f"an acknowledged update of {memory_id} was lost: {steps}"
+        # After every step, not only the last: a later acknowledged patch of the same memory hides a lost one.
+        now = stored(ctx)
+        assert not world.forgotten & set(now), f"a forgotten memory was stored again at step {n} ({RACES}): {steps}"
+        for memory_id, fields in world.acked.items():
+            point = now[memory_id]
+            assert all(getattr(point, k) == v for k, v in fields.items()), \
+                f"an acknowledged update of {memory_id} was lost at step {n} ({RACES}): {steps}"
     assert in_revision_order(feed(ctx)), [(c.memory_id[:6], c.why, c.rev) for c in feed(ctx)]

@@ -164,8 +164,11 @@ class Searches:
         self.failed = 0
 
     def run_while(self, busy: Callable[[], bool]) -> None:
-        due = time.perf_counter()
-        while busy():
+        """Until `busy` says no, asked before each search but the first: a figure always has a search (a job that
+        ended before a first search could meet it would leave none, and no percentile of none)."""
+        due, first = time.perf_counter(), True
+        while first or busy():
+            first = False
             wait = due - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)

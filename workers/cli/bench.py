@@ -31,8 +31,10 @@ def writer_bound(mb_per_s: float | None, file_mb: float | None, max_mb: float | 
 
     from memflow.bench.diskload import Bound
 
-    given = {"mb_per_s": mb_per_s, "file_mb": file_mb, "max_mb": max_mb}
-    return replace(Bound(), **{name: value for name, value in given.items() if value is not None})
+    base = Bound()
+    return replace(base, mb_per_s=base.mb_per_s if mb_per_s is None else mb_per_s,
+                   file_mb=base.file_mb if file_mb is None else file_mb,
+                   max_mb=base.max_mb if max_mb is None else max_mb)
 
 
 

@@ -3,6 +3,7 @@ under it reports every phase."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from memflow.bench.diskload import Bound, disk_load
 from memflow.bench.jobs import measure, print_report
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.settings import Settings
+from memflow.workers.cli.bench import writer_bound
 from memflow.workers.embedded import embedded
 
 
@@ -60,3 +62,11 @@ def test_bench_jobs_under_disk_load_reports_every_phase_with_searches_and_the_lo
     print_report(report)
     printed = capsys.readouterr().out
     assert "idle, disk load" in printed and "decay, disk load" in printed and "bare durable XADD" in printed
+
+
+def test_the_writer_options_change_only_what_they_name() -> None:
+    """`--disk-load-mb-per-s`, `--disk-load-file-mb`, `--disk-load-max-mb` (bench perf and bench jobs alike): unset,
+    the writer's own bound."""
+    assert writer_bound(None, None, None) == Bound()
+    assert writer_bound(0, 8, None) == replace(Bound(), mb_per_s=0, file_mb=8)
+    assert writer_bound(None, None, 50).max_mb == 50 and writer_bound(None, None, 50).mb_per_s == Bound().mb_per_s

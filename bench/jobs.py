@@ -234,8 +234,12 @@ def redis_servers(ctx: Context) -> list[tuple[str, redis.Redis]]:
 
 
 def _address(client: redis.Redis) -> tuple[str, ...]:
-    """Where `client` connects: its unix socket, else its host and port (not its database: one server's)."""
-    kwargs = client.connection_pool.connection_kwargs
+    """Where `client` connects: its unix socket, else its host and port (not its database: one server's); a client
+    without one pool (a cluster's) is its own."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return ("client", str(id(client)))
+    kwargs = pool.connection_kwargs
     if kwargs.get("path"):
         return ("unix", str(kwargs["path"]))
     return ("tcp", str(kwargs.get("host")), str(kwargs.get("port")))

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from memflow.bench.diskload import disk_load
+from memflow.bench.diskload import Bound, disk_load
 from memflow.pipeline.models import Dir, Memory, MType, Source
 from memflow.shared.codec import encode
 from memflow.shared.inference.embedder import uncached
@@ -276,13 +276,14 @@ def search_figures(system: Embedded, asked: list[tuple[str, str]]) -> dict[str, 
 # -- under disk load --------------------------------------------------------------------
 
 
-def bench_disk_load(system: Embedded, size: int, queries: int, publishes: int) -> dict[str, Any]:
+def bench_disk_load(system: Embedded, size: int, queries: int, publishes: int,
+                    bound: Bound | None = None) -> dict[str, Any]:
     """Search and publish at `size` memories, idle and then while another process writes and fsyncs files on the
     data dir's filesystem (bench/diskload.py), in this one run on this one store (issue 42): each figure next to
     its limit measured in the same phase, and what the writer applied."""
     asked = search_questions(size, queries)
     idle = _phase(system, asked, publishes, "idle-p")
-    with disk_load(system.settings.store.data_dir / "diskload") as load:
+    with disk_load(system.settings.store.data_dir / "diskload", bound) as load:
         under = _phase(system, asked, publishes, "load-p")
     if load.report.get("stopped_by") != "stop":
         say(f"the disk writer ended before the phase did ({load.report}): its figures are partly idle")
@@ -330,10 +331,10 @@ MILLION, AGENTS = 1_000_000, 10_000
 
 
 def run_cli(*, events: int, queries: int, probes: int, publishes: int, sizes: list[int], as_json: bool,
-            settings: Settings, with_disk_load: bool = False) -> int:
+            settings: Settings, with_disk_load: bool = False, bound: Bound | None = None) -> int:
     report = on_fresh_system(settings, "perf", lambda system: measure(
         system, events=events, queries=queries, probes=probes, publishes=publishes, sizes=sizes,
-        with_disk_load=with_disk_load))
+        with_disk_load=with_disk_load, bound=bound))
     if MILLION in sizes:
         say(f"search over {AGENTS} subjects of {MILLION // AGENTS} memories ...")
         report["search"][f"{_size_label(MILLION)}_{_size_label(AGENTS)}_subjects"] = said(on_fresh_system(
@@ -358,7 +359,7 @@ def on_fresh_system(settings: Settings, name: str, measure: Callable[[Embedded],
 
 
 def measure(system: Embedded, *, events: int, queries: int, probes: int, publishes: int,
-            sizes: list[int], with_disk_load: bool = False) -> dict[str, Any]:
+            sizes: list[int], with_disk_load: bool = False, bound: Bound | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine()}
     say("publish ...")
     report["publish"] = said(bench_publish(system.client, publishes))
@@ -372,7 +373,7 @@ def measure(system: Embedded, *, events: int, queries: int, probes: int, publish
         report["search"][_size_label(size)] = said(bench_search(system, size, queries))
     if with_disk_load and sizes:
         say(f"search and publish at {max(sizes)} memories, idle then under disk load ...")
-        report["disk_load"] = said(bench_disk_load(system, max(sizes), queries, publishes))
+        report["disk_load"] = said(bench_disk_load(system, max(sizes), queries, publishes, bound))
     report["rss_mb"] = peak_rss_mb(system.child_pids)
     return report
 

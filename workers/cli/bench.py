@@ -4,13 +4,37 @@ only hand them the flags, importing each when it runs."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from memflow.workers.cli.common import JsonFlag, load_settings
 
+if TYPE_CHECKING:
+    from memflow.bench.diskload import Bound
+
 bench_app = typer.Typer(help="Benchmarks: LoCoMo and MADial-Bench retrieval, performance.", no_args_is_help=True)
+
+# The disk writer's bound (bench/diskload.py `Bound`), one set of options for every bench with a disk-load mode;
+# unset, the writer's own default.
+WriterRate = Annotated[float | None, typer.Option(
+    "--disk-load-mb-per-s", help="The disk writer's rate cap in MB/s (0: uncapped; default: bench/diskload.py's).")]
+WriterFileMb = Annotated[float | None, typer.Option(
+    "--disk-load-file-mb", help="The size of each file the disk writer rewrites, in MB (it rotates through 2).")]
+WriterMaxMb = Annotated[float | None, typer.Option(
+    "--disk-load-max-mb", help="The most the disk writer writes in one phase under load, in MB.")]
+
+
+def writer_bound(mb_per_s: float | None, file_mb: float | None, max_mb: float | None) -> Bound:
+    """The writer's bound: the options given, the writer's defaults for the rest."""
+    from dataclasses import replace
+
+    from memflow.bench.diskload import Bound
+
+    base = Bound()
+    return replace(base, mb_per_s=base.mb_per_s if mb_per_s is None else mb_per_s,
+                   file_mb=base.file_mb if file_mb is None else file_mb,
+                   max_mb=base.max_mb if max_mb is None else max_mb)
 
 
 
@@ -103,15 +127,18 @@ def bench_poisoning(corpus: Annotated[Path, typer.Option(help="The folder of poi
 def bench_perf(events: int = 5000, queries: int = 500, probes: int = 50, publishes: int = 2000,
                sizes: Annotated[str, typer.Option(help="Store sizes for the search figures.")] = "10000,100000",
                disk_load: Annotated[bool, typer.Option(
-                   "--disk-load", help="Also search and publish at the largest size idle, then while another process "
-                   "writes and fsyncs files beside the data (bench/diskload.py), in the same run.")] = False,
-               as_json: JsonFlag = False) -> None:
+                   "--disk-load/--no-disk-load", help="Also search and publish at the largest size idle, then while "
+                   "another process writes and fsyncs files beside the data (bench/diskload.py), in the same run.")]
+               = False,
+               disk_load_mb_per_s: WriterRate = None, disk_load_file_mb: WriterFileMb = None,
+               disk_load_max_mb: WriterMaxMb = None, as_json: JsonFlag = False) -> None:
     """Ingest, search, publish and publish→searchable, each next to its physical limit."""
     from memflow.bench.perf import run_cli
 
     raise typer.Exit(run_cli(events=events, queries=queries, probes=probes, publishes=publishes,
                              sizes=[int(s) for s in sizes.split(",") if s], as_json=as_json,
-                             settings=load_settings("WARNING"), with_disk_load=disk_load))
+                             settings=load_settings("WARNING"), with_disk_load=disk_load,
+                             bound=writer_bound(disk_load_mb_per_s, disk_load_file_mb, disk_load_max_mb)))
 
 
 @bench_app.command("jobs")
@@ -121,12 +148,22 @@ def bench_jobs(size: Annotated[int, typer.Option(help="Memories in the store (ra
                    help="How long searches are measured idle (80 s: as many as the index job at 100k meets).")] = 80.0,
                jobs: Annotated[str, typer.Option(help="The jobs run, one after the other (index, consolidate, "
                                                       "decay, review, retag).")] = "index,consolidate",
+               disk_load: Annotated[bool, typer.Option(
+                   "--disk-load/--no-disk-load", help="Also search idle and during each job while another process "
+                   "writes and fsyncs files beside the data (bench/diskload.py), and publish idle and under it next to "
+                   "a bare durable XADD, in the same run.")] = False,
+               disk_load_mb_per_s: WriterRate = None, disk_load_file_mb: WriterFileMb = None,
+               disk_load_max_mb: WriterMaxMb = None,
+               publishes: Annotated[int, typer.Option(help="Publishes per publish figure (with --disk-load).")] = 1000,
                as_json: JsonFlag = False) -> None:
-    """Search p99 while the index and consolidate jobs run, next to idle; failed searches, partitions lost."""
+    """Search p99 while the index and consolidate jobs run, next to idle; failed searches, partitions lost; with
+    --disk-load, the same under a disk writer, and publish next to a bare durable XADD."""
     from memflow.bench.jobs import run_cli
 
+    bound = writer_bound(disk_load_mb_per_s, disk_load_file_mb, disk_load_max_mb) if disk_load else None
     raise typer.Exit(run_cli(size=size, rate=rate, idle_s=idle_seconds, as_json=as_json,
-                             jobs=[j for j in jobs.split(",") if j], settings=load_settings("WARNING")))
+                             jobs=[j for j in jobs.split(",") if j], settings=load_settings("WARNING"), load=bound,
+                             publishes=publishes))
 
 
 @bench_app.command("publish")

@@ -42,6 +42,13 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/faults/test_durable_ack.py::test_events_acknowledged_the_moment_before_a_kill_9_are_all_there_after"
             "_the_restart[everysec]",),
            env={"MEMFLOW_REDIS_WAIT_AOF": "false"}),
+    Mutant("durable-own", "nothing-acknowledged-is-lost",
+           "memflow's own server fsyncs once a second (everysec) and a publish does not wait for the AOF",
+           ("tests/faults/test_durable_ack.py::test_events_acknowledged_the_moment_before_a_kill_9_are_all_there_after"
+            "_the_restart[memflow's own]",),
+           edits=(("shared/redisdb/server.py", '"--appendfsync", "always", "--save", ""',
+                   '"--appendfsync", "everysec", "--save", ""'),),
+           env={"MEMFLOW_REDIS_WAIT_AOF": "false"}),
     Mutant("revision", "nothing-is-doubled-and-no-update-is-lost",
            "a patch no longer checks the revision it was planned on (edge_store.set_fields)",
            ("tests/test_races.py::test_no_interleaving_resurrects_loses_or_reorders",),

@@ -55,7 +55,7 @@ def test_a_search_writes_to_the_transient_server_and_nothing_to_the_durable_one(
         assert [t.subject for t in recent_traces(system.client.queue_redis, system.ctx.keys, "ann", 5)] == ["ann"]
 
 
-def test_a_command_beside_a_running_memflow_finds_both_servers_and_a_clean_stop_keeps_the_traces(
+def test_a_command_beside_a_running_memflow_finds_both_servers_and_nothing_transient_reaches_the_disk(
         settings: Settings, tmp_path: Path) -> None:
     mine = own(settings, tmp_path)
     with own_redis(mine) as started:
@@ -65,6 +65,7 @@ def test_a_command_beside_a_running_memflow_finds_both_servers_and_a_clean_stop_
         assert beside.connection_pool.connection_kwargs["port"] == urlsplit(started.redis.queue_url or "").port
         beside.xadd(mine.keys.traces, {"m": b"{}"})
     assert running(tmp_path) is None  # the record goes with the process
+    assert [p.name for p in (tmp_path / "queue").iterdir() if p.name != "redis.log"] == []  # no AOF, no snapshot
 
-    with own_redis(mine) as again:  # the same data dir: the snapshot taken at the clean stop is loaded
-        assert connect_queue(again).xlen(mine.keys.traces) == 1
+    with own_redis(mine) as again:  # the same data dir: the transient server starts empty
+        assert connect_queue(again).xlen(mine.keys.traces) == 0

@@ -12,6 +12,7 @@ store holds no point for it and that no stream, buffer or feed still names it.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +37,7 @@ from memflow.shared.writer.applier import Applier
 from memflow.workers.runtime import Context
 from memflow.workers.trigger import buffers
 
+log = logging.getLogger(__name__)
 PAGE = 1000
 # The action of a deletion's announcement on `changes`: it names the memory, never its words, and is
 # the one entry naming a forgotten memory that scrub keeps (a consumer mirroring the feed must learn of it).
@@ -125,9 +127,44 @@ def scrub_words(places: Places, subject: str, words: str) -> dict[str, int]:
 
 
 def compact_aof(client: Any) -> bool:
-    """Start an AOF rewrite (BGREWRITEAOF): the new file holds the data as it is now, without the commands
-    that wrote forgotten words. False when the server refuses (a rewrite already running, a managed Redis
-    that forbids the command): `memflow compact-aof` is then the way to run it later."""
+    """Start an AOF rewrite (BGREWRITEAOF) on the server and on each of its replicas: the new files hold the data
+    as it is now, without the commands that wrote forgotten words. A replica keeps its own AOF, written from the
+    replication stream: rewriting the master's alone left the words on every replica's disk. False when the server
+    refuses (a rewrite already running, a managed Redis that forbids the command): `memflow compact-aof` is then
+    the way to run it later; a replica that refuses or cannot be reached is logged."""
+    started = _rewrite(client)
+    for replica in _replicas(client):
+        address = replica.connection_pool.connection_kwargs
+        if not _rewrite(replica):
+            log.warning("the AOF of replica %s:%s was not rewritten: run `memflow compact-aof` against it",
+                        address.get("host"), address.get("port"))
+        replica.close()
+    return started
+
+
+# How long a compaction waits for the replicas to hold what was just scrubbed: rewritten before that, a replica's
+# new file would hold the words still.
+REPLICA_WAIT_MS = 5000
+
+
+def _replicas(client: Any) -> list[redis.Redis]:
+    """Connections to the replicas `client`'s server names (INFO replication), once they have caught up (WAIT). A
+    cluster client: none (each node's replicas are its own, and `memflow compact-aof` is run per node)."""
+    if not isinstance(client, redis.Redis):
+        return []
+    try:
+        found = [v for k, v in client.info("replication").items() if k.startswith("slave") and isinstance(v, dict)]
+        if found:
+            client.wait(len(found), REPLICA_WAIT_MS)
+    except redis.RedisError as exc:
+        log.warning("cannot list the replicas to rewrite their AOF: %s", exc)
+        return []
+    auth = client.connection_pool.connection_kwargs
+    return [redis.Redis(host=str(r["ip"]), port=int(r["port"]), username=auth.get("username"),
+                        password=auth.get("password"), socket_timeout=5, socket_connect_timeout=5) for r in found]
+
+
+def _rewrite(client: Any) -> bool:
     try:
         client.bgrewriteaof()
     except redis.RedisError:

@@ -155,6 +155,7 @@ class MemoryClient:
         if not self._partitions_checked:
             check_partitions(self.redis, self.keys)
             self._fsync_timeout_ms = self._waits_for_fsync()
+            self.redis.script_load(published.SCRIPT)  # on every master of a cluster: no NOSCRIPT to resend after
             self._partitions_checked = True
         todo = [published.Part(stream, [_without_secrets(event) for event in events]) for stream, events in parts]
         replies = self._written(todo)

@@ -6,6 +6,7 @@ subject stays at its bounds and every publish is one that has to trim."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -39,7 +40,7 @@ def client_commands(sdk: MemoryClient, act: Any) -> list[str]:
     watcher, ender = redis.Redis.from_url(url), redis.Redis.from_url(url)
     ender.ping()  # connected before: its handshake is not counted
     seen: list[str] = []
-    with watcher.monitor() as monitor:
+    with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]  # untyped in redis-py 8
         act()
         ender.echo(marker)
         for command in monitor.listen():
@@ -102,3 +103,22 @@ def test_a_server_that_lost_the_script_is_sent_it_and_the_publish_is_written_onc
     sdk.publish_many([said("cy", 1), said("cy", 2)])
     assert sdk.redis.xlen(stream) == before + 2
     assert sdk.event_fate("cy", "cy-2").state.value == "accepted"
+
+
+def test_the_script_keeps_the_entries_python_would_keep(settings: Settings) -> None:
+    """Times in any offset, with and without fractions, published in no order, some at the same instant: the
+    newest `per_subject` by (instant, event id), as sorting the decoded entries in Python keeps them."""
+    rng = random.Random(42)
+    sdk = MemoryClient(settings.replace(pending_per_subject=15))
+    offsets = [timezone.utc, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8)),
+               timezone(timedelta(hours=14)), timezone(-timedelta(hours=3, minutes=45))]
+    published: list[tuple[datetime, str]] = []
+    for n in range(40):
+        at = T0 + timedelta(days=rng.randint(-400, 400), seconds=rng.randint(0, 86_399),
+                            microseconds=rng.choice([0, 0, 1, 500_000, rng.randint(0, 999_999)]))
+        at = published[rng.randrange(len(published))][0] if published and rng.random() < 0.15 else at
+        event_id = f"r{rng.randint(0, 10**6):07d}-{n}"
+        published.append((at, event_id))
+        sdk.publish({**said("dee", n, at.astimezone(rng.choice(offsets))), "event_id": event_id})
+    newest = sorted(published)[-15:]
+    assert sorted(sdk.redis.hkeys(sdk.keys.pending("dee"))) == sorted(e.encode() for _, e in newest)

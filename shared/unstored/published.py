@@ -59,15 +59,24 @@ end
 
 local function oldest_first(x, y)
   if x[1] ~= y[1] then return x[1] < y[1] end
-  if x[2] ~= y[2] then return x[2] < y[2] end
-  return x[3] < y[3]
+  return x[2] < y[2]
 end
 
 local function drop_oldest(target, held, n)
-  table.sort(held, oldest_first)
+  if n <= 0 then return 0 end
   local gone = {}
-  for i = 1, n do gone[i] = held[i][3] end
-  if n > 0 then chunked('HDEL', target, gone) end
+  if n <= 4 then  -- a subject at its bound sheds one entry a publish: a scan, not a sort
+    for i = 1, n do
+      local at = i
+      for j = i + 1, #held do if oldest_first(held[j], held[at]) then at = j end end
+      held[i], held[at] = held[at], held[i]
+      gone[i] = held[i][2]
+    end
+  else
+    table.sort(held, oldest_first)
+    for i = 1, n do gone[i] = held[i][2] end
+  end
+  chunked('HDEL', target, gone)
   return n
 end
 
@@ -77,16 +86,16 @@ local function decoded(raw)
   return {}
 end
 
+-- (seconds since the epoch, microseconds) of an ISO 8601 time with any offset, or nil
 local function instant(ts)
-  if type(ts) ~= 'string' then return -1e300, 0 end
   local y, mo, d, h, mi, s, rest = string.match(ts, '^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)(.*)$')
-  if not y then return -1e300, 0 end
+  if not y then return nil end
   local frac, zone = string.match(rest, '^%.(%d+)(.*)$')
   if not frac then frac, zone = '', rest end
   local off = 0
   if zone ~= 'Z' and zone ~= '' then
     local sign, oh, om, osec = string.match(zone, '^([+-])(%d%d):?(%d%d):?(%d*)$')
-    if not sign then return -1e300, 0 end
+    if not sign then return nil end
     off = tonumber(oh) * 3600 + tonumber(om) * 60 + (tonumber(osec) or 0)
     if sign == '-' then off = -off end
   end
@@ -96,23 +105,58 @@ local function instant(ts)
   local yoe = y - era * 400
   local doy = math.floor((153 * ((mo + 9) % 12) + 2) / 5) + d - 1
   local days = era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
-  local secs = days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(s) - off
-  return secs, tonumber(string.sub(frac .. '000000', 1, 6))
+  return days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(s) - off,
+         tonumber(string.sub(frac .. '000000', 1, 6))
+end
+
+-- The instant as UTC text, YYYY-MM-DDTHH:MM:SS.ffffff: compared as strings, in time order (the years are 4 digits)
+local function utc(secs, micros)
+  local days = math.floor(secs / 86400)
+  local rem = secs - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400 + (month <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%06d', year, month, day, math.floor(rem / 3600),
+                       math.floor(rem % 3600 / 60), rem % 60, micros)
+end
+
+-- An entry's place in time: its turn's time as UTC text, '' (the oldest) when it has none that parses. The one
+-- "ts" key of an entry is found as text (a quote inside the words is escaped, so they cannot fake one); a time
+-- already in UTC (what the models write for one) is only padded, the arithmetic is for the other offsets.
+local function entry_time(raw)
+  local ts
+  local p = string.find(raw, '"ts":"', 1, true)
+  local q = p and string.find(raw, '"', p + 6, true)
+  if q then
+    ts = string.sub(raw, p + 6, q - 1)
+  else
+    local turn = decoded(raw).turn
+    ts = type(turn) == 'table' and turn.ts or nil
+  end
+  if type(ts) ~= 'string' then return '' end
+  if string.byte(ts, -1) == 90 and string.find(ts, '^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d') then  -- ...Z
+    if #ts == 20 then return string.sub(ts, 1, 19) .. '.000000' end
+    if #ts == 27 then return string.sub(ts, 1, 26) end
+  end
+  local secs, micros = instant(ts)
+  return secs and utc(secs, micros) or ''
 end
 
 local function trim_fates(target)
   local flat, held = redis.call('HGETALL', target), {}
-  for i = 1, #flat, 2 do held[#held + 1] = {tonumber(decoded(flat[i + 1]).at) or 0, 0, flat[i]} end
+  for i = 1, #flat, 2 do held[#held + 1] = {tonumber(decoded(flat[i + 1]).at) or 0, flat[i]} end
   drop_oldest(target, held, #held - fate_keep)
 end
 
 local function trim_said(target, excess)
   local flat, held = redis.call('HGETALL', target), {}
-  for i = 1, #flat, 2 do
-    local turn = decoded(flat[i + 1]).turn
-    local secs, micros = instant(type(turn) == 'table' and turn.ts or nil)
-    held[#held + 1] = {secs, micros, flat[i]}
-  end
+  for i = 1, #flat, 2 do held[#held + 1] = {entry_time(flat[i + 1]), flat[i]} end
   return drop_oldest(target, held, excess)
 end
 

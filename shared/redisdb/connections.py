@@ -203,7 +203,7 @@ def safe_url(settings: Settings) -> str:
 
 
 def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *, replicas: int,
-               timeout_ms: int, fsync_timeout_ms: int | None = None) -> list[Any]:
+               timeout_ms: int, fsync_timeout_ms: int | None = None, raise_on_error: bool = True) -> list[Any]:
     """Send the commands `write` queues (all on `key`'s slot) and then WAIT until `replicas` replicas hold
     them, in one round trip on one connection to the node that owns the slot; the commands' replies.
 
@@ -219,6 +219,9 @@ def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *,
 
     `fsync_timeout_ms`: first WAITAOF 1 0 on the same connection, which returns once the node's own AOF
     holds the writes on disk (shared/redisdb/durability.py); NotDurable when it did not within that long.
+
+    `raise_on_error` False: a command that failed has its error in its place among the replies (a caller
+    that sends again what a NOSCRIPT refused, and only that); the waits' own errors are raised all the same.
     """
     pipe = _owner(client, key).pipeline(transaction=False)
     write(pipe)
@@ -230,11 +233,14 @@ def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *,
         pipe.wait(replicas, timeout_ms)
         waits += 1
     try:
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=raise_on_error)
     except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,
             redis.exceptions.ClusterDownError):
         _reread_slots(client)
         raise
+    for reply in replies[len(replies) - waits:]:
+        if isinstance(reply, Exception):
+            raise reply
     if replicas and replies[-1] < replicas:
         raise NotReplicated(f"{replies[-1]} of {replicas} replicas acknowledged the write to {key} within "
                             f"{timeout_ms} ms (MEMFLOW_REDIS_WAIT_REPLICAS)")
@@ -242,6 +248,11 @@ def replicated(client: Client, key: str, write: Callable[[Pipeline], object], *,
         raise NotDurable(f"the server did not fsync the write to {key} to its AOF within {fsync_timeout_ms} ms "
                          "(MEMFLOW_REDIS_WAIT_AOF_TIMEOUT_MS): a busy disk")
     return replies[:len(replies) - waits]
+
+
+def load_script(client: Client, key: str, script: str) -> str:
+    """Load `script` on the node that owns `key`'s slot (where `replicated` sends the EVALSHA of it); its SHA1."""
+    return str(_owner(client, key).script_load(script))
 
 
 def _owner(client: Client, key: str) -> redis.Redis:

@@ -27,6 +27,7 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel, ValidationError
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 from rq import Queue, Worker
 from rq.job import Job
 from rq.results import Result
@@ -39,11 +40,17 @@ from memflow.pipeline.gate import gate, redact_secrets
 from memflow.pipeline.models import ChatEvent, Dir, Kind, MType, PackedPrompt, Role, SearchResult
 from memflow.pipeline.profile import ProfileReply
 from memflow.shared.changes import feed as feed_pages
-from memflow.shared.codec import encode
 from memflow.shared.errors import InvalidInput, NotFound, RpcError, raised_said
-from memflow.shared.redisdb.connections import CLIENT_BLOCK_S, connect_queue, connect_streams, replicated, safe_url
+from memflow.shared.redisdb.connections import (
+    CLIENT_BLOCK_S,
+    connect_queue,
+    connect_streams,
+    load_script,
+    replicated,
+    safe_url,
+)
 from memflow.shared.redisdb.durability import fsync_timeout_ms
-from memflow.shared.redisdb.keys import FIELD, STAGES, check_partitions, id_space
+from memflow.shared.redisdb.keys import STAGES, check_partitions, id_space
 from memflow.shared.sdk import transfer
 from memflow.shared.sdk.rpc import (
     FEEDBACK,
@@ -75,7 +82,7 @@ from memflow.shared.sdk.rpc import (
 )
 from memflow.shared.settings import Settings, get_settings
 from memflow.shared.streaming.backlog import backlog
-from memflow.shared.unstored import fates, pending
+from memflow.shared.unstored import fates, published
 
 # The fields of `write` that become other fields of the event it publishes: a refusal names the caller's.
 _WRITE_FIELDS = {"text": "content", "meta": "external_ref"}
@@ -140,40 +147,38 @@ class MemoryClient:
         """XADD the events to their partitions' streams (all on one connection: one server, or one cluster
         node's slot), wait until the server's AOF holds them on disk (MEMFLOW_REDIS_WAIT_AOF,
         shared/redisdb/durability.py) and (MEMFLOW_REDIS_WAIT_REPLICAS) for its replicas: an event is acknowledged
-        once it would survive a kill -9 of the server, a crash of its machine and its master's death. Before
-        each partition's XADDs, on the same connection: the pending entries a search serves until what they
-        say is stored (shared/unstored/pending.py). The entry ids, per part."""
+        once it would survive a kill -9 of the server, a crash of its machine and its master's death. With
+        each partition's XADDs, in one script before them: each event's fate `accepted` and the pending entries
+        a search serves until what they say is stored, within their bounds (shared/unstored/published.py). One
+        round trip in all, the one whose reply waits for the disk. The entry ids, per part."""
         # routed by the deployment's partition count, or refused (shared/redisdb/keys.py)
         if not self._partitions_checked:
             check_partitions(self.redis, self.keys)
             self._fsync_timeout_ms = self._waits_for_fsync()
+            self.redis.script_load(published.SCRIPT)  # on every master of a cluster: no NOSCRIPT to resend after
             self._partitions_checked = True
-        cleaned = [(stream, [_without_secrets(event) for event in events]) for stream, events in parts]
-        subjects: list[list[str]] = []
-        fated: list[list[str]] = []
+        todo = [published.Part(stream, [_without_secrets(event) for event in events]) for stream, events in parts]
+        replies = self._written(todo)
+        refused = [part for part, reply in zip(todo, replies, strict=True) if isinstance(reply, NoScriptError)]
+        if refused:  # a server that does not know the script yet (new, restarted, a replica promoted): it ran none
+            load_script(self.redis, todo[0].stream, published.SCRIPT)
+            again = iter(self._written(refused))
+            replies = [next(again) if isinstance(reply, NoScriptError) else reply for reply in replies]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [published.ids(reply) for reply in replies]
 
+    def _written(self, parts: Sequence[published.Part]) -> list[Any]:
+        """One round trip: the parts' scripts (fates, pending entries, their bounds, the XADDs: published.py),
+        then the waits for the disk and the replicas; each part's reply, or its error."""
         def write(pipe: Pipeline) -> None:
-            for stream, events in cleaned:
-                fated.append(fates.queue_accepted(pipe, self.keys, events))  # what a caller asks of it later
-                subjects.append(pending.queue_said(pipe, self.keys, self.settings.pending, events))
-                for event in events:
-                    pipe.xadd(stream, {FIELD: encode(event)})
+            for part in parts:
+                published.queue(pipe, self.keys, self.settings.pending, part)
 
         r = self.settings.redis
-        replies = replicated(self.redis, cleaned[0][0], write, replicas=r.wait_replicas,
-                             timeout_ms=r.wait_timeout_ms, fsync_timeout_ms=self._fsync_timeout_ms)
-        ids, at = [], 0
-        for (_, events), said, decided in zip(cleaned, subjects, fated, strict=True):
-            told = fates.replies_of(decided, events)
-            fates.trim(self.redis, self.keys, decided, replies[at:at + told])
-            at += told
-            queued = pending.replies_of(said)
-            if said:
-                pending.checked_bounds(self.redis, self.keys, self.settings.pending, said, replies[at:at + queued])
-            ids.append([i.decode() if isinstance(i, bytes) else str(i)
-                        for i in replies[at + queued:at + queued + len(events)]])
-            at += queued + len(events)
-        return ids
+        return replicated(self.redis, parts[0].stream, write, replicas=r.wait_replicas, timeout_ms=r.wait_timeout_ms,
+                          fsync_timeout_ms=self._fsync_timeout_ms, raise_on_error=False)
 
     def _waits_for_fsync(self) -> int | None:
         """WAITAOF's timeout when the server can answer it and the settings want it, else None (a server

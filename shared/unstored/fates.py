@@ -1,19 +1,19 @@
 """Each published event's fate, in Redis (pipeline/fates.py says what the states mean).
 
 Where it lives: one hash per subject (`Keys.fates`, event id → the fate as JSON), in the subject's partition slot
-beside its streams and pending entries, so that a publish writes `accepted` on the connection and in the round trip
-of its XADD. The stage that decides the rest writes it before it acknowledges the message (trigger: the gate's
-refusal; extract: a turn that yields nothing; resolve: forgotten in flight, or already stored; upsert: the memories
-written; the consumer loop: a dead letter): a stage that crashes in between is handed the message again and writes
-the same fate again.
+beside its streams and pending entries, so that a publish writes `accepted` in the script that XADDs the event
+(shared/unstored/published.py): atomically, in the one round trip of the publish. The stage that decides the rest
+writes it before it acknowledges the message (trigger: the gate's refusal; extract: a turn that yields nothing;
+resolve: forgotten in flight, or already stored; upsert: the memories written; the consumer loop: a dead letter): a
+stage that crashes in between is handed the message again and writes the same fate again.
 
 Scoped: the hash is the subject's, so a lookup names the subject, and an id published under another subject is
 not found (the HTTP route answers 404 for both: an event's existence never leaks across subjects).
 
 Bounded: the hash expires once the subject has published nothing for TTL_S, and holds at most PER_SUBJECT events
-(the oldest published go first). An event whose fate is gone is answered as unknown. `memflow partitions set`
-moves each hash to the subject's partition under the new count (`move`); forgetting a memory drops the fates of
-the events it was read from (they name it).
+(the oldest published go first; the publish's script trims it). An event whose fate is gone is answered as unknown.
+`memflow partitions set` moves each hash to the subject's partition under the new count (`move`); forgetting a
+memory drops the fates of the events it was read from (they name it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from typing import Any
 
 import orjson
 import redis
-from redis.client import Pipeline
 
 from memflow.pipeline.fates import EventFate, FateState
-from memflow.pipeline.models import ChatEvent
 from memflow.shared.codec import json_object
 from memflow.shared.errors import DecodeError
 from memflow.shared.redisdb.keys import Keys
@@ -75,40 +73,6 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
-
-
-def queue_accepted(pipe: Pipeline, keys: Keys, events: Sequence[ChatEvent]) -> list[str]:
-    """Queue on `pipe` (the publish's, before its XADDs) `accepted` for each event that has no fate yet; the
-    subjects, in order, each with two replies queued (`replies_of`): the last the hash's size, for `trim`."""
-    by_subject: dict[str, dict[str, bytes]] = {}
-    now_ms = int(time.time() * 1000)
-    for event in events:
-        by_subject.setdefault(event.subject, {})[event.event_id] = orjson.dumps({"state": "accepted", "at": now_ms})
-    for subject, accepted in by_subject.items():
-        for event_id, fate in accepted.items():  # never over a decision: an event published again keeps its fate
-            pipe.hsetnx(keys.fates(subject), event_id, fate)
-    for subject in by_subject:
-        pipe.expire(keys.fates(subject), TTL_S)
-        pipe.hlen(keys.fates(subject))
-    return list(by_subject)
-
-
-def replies_of(subjects: Sequence[str], events: Sequence[ChatEvent]) -> int:
-    """How many replies `queue_accepted` queued for these events."""
-    return len({(e.subject, e.event_id) for e in events}) + 2 * len(subjects)
-
-
-def trim(client: Client, keys: Keys, subjects: Sequence[str], replies: Sequence[Any]) -> None:
-    """Keep each subject under PER_SUBJECT fates (`replies`: what `queue_accepted` queued answered, the last of
-    each subject's the size of its hash): the oldest published go."""
-    sizes = replies[len(replies) - 2 * len(subjects) + 1::2] if subjects else []
-    for subject, size in zip(subjects, sizes, strict=True):
-        if int(size) > PER_SUBJECT:
-            key = keys.fates(subject)
-            held = {k: _at(v) for k, v in client.hgetall(key).items()}
-            oldest = sorted(held, key=lambda k: (held[k], k))[:len(held) - int(PER_SUBJECT * TRIM_TO)]
-            if oldest:
-                client.hdel(key, *oldest)
 
 
 def record(client: Client, keys: Keys, subject: str, state: FateState, event_ids: Iterable[str],
@@ -200,9 +164,3 @@ def replayed(client: Client, keys: Keys, stage: str, payload: bytes | None) -> N
     for subject, ids in events_in(stage, payload).items():
         record(client, keys, subject, FateState.accepted, ids, "replayed from the dead letters")
 
-
-def _at(raw: bytes | str) -> int:
-    try:
-        return int(orjson.loads(raw).get("at", 0))
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0

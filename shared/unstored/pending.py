@@ -1,9 +1,9 @@
 """The read-your-writes layer in Redis: what each subject said that is not stored yet (pipeline/pending.py).
 
 Where it lives: one hash per subject (`Keys.pending`, event id → `Said`), in the subject's partition slot
-beside its events stream, so that `MemoryClient` writes the entry in the same round trip as the event, and
-before it: a search that starts after `publish` returned always finds it. It lives in Redis, not in a
-process, so it outlives the restart of any stage.
+beside its events stream, so that `MemoryClient` writes the entry in the script that XADDs the event, and before
+it (shared/unstored/published.py): a search that starts after `publish` returned always finds it. It lives in
+Redis, not in a process, so it outlives the restart of any stage.
 
 When it goes: the stage that settles what an entry became deletes it once that is in the store (upsert, after
 the write) or once it is known to become nothing (extract: a closed session's turn that yields no candidate;
@@ -16,20 +16,17 @@ resolve would skip as a duplicate is not shown: never both.
 
 Bounded three ways (settings `MEMFLOW_PENDING_*`): per subject (the oldest entries go first), per deployment
 (each partition keeps `subjects / partitions` subjects, those that published longest ago go first), and in time
-(a subject's hash expires once it has published nothing for `ttl_s`). An evicted entry is still written; it is
-only not served before it lands.
+(a subject's hash expires once it has published nothing for `ttl_s`), all three enforced by the publish's own
+script, in its round trip. An evicted entry is still written; it is only not served before it lands.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 import redis
-from redis.client import Pipeline
 
 from memflow.pipeline.gate import GateVerdict
 from memflow.pipeline.models import Candidate, ChatEvent, ExtractTask, Role, TriggerReason
@@ -43,60 +40,6 @@ from memflow.shared.unstored.fates import events_in
 log = logging.getLogger(__name__)
 
 Client = redis.Redis | redis.RedisCluster
-
-
-def queue_said(pipe: Pipeline, keys: Keys, cfg: PendingSettings, events: Sequence[ChatEvent]) -> list[str]:
-    """Queue on `pipe` (one partition's connection, before the events' XADDs) the pending entries the events
-    leave, and the replies `checked_bounds` reads: per subject (returned, in order) four, then one."""
-    if not cfg.enabled:
-        return []
-    entries: dict[str, dict[str, bytes]] = {}
-    for event in events:
-        entry = said(event)
-        if entry is not None:
-            entries.setdefault(event.subject, {})[event.event_id] = encode(entry)
-    now_ms = int(time.time() * 1000)
-    for subject, mapping in entries.items():
-        key = keys.pending(subject)
-        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
-        pipe.expire(key, cfg.ttl_s)
-        pipe.hlen(key)
-        pipe.zadd(keys.pending_subjects(keys.partition(subject)), {subject: now_ms})
-    if entries:
-        pipe.zcard(keys.pending_subjects(keys.partition(next(iter(entries)))))
-    return list(entries)
-
-
-def replies_of(subjects: Sequence[str]) -> int:
-    """How many replies `queue_said` queued for these subjects."""
-    return 4 * len(subjects) + 1 if subjects else 0
-
-
-def checked_bounds(client: Client, keys: Keys, cfg: PendingSettings, subjects: Sequence[str],
-                   replies: Sequence[object]) -> None:
-    """Enforce the bounds `queue_said`'s replies show crossed: a subject's oldest entries, a partition's
-    longest-quiet subjects."""
-    for i, subject in enumerate(subjects):
-        if int(replies[i * 4 + 2]) > cfg.per_subject:  # type: ignore[call-overload]
-            _trim(client, keys.pending(subject), cfg.per_subject)
-    if subjects and int(replies[-1]) > (cap := math.ceil(cfg.subjects / keys.partitions)):  # type: ignore[call-overload]
-        _evict(client, keys, keys.partition(subjects[0]), int(replies[-1]) - cap)  # type: ignore[call-overload]
-
-
-def _trim(client: Client, key: str, keep: int) -> None:
-    entries = {k: decode(v, Said) for k, v in client.hgetall(key).items()}
-    oldest = sorted(entries, key=lambda k: (entries[k].turn.ts, k))[:max(0, len(entries) - keep)]
-    if oldest:
-        client.hdel(key, *oldest)
-        log.info("pending entries over the per-subject bound: %d oldest no longer served early", len(oldest))
-
-
-def _evict(client: Client, keys: Keys, partition: int, excess: int) -> None:
-    popped: list[Any] = client.zpopmin(keys.pending_subjects(partition), excess)
-    gone = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in popped]
-    if gone:
-        client.delete(*(keys.pending(s) for s in gone))
-        log.info("pending subjects over the bound in partition %d: %d quiet ones evicted", partition, len(gone))
 
 
 def read(client: Client, keys: Keys, subject: str) -> list[Said]:

@@ -141,7 +141,7 @@ def test_a_consumer_that_joins_gets_a_share_and_one_that_stops_cleanly_hands_its
     wait_for(lambda: len(first.owned()) == P, what="the released share taken back")
 
 
-def test_a_crashed_consumers_partitions_and_its_batch_are_taken_over_within_a_lease(
+def test_a_crashed_consumers_partitions_and_its_batch_are_taken_over(
         client: redis.Redis, pkeys: Keys, consumers: list[Consumer]) -> None:
     seen: list[tuple[str, str, int]] = []
     a, b = Consumer(client, pkeys, "a", seen), Consumer(client, pkeys, "b", seen)

@@ -64,14 +64,13 @@ class Steps(logging.Handler):
 def builders() -> set[int]:
     """This process's children that are index builds (Linux: /proc)."""
     found = set()
-    for children in Path("/proc/self/task").glob("*/children"):
-        for pid in children.read_text().split():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:  # ended meanwhile
-                continue
-            if b"memflow.shared.storage.edge_build" in cmdline:
-                found.add(int(pid))
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"memflow.shared.storage.edge_build" in stat.with_name("cmdline").read_bytes():
+                found.add(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
     return found
 
 

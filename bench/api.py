@@ -12,6 +12,9 @@
   next to `MemoryClient.publish` from as many threads (the same XADDs without HTTP). They publish
   to a prefix no stage reads, so the figure is the API's own capacity, not the pipeline's; the CPU
   seconds the server processes spent per request say what limits it.
+- refusals: what the refusals made before any item is looked at take (a 1 MB batch of 330,000 items by a
+  read-only key and by one that may write, a query past what the encoders read): milliseconds, where
+  validating the items first took 15 s (tests/test_api_cost.py checks the order, this the figure).
 - two tenants (`--tenants-only`: these alone): key B's search p50/p99 idle, then while key A floods with the
   longest queries, and while key A loops on exporting its subject with vectors, on importing that export back,
   and on posting a 16 MiB import refused at its last line, each with its ratio to idle (issue 38: within 3×).
@@ -257,6 +260,31 @@ def bench_writes(url: str, pid: int, key: str, client: MemoryClient, clients: in
             "client_publish_per_s": round(n / sdk_s, 1)}
 
 
+# -- what a refusal costs ----------------------------------------------------------------------------
+
+# 330,000 empty objects in 990 KB (under the 1 MB body limit): validated one by one, they took 15 s (issue 30).
+HUGE_BATCH = b"[" + b",".join([b"{}"] * 330_000) + b"]"
+
+
+def bench_refusals(url: str, writer: str, reader: str, tries: int = 5) -> dict[str, float]:
+    """p50 ms of the refusals that come before any item is looked at: the huge batch by a read-only key (403)
+    and by one that may write (413, the count), and a query past what the encoders read (422)."""
+    huge = {"content": HUGE_BATCH, "headers": {"content-type": "application/json"}}
+    query = {"json": {"subject": "bench-refused", "query": " ".join(["coffee"] * 2_000)}}
+    ways: dict[str, tuple[str, str, dict[str, Any], int]] = {
+        "huge_batch_read_only_key": (reader, "/v1/events", huge, 403),
+        "huge_batch_count": (writer, "/v1/events", huge, 413),
+        "query_past_the_encoders": (writer, "/v1/search", query, 422)}
+    took: dict[str, float] = {}
+    for name, (key, path, body, code) in ways.items():
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+            def refused(path: str = path, body: dict[str, Any] = body, code: int = code) -> None:
+                if http.post(path, **body).status_code != code:
+                    raise SystemExit(f"POST {path}: not refused with {code}")
+            took[name] = pct_ms([timed(refused) for _ in range(tries)], .5)
+    return took
+
+
 # -- two tenants: B's searches while A floods ---------------------------------------------------------
 
 # The longest query the API takes (pipeline/tokens.MAX_QUERY_TOKENS, estimated), the costliest a tenant can send.
@@ -466,6 +494,10 @@ def measure(system: Embedded, *, size: int, queries: int, clients: int, requests
     with serving(quiet) as (url, _):
         say("one write at a time, next to a bare uvicorn ...")
         report["write_round_trip_p50_ms"] = bench_round_trip(url, write_key, quiet_client, 500)
+        say("refusals made before any item is looked at ...")
+        read_key = KeyStore(quiet_client.redis, quiet_client.keys).create("bench-read", ["*"], read_only=True,
+                                                                          now=datetime.now(UTC))[1]
+        report["refusals_p50_ms"] = bench_refusals(url, write_key, read_key)
     for workers in (1, 2):
         with serving(quiet, workers) as (url, pid):
             say(f"writes from {clients} concurrent clients, {workers} server process(es) ...")
@@ -506,6 +538,9 @@ def print_report(r: dict[str, Any]) -> None:
     rt = r["write_round_trip_p50_ms"]
     print(f"one write at a time, p50 ms: MemoryClient.publish {rt['client_publish']}, POST /v1/events {rt['http']}, "
           f"the same POST to a bare uvicorn app {rt['bare_http_floor']}")
+    if "refusals_p50_ms" in r:
+        print("refused before any item is looked at, p50 ms: "
+              + ", ".join(f"{name} {ms}" for name, ms in r["refusals_p50_ms"].items()))
     for name in ("writes", "writes_2_processes"):
         w = r[name]
         print(f"{name}, {w['clients']} concurrent clients: POST /v1/events {w['http_requests_per_s']} req/s "

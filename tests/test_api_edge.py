@@ -13,7 +13,6 @@ import asyncio
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +32,11 @@ from tests.conftest import System, start_system, wait_for
 from tests.test_api import start_serve, stop
 
 FLOOD = 200
-# How long /healthz and a refused request may take under the flood: its own RPC waits 2 s at most.
-HEALTH_BOUND_S = 5.0
-REFUSAL_BOUND_S = 1.0
+# Deadlines, not bounds: a /healthz or a refusal held behind the flood waits as long as its searches (120 s, the
+# settings below), one answered at once (its own RPC waits 2 s at most) is well within these. Figures of how
+# fast are `memflow bench http`'s.
+HEALTH_DEADLINE_S = 30.0
+REFUSAL_DEADLINE_S = 30.0
 
 
 def lonely(redis_server: RedisServer, tmp_path: Path, **extra: Any) -> Settings:
@@ -71,14 +72,12 @@ class Flood:
         return self.replies
 
 
-def timed_get(url: str, bound_s: float) -> tuple[httpx.Response, float]:
-    """GET `url`, failing (not hanging) if it takes over twice the bound."""
-    started = time.monotonic()
+def get_within(url: str, deadline_s: float) -> httpx.Response:
+    """GET `url`, failing (not hanging) if no answer comes within the deadline."""
     try:
-        reply = httpx.get(url, timeout=2 * bound_s)
+        return httpx.get(url, timeout=deadline_s)
     except httpx.TimeoutException:
-        pytest.fail(f"{url} did not answer within {2 * bound_s} s")
-    return reply, time.monotonic() - started
+        pytest.fail(f"{url} did not answer within {deadline_s} s: held behind the waiting searches")
 
 
 def stopped(process: subprocess.Popen[str]) -> None:
@@ -107,8 +106,7 @@ def test_healthz_and_a_search_are_answered_while_200_searches_wait_on_a_slow_que
         flood = Flood(url, FLOOD)
         # A sync route held one of AnyIO's 40 threads per waiting search: past 40, nothing else ran.
         wait_for(lambda: waiting_searches(settings) >= 40, 60, "the flood to reach the query queue")
-        health, took = timed_get(f"{url}/healthz", HEALTH_BOUND_S)
-        assert took < HEALTH_BOUND_S, f"/healthz took {took:.1f} s under {FLOOD} waiting searches"
+        health = get_within(f"{url}/healthz", HEALTH_DEADLINE_S)
         assert health.status_code == 503 and health.json()["query_workers"] == 0, health.text
         assert health.json()["redis"] == "ok"
         # Every search of the flood waits for the worker, none holding a thread.
@@ -116,10 +114,8 @@ def test_healthz_and_a_search_are_answered_while_200_searches_wait_on_a_slow_que
 
         # The query worker arrives: a search from another client is answered, and so is the whole flood.
         workers.append(start_system(settings, embedder, stages=(), query=True))
-        started = time.monotonic()
         probe = httpx.post(f"{url}/v1/search", json={"subject": "probe", "query": "anything"}, timeout=60)
         assert probe.status_code == 200 and probe.json()["status"] == "empty", probe.text
-        assert time.monotonic() - started < 60
         replies = flood.done(120)
         statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in replies]
         assert statuses == [200] * FLOOD, {str(s) for s in statuses}
@@ -134,17 +130,16 @@ def test_past_its_bound_the_api_refuses_at_once_with_retry_after_and_healthz_sti
     try:
         flood = Flood(url, 3)
         wait_for(lambda: waiting_searches(settings) >= 3, 60, "three searches to wait for a query worker")
-        started = time.monotonic()
         try:
             refused = httpx.post(f"{url}/v1/search", json={"subject": "one-more", "query": "q"},
-                                 timeout=2 * REFUSAL_BOUND_S + 1)
+                                 timeout=REFUSAL_DEADLINE_S)
         except httpx.TimeoutException:
             pytest.fail("a request past the bound was queued, not refused")
-        assert time.monotonic() - started < REFUSAL_BOUND_S
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "busy" and int(refused.headers["retry-after"]) >= 1
-        health, took = timed_get(f"{url}/healthz", HEALTH_BOUND_S)
-        assert took < HEALTH_BOUND_S and health.json()["redis"] == "ok"
+        assert waiting_searches(settings) == 3  # refused before it reached the queue: nothing of it waits
+        health = get_within(f"{url}/healthz", HEALTH_DEADLINE_S)
+        assert health.json()["redis"] == "ok"
         # Nothing lingers: once the worker answers, the next search is served.
         workers.append(start_system(settings, embedder, stages=(), query=True))
         assert [r.status_code for r in flood.done(60) if isinstance(r, httpx.Response)] == [200] * 3
@@ -189,10 +184,10 @@ def test_a_client_of_a_server_that_stopped_answering_raises_within_its_socket_ti
             MemoryClient(settings).redis.ping()
         except BaseException as exc:  # noqa: BLE001 - what it raised is the test's to judge
             raised.append(exc)
-    started = time.monotonic()
     attempt = threading.Thread(target=open_client, daemon=True)
     attempt.start()
     attempt.join(2 * bound_s + 5)  # the version check's INFO (its timeout passed over: checked next time), the PING
     assert not attempt.is_alive(), f"the client still waits on a silent server after {2 * bound_s + 5:.1f} s"
-    assert time.monotonic() - started >= settings.client.socket_timeout_s
+    # Connected, then no answer: the read's timeout ended it (a connect timeout would say "connecting").
     assert len(raised) == 1 and isinstance(raised[0], redis.TimeoutError), raised
+    assert "reading" in str(raised[0]), raised

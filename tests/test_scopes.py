@@ -4,8 +4,8 @@ special, and a match that takes time linear in the subject whatever the pattern.
 from __future__ import annotations
 
 import re
-import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,11 +31,11 @@ def test_the_usual_patterns() -> None:
     assert allows(("x", "team-*"), "team-c") and not allows(("x",), "y")
 
 
-def test_a_pattern_of_many_stars_costs_no_more_than_a_plain_one() -> None:
+# A deadline, not a bound: microseconds a match here, while a backtracking matcher never ends on 63 stars over
+# 128 characters (pytest-timeout interrupts even a regex in C). A figure of how fast would be a benchmark's.
+@pytest.mark.timeout(30)
+def test_a_pattern_of_many_stars_ends_and_answers_as_a_plain_one_would() -> None:
     # `*a*a*a*a*a*a*a*b` over 60 characters took 34.5 s a request; 63 stars over 128 would never end.
-    started = time.monotonic()
     for _ in range(100):
         assert not covers("*a" * 7 + "*b", "a" * 60)
         assert not covers("*a" * 63 + "*", "a" * 62) and covers("*a" * 63 + "*", "a" * 128)
-    took = time.monotonic() - started
-    assert took < 1.0, f"{took:.2f} s for 300 matches"  # microseconds each; the regex took seconds for one

@@ -80,9 +80,10 @@ class RedisSettings(Group):
         "How long a publish waits for the AOF before it raises `NotDurable` (retrying it is safe)."))
     queue_url: str | None = Field(default=None, description=(
         "Where the RPC queues live (RQ: searches, jobs) with what a search writes (traces, counters, caches): a single "
-        "server, best without AOF, so that a search never waits for an fsync (docs/architecture.md#which-writes-are-"
-        "durable). RQ runs on no cluster (its keys span slots: rq/rq#2021), so a cluster deployment names one here. "
-        "Unset: the streams' server (the embedded mode starts a transient one of its own)."))
+        "server, best without AOF, so that a search never waits for an fsync "
+        "(docs/architecture.md#which-writes-are-durable). RQ runs on no cluster (its keys span slots: rq/rq#2021), "
+        "so a cluster deployment names one here. Unset: the streams' server (the embedded mode starts a transient "
+        "one of its own)."))
 
     @model_validator(mode="after")
     def _queue_beside_a_cluster(self) -> RedisSettings:

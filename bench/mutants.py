@@ -153,11 +153,14 @@ def run(mutant: Mutant) -> Outcome:
         env = {**os.environ, "PYTHONPATH": str(tree), **mutant.env}
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
-                               *mutant.tests], cwd=tree, env=env, capture_output=True, text=True, check=False)
+                               "--tb=line", *mutant.tests], cwd=tree, env=env, capture_output=True, text=True,
+                              check=False)
         lines = [line for line in done.stdout.splitlines() if line.strip()]
+        # --tb=line: one "path:line: Error: message" line per failed test, what the test said
+        said = next((line.split(": ", 1)[-1] for line in lines if line.startswith(("/", "tests/", "E "))), "")
         # pytest exits 1 when a test failed: anything else (2-5) is no verdict on the protection
         return Outcome(mutant, done.returncode == 1, done.returncode, time.monotonic() - started,
-                       lines[-1] if lines else done.stderr.strip()[-200:])
+                       (lines[-1] if lines else done.stderr.strip()[-200:]) + (f": {said[:160]}" if said else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ never lost, and a deletion stays announced (docs/write-path.md#the-applier)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Sequence
@@ -240,8 +241,12 @@ SAYINGS = (
 )
 
 
-@pytest.mark.timeout(600)
-@settings_(max_examples=6, deadline=None, derandomize=True, phases=[Phase.generate],
+# Sequences per run (PYTEST_WRITE_PATH_EXAMPLES to try more): ~1.5 s each here. Derandomized: CI tries the same ones.
+SEQUENCES = int(os.environ.get("PYTEST_WRITE_PATH_EXAMPLES", "24"))
+
+
+@pytest.mark.timeout(900)
+@settings_(max_examples=SEQUENCES, deadline=None, derandomize=True, phases=[Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(SAYINGS) - 1), st.integers(0, 2), st.booleans()), min_size=1,
                 max_size=10))

@@ -20,6 +20,7 @@ from memflow.shared.sdk import rpc
 from memflow.shared.sdk.client import MemoryClient
 from memflow.shared.search.foreground import FULL_AFTER, Foreground, freezers
 from memflow.shared.settings import Settings
+from memflow.shared.storage.edge_store import STEP_PAGE
 from memflow.shared.storage.store import MemoryFilter, Store
 from memflow.workers import jobs
 from memflow.workers.runtime import Context
@@ -155,6 +156,51 @@ def test_a_subjects_changes_are_written_in_chunks_with_the_searches_served_betwe
                       between=between) == []
     assert written == [jobs.APPLY_CHUNK, 2 * jobs.APPLY_CHUNK]
     assert {m.strength_at for m in ctx.store.get(MemoryFilter("ana"))} == {now}
+
+
+def test_consolidate_steps_aside_every_page_of_its_read_and_between_the_parts_of_its_plan(store_ctx: Context) -> None:
+    """A subject's read was pages of 512 points (scroll, payloads read out, validated: ~19 ms of the interpreter
+    lock each) and its plan one stretch of ~12 ms; a search arriving waited for the step in progress. The read now
+    steps aside every STEP_PAGE points and the plan between its three parts, and plans what it planned before."""
+    ctx = store_ctx
+    now = AT + timedelta(days=2)
+    # 40 topics, each said again in sessions 0, 1, 2...: promotions and patterns to plan.
+    memories = [_memory("ana", f"garden.{i % 40}").model_copy(update={
+        "id": memory_id("ana", f"garden.{i % 40}", i // 40 + 1), "session_ids": [f"s{i // 40}"],
+        "created_at": AT + timedelta(days=1)}) for i in range(4 * STEP_PAGE + 1)]
+    ctx.store.put(memories, ctx.embedder.encode_passages(["the garden"]) * len(memories))
+    ctx.foreground = Foreground(patience_s=0.001)
+    with ctx.foreground.serving():  # a search in flight throughout: every step the job takes waits for it once
+        report = jobs.run(ctx, "consolidate", "ana", now, dry_run=True)
+    pages = -(-len(memories) // STEP_PAGE)
+    # Before the read, between its pages, before the plan, and between the plan's three parts.
+    assert ctx.foreground.stepped_aside == 1 + (pages - 1) + 1 + 2
+    planned = jobs.plan_consolidate(ctx.store.get(MemoryFilter("ana")), now, Policy(), None, ctx.id_space)
+    assert report["examined"] == len(memories) and planned.steps and planned.new
+    assert [c["id"] for c in report["changed"]] == [st.memory.id for st in planned.steps]
+    assert [m["id"] for m in report["written"]] == [m.id for m in planned.new]
+
+
+def test_while_searches_come_a_job_rests_after_each_step_for_the_cpu_it_took() -> None:
+    """Stepping aside covers a search from its dequeue on, not its enqueue and dequeue before: a job running then
+    held the interpreter lock a search asked for again and again (its time before the dequeue p50 3 -> 28 ms beside
+    consolidate). While searches come, each step is followed by a rest as long as its CPU; without, no rest."""
+    quiet = Foreground()
+    quiet.step_aside()  # the job's first step begins
+    _burn_cpu(0.005)
+    assert quiet.step_aside() == 0.0 and quiet.rested == 0  # no search lately: full speed
+    busy = Foreground()
+    busy.step_aside()
+    with busy.serving():
+        pass  # a search came and went
+    _burn_cpu(0.005)
+    assert busy.step_aside() > 0 and busy.rested == 1 and busy.stepped_aside == 0
+
+
+def _burn_cpu(seconds: float) -> None:
+    began = time.thread_time()
+    while time.thread_time() - began < seconds:
+        pass
 
 
 AT = datetime(2026, 1, 5, tzinfo=UTC)

@@ -23,15 +23,30 @@ from contextlib import contextmanager
 # it never waits this long; under a saturating load the job still takes a step every half second.
 PATIENCE_S = 0.5
 
+# Stepping aside covers a search from its dequeue to its stored reply, not what comes before: the caller's enqueue
+# and the worker's dequeue (RQ's round trips, the job's decoding), which ask for the interpreter lock a few dozen
+# times each. A job running between searches holds it then, one switch interval (1 ms) at a time: measured beside
+# `consolidate` at 20k memories, a search's time before its dequeue went p50 3 -> 28 ms. So while searches come
+# (one ended within RECENT_S), each step of a job is followed by a rest of REST_PER_CPU times the CPU the step
+# took (at most MAX_REST_S): the job holds the lock half the time at most, and a search arriving finds it free
+# as often as not. With no search in the last RECENT_S a job runs at full speed.
+RECENT_S = 1.0
+REST_PER_CPU = 1.0
+MAX_REST_S = 0.05
+MIN_REST_S = 0.001  # a shorter sleep is mostly the call's own cost
+
 
 class Foreground:
     """The searches a process is answering now (`serving`), and the wait of a job's step for them (`step_aside`)."""
 
-    def __init__(self, patience_s: float = PATIENCE_S) -> None:
-        self.patience_s = patience_s
+    def __init__(self, patience_s: float = PATIENCE_S, rest_per_cpu: float = REST_PER_CPU) -> None:
+        self.patience_s, self.rest_per_cpu = patience_s, rest_per_cpu
         self._in_flight = 0
         self._changed = threading.Condition()
+        self._last_served = -RECENT_S  # time.monotonic() when a search last ended
+        self._step = threading.local()  # the CPU time of the job's thread when its step began
         self.stepped_aside = 0  # steps that waited for a search (counted: the tests and the log read it)
+        self.rested = 0  # steps followed by a rest, searches coming (counted: the tests read it)
 
     @contextmanager
     def serving(self) -> Iterator[None]:
@@ -43,18 +58,37 @@ class Foreground:
         finally:
             with self._changed:
                 self._in_flight -= 1
+                self._last_served = time.monotonic()
                 if not self._in_flight:
                     self._changed.notify_all()
 
     def step_aside(self) -> float:
-        """Before a job's next step: wait while a search is in flight, at most `patience_s`; the seconds waited."""
+        """Before a job's next step: wait while a search is in flight, at most `patience_s`, and while searches
+        come rest after the step just done (REST_PER_CPU); the seconds waited."""
+        started = time.monotonic()
+        waited = self._rest()
         with self._changed:
-            if not self._in_flight:
-                return 0.0
-            self.stepped_aside += 1
-            started = time.monotonic()
-            self._changed.wait_for(lambda: not self._in_flight, timeout=self.patience_s)
-            return time.monotonic() - started
+            if self._in_flight:
+                self.stepped_aside += 1
+                self._changed.wait_for(lambda: not self._in_flight, timeout=self.patience_s)
+                waited = True
+        self._step.cpu = time.thread_time()
+        return time.monotonic() - started if waited else 0.0
+
+    def _rest(self) -> bool:
+        """A rest as long as `rest_per_cpu` times the CPU this thread spent since its last step began, if a search
+        ended within RECENT_S (or is in flight: the wait for it follows); whether it rested."""
+        began: float | None = getattr(self._step, "cpu", None)
+        with self._changed:
+            coming = self._in_flight or time.monotonic() - self._last_served < RECENT_S
+        if began is None or not coming or self.rest_per_cpu <= 0:
+            return False
+        rest = min(MAX_REST_S, (time.thread_time() - began) * self.rest_per_cpu)
+        if rest < MIN_REST_S:
+            return False
+        self.rested += 1
+        time.sleep(rest)
+        return True
 
 
 # -- the heap at start, out of the collector's way ------------------------------------------------------------------

@@ -197,6 +197,30 @@ def test_while_searches_come_a_job_rests_after_each_step_for_the_cpu_it_took() -
     assert busy.step_aside() > 0 and busy.rested == 1 and busy.stepped_aside == 0
 
 
+def test_a_subjects_read_and_plan_are_collected_once_not_every_700_allocations(store_ctx: Context) -> None:
+    """A subject's read and plan allocate ~10 containers a memory: a young collection every ~70 memories, one of
+    generation 1 every ~700, and a full one every ~70 subjects (120-145 ms at 100k memories, every search due
+    meanwhile waiting: p99 beside consolidate). The collections are deferred over them and made once after."""
+    ctx = store_ctx
+    memories = [_memory("ana", f"garden.{i}") for i in range(2000)]
+    ctx.store.put(memories, ctx.embedder.encode_passages(["the garden"]) * len(memories))
+    collections: list[int] = []
+
+    def noted(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            collections.append(info["generation"])
+
+    gc.collect()  # the counts from zero: what follows is the job's
+    gc.callbacks.append(noted)
+    try:
+        report = jobs.run(ctx, "consolidate", "ana", AT + timedelta(days=2), dry_run=True)
+    finally:
+        gc.callbacks.remove(noted)
+    assert report["examined"] == len(memories)
+    assert collections.count(0) <= 2 and not [g for g in collections if g > 0], collections
+    assert gc.isenabled()
+
+
 def _burn_cpu(seconds: float) -> None:
     began = time.thread_time()
     while time.thread_time() - began < seconds:

@@ -30,6 +30,7 @@ from memflow.shared.errors import InvalidInput
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.keys import FIELD, Keys
 from memflow.shared.sdk.rpc import JobReport
+from memflow.shared.search.foreground import collections_deferred
 from memflow.shared.storage.store import MemoryFilter, Optimizable, Store
 from memflow.shared.writer.applier import Applier
 from memflow.shared.writer.uses import Uses
@@ -153,11 +154,12 @@ def run(ctx: Context, name: str, subject: str | None, now: datetime, dry_run: bo
             aside()
             ops.fold_uses(applier, ledger, s)
         aside()
-        memories = ctx.store.get(MemoryFilter(s), between=aside)  # a page at a time
-        report["examined"] += len(memories)
-        aside()
-        plan = JOBS[name](memories, now, policy, only, ctx.id_space, between=aside)
-        _report(report, s, plan)
+        with collections_deferred():  # collected once after the read and plan (shared/search/foreground.py)
+            memories = ctx.store.get(MemoryFilter(s), between=aside)  # a page at a time
+            report["examined"] += len(memories)
+            aside()
+            plan = JOBS[name](memories, now, policy, only, ctx.id_space, between=aside)
+            _report(report, s, plan)
         if not dry_run:
             aside()
             report["skipped"] += apply(applier, ctx.embedder, resolve, s, plan, name, now, between=aside)

@@ -8,7 +8,10 @@ during `consolidate`, whose 2 s of work is the store read (scroll, payload valid
 
 So a job does its work in steps (a subject's read, its plan, its writes) and, before each, waits while a search is
 in flight: the job's Python is then not running while a search runs, only the step a search arrived in. The wait
-is bounded (`patience_s`): under searches without a pause a job still moves on, one step per `patience_s`.
+is bounded (`patience_s`): under searches without a pause a job still moves on, one step per `patience_s`. While
+searches come, a job also rests after each step for as long as its CPU took (what comes before a search's dequeue
+is not covered by the wait), and a job's read and plan of a subject defer the collector to one young collection
+after them (`collections_deferred`).
 """
 
 from __future__ import annotations

@@ -248,20 +248,17 @@ def test_the_heap_loaded_at_start_is_out_of_the_collectors_way_while_the_workers
     try:
         wait_for(lambda: MemoryClient(ctx.settings).query_workers() >= 1, what="a query worker")
         wait_for(lambda: gc.get_freeze_count() > 100_000, timeout_s=5, what="the heap frozen")  # the model and more
-        collected = timed_collection()
-        assert collected < 0.1, f"a full collection took {collected:.3f} s"
+        # What a full collection walks: the objects the collector still tracks, the frozen ones not among them.
+        walked, frozen = len(gc.get_objects()), gc.get_freeze_count()
+        assert walked < frozen, f"a full collection walks {walked} objects, {frozen} frozen"
         assert gc.get_threshold()[2] >= FULL_AFTER  # and the rest walked less often
     finally:
         runner.shutdown()
         ctx.close()
-    # Given back to the collector, unless a worker of another test is still stopping (it holds the heap frozen too).
-    assert (gc.get_freeze_count() == 0 and gc.get_threshold()[2] < FULL_AFTER) or freezers() > 0
-
-
-def timed_collection() -> float:
-    started = time.perf_counter()
-    gc.collect()
-    return time.perf_counter() - started
+    # Given back to the collector once every worker stopped (another test's may still be stopping: it holds the
+    # heap frozen too, until it is done).
+    wait_for(lambda: freezers() == 0, timeout_s=60, what="every worker stopped")
+    assert gc.get_freeze_count() == 0 and gc.get_threshold()[2] < FULL_AFTER
 
 
 def test_a_job_under_searches_without_a_pause_still_moves_on() -> None:
@@ -269,5 +266,5 @@ def test_a_job_under_searches_without_a_pause_still_moves_on() -> None:
     foreground = Foreground(patience_s=0.05)
     with foreground.serving():
         waited = foreground.step_aside()
-    assert 0.05 <= waited < 5 and foreground.stepped_aside == 1
+    assert waited >= 0.05 and foreground.stepped_aside == 1  # it waited its patience (pytest-timeout: not forever)
     assert foreground.step_aside() == 0.0 and foreground.stepped_aside == 1  # nothing in flight: no wait

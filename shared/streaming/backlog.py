@@ -84,7 +84,10 @@ def trim_acknowledged(client: redis.Redis, stream: str, retention_ms: int) -> in
         if int(group["pending"]):
             oldest: Any = client.xpending(stream, _text(group["name"]))
             bound = min(bound, _id(oldest["min"]))
-    return int(client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=True))
+    # LIMIT 0: no cap. An approximate trim removes at most 100 nodes' worth of entries a call by default, and the
+    # servers memflow starts keep one entry a node (shared/redisdb/server.py DURABLE): 100 entries a call, fewer
+    # than a busy partition gains between two trims.
+    return int(client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=True, limit=0))
 
 
 def _server_now_id(client: redis.Redis, retention_ms: int) -> tuple[int, int]:

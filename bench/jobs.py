@@ -328,7 +328,7 @@ def enqueue_as_scheduled(system: Embedded, job: str) -> Job:
     """`job` on the jobs queue as the scheduler puts it there (scheduler/firings.py), firing now. The report stays
     in Redis unread, as the scheduler leaves it: the bench's process, which is the system's too, does not decode a
     report of every memory changed (20k entries: ~0.3 s of the interpreter lock a search would wait for)."""
-    queue = Queue(system.ctx.keys.jobs_queue, connection=system.ctx.queue_client or system.ctx.client,
+    queue = Queue(system.ctx.keys.jobs_queue, connection=system.ctx.transient,
                   serializer=JSONSerializer)
     entry = Entry(job, None, {"hour": 0}, timedelta(hours=2))
     fired = enqueue_firing(queue, system.ctx.settings.redis.stream_prefix, entry, datetime.now(UTC),

@@ -16,6 +16,7 @@ from memflow.bench.jobs import (
     LeaseLosses,
     Searches,
     Timeline,
+    enqueue_as_scheduled,
     measure,
     print_report,
     redis_servers,
@@ -48,6 +49,14 @@ def test_the_bench_reports_search_p99_idle_and_during_each_job(settings: Setting
     printed = capsys.readouterr().out
     assert "idle search p99" in printed
     assert [line.split()[0] for line in printed.splitlines()[2:5]] == ["idle", "index", "consolidate"]
+
+
+def test_a_job_run_twice_within_one_second_fires_twice(settings: Settings, embedder: Embedder) -> None:
+    """A firing's id is its job and its second: the bench's second run of a job on a small store (its run under disk
+    load) came within the second of the first and was refused as already enqueued (CI, once). Each run gets its own."""
+    with embedded(settings, light_in_process=True, embedder=embedder) as system:
+        fired = [enqueue_as_scheduled(system, "decay") for _ in range(3)]
+        assert len({job.id for job in fired}) == 3
 
 
 def test_lost_partitions_are_counted_from_the_lease_owners_warnings() -> None:

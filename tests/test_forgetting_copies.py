@@ -24,15 +24,20 @@ from memflow.shared.settings import Settings
 from tests.conftest import System, start_system, wait_for
 from tests.test_forgetting import SECRETS, T0, TURN
 
+# A rewritten AOF starts with an RDB image whose values are LZF-compressed: a secret still in it would be missed by a
+# search of the bytes (the flagged bytes of an XDEL'ed entry were, with 100 entries a node). Uncompressed, the file
+# says what it holds; the compression hides nothing from whoever reads the file with the server's own loader.
+READABLE = ("--rdbcompression", "no")
+
 
 @pytest.fixture
 def replicated(settings: Settings, embedder: Embedder, tmp_path: Path) -> Iterator[tuple[System, redis.Redis]]:
     """A system on a master of its own with a replica, and its queues on a transient server, as the embedded mode
     runs them (an RPC job carries the words `forget --contains` looks for); and a connection to the replica."""
-    servers: list[RedisServer] = [start_redis(tmp_path / "master", binary=settings.redis.server)]
+    servers: list[RedisServer] = [start_redis(tmp_path / "master", binary=settings.redis.server, extra_args=READABLE)]
     port = servers[0].url.rsplit(":", 1)[1].split("/")[0]
     servers.append(start_redis(tmp_path / "replica", binary=settings.redis.server,
-                               extra_args=("--replicaof", "127.0.0.1", port)))
+                               extra_args=(*READABLE, "--replicaof", "127.0.0.1", port)))
     servers.append(start_redis(tmp_path / "queue", binary=settings.redis.server, durable=False))
     replica = connect(servers[1].url)
     wait_for(lambda: replica.info("replication").get("master_link_status") == "up", 30, "the replica's link")
@@ -100,8 +105,12 @@ def test_forget_contains_takes_a_raw_copy_off_the_master_and_the_replica_disk(
     event = ChatEvent(event_id="max-e1", subject="max", session_id="s1", kind=Kind.message, role=Role.user,
                       text=f"my deploy key is {secret}, keep the staging box up", ts=T0)
     master.xadd(keys.work("events", "max"), {FIELD: encode(event)})
-    system.client.publish({"event_id": "max-end", "subject": "max", "session_id": "s1", "kind": "session_end",
-                           "ts": T0 + timedelta(minutes=5)})
+    # Another subject's event right after it in the same stream, kept by forget: a stream node holding more than one
+    # entry would keep the scrubbed entry's bytes beside it (only flagged), in memory and in every rewrite.
+    neighbour = next(f"ann-{i}" for i in range(1000) if keys.work("events", f"ann-{i}") == keys.work("events", "max"))
+    for subject in (neighbour, "max"):
+        system.client.publish({"event_id": f"{subject}-end", "subject": subject, "session_id": "s1",
+                               "kind": "session_end", "ts": T0 + timedelta(minutes=5)})
     assert system.client.wait_idle(timeout_s=60)
     caught_up(master)
     assert secret.encode() in aof_bytes(master) and secret.encode() in aof_bytes(replica)  # the copies to take off
@@ -111,5 +120,6 @@ def test_forget_contains_takes_a_raw_copy_off_the_master_and_the_replica_disk(
     caught_up(master)
     wait_for(lambda: rewritten(master) and rewritten(replica), 60, "the AOF rewrites")
     assert secret.encode() not in values(replica, keys.prefix)
+    assert master.xlen(keys.work("events", "max")) >= 1, "the neighbour's entry was kept"
     assert secret.encode() not in aof_bytes(master), "the master's AOF"
     assert secret.encode() not in aof_bytes(replica), "the replica's AOF"

@@ -275,8 +275,14 @@ def _unconfirmed_rule(c: Candidate) -> bool:
 
 
 def _near_duplicate(c: Candidate, n: Neighbour, threshold: float) -> bool:
+    """Close in meaning and wording to a live memory of its type. Never for episodes: a turn is a record of its own,
+    with its time and the turns around it. Merged into an earlier turn's record, whether it was merged depended on
+    whether the two were decided in one batch (each sees the store as it was), and once the earlier record was
+    retired (superseded: not a neighbour any more), a replay of the turn wrote a record the first pass had not
+    (tests/test_write_path.py's property, under load)."""
     m = n.memory
-    if m.status not in SEARCHABLE_STATUSES or m.mtype is not c.mtype or n.similarity < threshold:
+    if c.mtype is MType.episode or m.status not in SEARCHABLE_STATUSES or m.mtype is not c.mtype \
+            or n.similarity < threshold:
         return False
     return _same_wording(c.content, m.content)
 

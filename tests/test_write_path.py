@@ -125,6 +125,34 @@ def test_publishing_the_same_events_again_changes_nothing(system: System) -> Non
     assert len(changes(system.ctx)) == announced
 
 
+def test_a_turn_said_again_later_is_a_record_of_its_own_and_a_replay_writes_none(system: System) -> None:
+    """The same words in two sessions, each decided after the other was stored, then a correction that retires the
+    first turn's record. Each turn keeps its own record; published again, nothing changes. Before, the second turn's
+    record was merged into the first's (a near-duplicate), and once that one was retired, a replay wrote the second
+    turn's record anew: the write path's property found it under load, when batches split the turns so."""
+    said = [("s1", "Correction: I live in Lisbon now."), ("s2", "Correction: I live in Lisbon now."),
+            ("s3", "更正一下，我搬到上海了。")]
+    events = []
+    for i, (session, text) in enumerate(said):
+        events.append([ChatEvent(event_id=f"twice-{i}", subject="twice", session_id=session, kind=Kind.message,
+                                 role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
+                       ChatEvent(event_id=f"twice-{i}-end", subject="twice", session_id=session,
+                                 kind=Kind.session_end, ts=T0 + timedelta(hours=i, minutes=1))])
+    for pair in events:  # one at a time: each turn decided on a store that holds the one before
+        for e in pair:
+            system.client.publish(e)
+        settle(system)
+    first = snapshot(system, "twice")
+    records = {v[0]: v for v in first.values() if v[0].startswith("episode.")}
+    assert set(records) == {"episode.twice-0", "episode.twice-1", "episode.twice-2"}
+    assert records["episode.twice-1"][5] == ("twice-1",)
+    for pair in events:
+        for e in pair:
+            system.client.publish(e)
+    settle(system)
+    assert snapshot(system, "twice") == first
+
+
 # -- one applier: half-applied batches, revisions, uses, deletions ----------------------------------
 
 
@@ -241,10 +269,11 @@ SAYINGS = (
 )
 
 
-# Sequences per run (PYTEST_WRITE_PATH_EXAMPLES to try more): ~1.5 s each here. Derandomized: CI tries the same ones.
-# 6: at 24, one sequence failed once in a loaded suite run (an open session's turn recorded as an episode only after
-# the republish) and passed alone twice; until that is understood, more runs on demand, not in CI.
-SEQUENCES = int(os.environ.get("PYTEST_WRITE_PATH_EXAMPLES", "6"))
+# Sequences per run (PYTEST_WRITE_PATH_EXAMPLES to try more): ~0.8 s each here. Derandomized: CI tries the same ones
+# (the seed is drawn from this test's source: an edit of it draws others). At 24 it found, under load, a turn's
+# record merged into an earlier turn's and written anew by the replay once that one was retired
+# (test_a_turn_said_again_later_is_a_record_of_its_own_and_a_replay_writes_none); 6 had never met it.
+SEQUENCES = int(os.environ.get("PYTEST_WRITE_PATH_EXAMPLES", "24"))
 
 
 @pytest.mark.timeout(900)

@@ -95,7 +95,7 @@ def decide(candidate: Candidate, neighbours: Sequence[Neighbour], *, duplicate_t
     mine = [n for n in neighbours if n.memory.subject == candidate.subject and n.memory.about == candidate.about]
     # Its forms: under its key, under a key of its own (kept apart), or as a complement beside its key.
     forms = [candidate, own_key(candidate), *([] if judge is None else [_aside(candidate)])]
-    if any(_recorded(f, n.memory) for n in mine for f in forms):
+    if any(_recorded(f, n, duplicate_threshold) for n in mine for f in forms):
         return _batch(candidate, Action.duplicate, "already recorded from these events: a replay", [])
     same = next((n.memory for n in mine if any(_restates(f, n.memory) for f in forms)), None)
     if same is not None:
@@ -213,11 +213,17 @@ def _suffixed(key: str, content: str) -> str:
     return f"{key[:MAX_KEY_CHARS - len(digest) - 1]}.{digest}"
 
 
-def _recorded(c: Candidate, m: Memory) -> bool:
-    """`m` is this statement, written from these very events (in any status since): a replay, a DLQ
-    re-drive or a publisher's retry of what was written before. It changes nothing."""
-    return (m.key == c.key and normal(m.content) == normal(c.content)
-            and set(c.source_event_ids) <= set(m.source_event_ids))
+def _recorded(c: Candidate, n: Neighbour, threshold: float) -> bool:
+    """`n` is this statement, written from these very events (in any status since): a replay, a DLQ
+    re-drive or a publisher's retry of what was written before. It changes nothing. Either stored under its key, or
+    merged into `n` as its near-duplicate (`_near_duplicate` then, whatever `n`'s status now)."""
+    m = n.memory
+    if not set(c.source_event_ids) <= set(m.source_event_ids):
+        return False
+    if m.key == c.key:
+        return normal(m.content) == normal(c.content)
+    return (c.mtype is not MType.episode and m.mtype is c.mtype and n.similarity >= threshold
+            and _same_wording(c.content, m.content))
 
 
 def _collides(c: Candidate, mine: Sequence[Neighbour]) -> bool:

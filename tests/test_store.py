@@ -24,7 +24,7 @@ from memflow.shared.settings import Settings
 from memflow.shared.storage.edge_shards import ShardedStore, open_index
 from memflow.shared.storage.edge_store import EdgeStore
 from memflow.shared.storage.server_store import ServerStore
-from memflow.shared.storage.store import RRF_K, Identity, MemoryFilter, Query, Store, open_store
+from memflow.shared.storage.store import RRF_K, Identity, MemoryFilter, Query, Store, admits, open_store
 
 DIM = 8
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -133,6 +133,20 @@ def test_filters_on_status_dir_mtype_key_and_ids(store: Store) -> None:
     assert found(keys=["reply.length"]) == {live.id, old.id}
     assert found(ids=[city.id, old.id]) == {city.id, old.id}
     assert found(dirs=[]) == set()  # an empty constraint matches nothing, not everything
+
+
+def test_filters_on_the_events_a_memory_was_read_from_and_its_index_exists(store: Store) -> None:
+    """What resolve asks to recognise a replay: the memories read from any of a candidate's events, in any status."""
+    merged = memory(source_event_ids=["e1", "e2"], status=Status.superseded)
+    other = memory(content="likes tea", source_event_ids=["e3"])
+    store.put([merged, other], [axis(0), axis(1)])
+    assert set(ids(store.get(MemoryFilter("alice", sources=["e2"])))) == {merged.id}
+    assert set(ids(store.get(MemoryFilter("alice", sources=["e2", "e3"])))) == {merged.id, other.id}
+    assert ids(store.get(MemoryFilter("bob", sources=["e2"]))) == []
+    hits = store.query(MemoryFilter("alice", sources=["e2"]), mode="dense", limit=5, dense=axis(1))
+    assert ids(hits) == [merged.id]
+    assert admits(MemoryFilter("alice", sources=["e2"]), merged) and not admits(MemoryFilter("alice", sources=["e2"]),
+                                                                               other)
 
 
 def test_get_reads_past_one_page(store: Store) -> None:

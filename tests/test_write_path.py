@@ -153,6 +153,33 @@ def test_a_turn_said_again_later_is_a_record_of_its_own_and_a_replay_writes_none
     assert snapshot(system, "twice") == first
 
 
+def test_a_replay_of_a_statement_merged_into_another_key_does_not_bring_it_back(system: System) -> None:
+    """"Every morning I drink oolong tea" is merged into "I drink oolong tea every morning" (another key, the same
+    words); "I don't drink oolong anymore" supersedes that one. Published again, the merged statement was found under
+    neither its own key (nothing there) nor among the live neighbours, and came back active: a replay or a DLQ
+    re-drive resurrected a habit the user had ended. Its events now find it."""
+    said = [("s1", "I drink oolong tea every morning."), ("s2", "Every morning I drink oolong tea."),
+            ("s3", "Honestly I don't drink oolong anymore.")]
+    events = []
+    for i, (session, text) in enumerate(said):
+        events.append([ChatEvent(event_id=f"tea-{i}", subject="tea", session_id=session, kind=Kind.message,
+                                 role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
+                       ChatEvent(event_id=f"tea-{i}-end", subject="tea", session_id=session,
+                                 kind=Kind.session_end, ts=T0 + timedelta(hours=i, minutes=1))])
+    for pair in events:  # one at a time: the second is decided on a store that holds the first
+        for e in pair:
+            system.client.publish(e)
+        settle(system)
+    first = snapshot(system, "tea")
+    habits = [v for v in first.values() if v[0].startswith("preference.habit")]
+    assert [(v[1], v[5]) for v in habits] == [("superseded", ("tea-0", "tea-1"))]  # merged, then ended
+    for pair in events:
+        for e in pair:
+            system.client.publish(e)
+    settle(system)
+    assert snapshot(system, "tea") == first
+
+
 # -- one applier: half-applied batches, revisions, uses, deletions ----------------------------------
 
 

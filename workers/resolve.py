@@ -216,7 +216,12 @@ def neighbour_queries(candidate: Candidate, vector: list[float]) -> list[Query]:
     keys = forms_keys(candidate)  # its key, and the keys of its own it may have been kept under
     asked = [Query(MemoryFilter(candidate.subject, keys=keys), "dense", NEIGHBOURS, dense=vector),
              Query(MemoryFilter(candidate.subject, dirs=[candidate.dir], statuses=NEARBY), "dense", NEIGHBOURS,
-                   dense=vector)]
+                   dense=vector),
+             # What its events were already read into, in any status and under any key: a replay of a statement
+             # merged into another key's memory (a near-duplicate) that has been superseded since is no live
+             # neighbour, and its own key holds nothing: without this it was written anew, alive again.
+             Query(MemoryFilter(candidate.subject, mtypes=[candidate.mtype], sources=candidate.source_event_ids),
+                   "dense", NEIGHBOURS, dense=vector)]
     what = ended(candidate.content)
     if what is not None:  # by its words, and by meaning ("可乐" alone is no keyword the segmenter keeps)
         live = MemoryFilter(candidate.subject, statuses=LIVE)
@@ -225,7 +230,7 @@ def neighbour_queries(candidate: Candidate, vector: list[float]) -> list[Query]:
 
 
 def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored], near: Sequence[Scored],
-                  *over: Sequence[Scored], threshold: float) -> list[Neighbour]:
+                  read_from: Sequence[Scored], *over: Sequence[Scored], threshold: float) -> list[Neighbour]:
     # Every version of the key, history included: decide() numbers the next version from them and
     # must see every live one. A top-k query missed both once a key had more than k versions (two
     # active memories on one key, an old version's id reused: the kill storm's 600 updates per key).
@@ -237,6 +242,8 @@ def neighbours_of(store: Store, candidate: Candidate, same_key: Sequence[Scored]
     for s in near:
         if s.score >= threshold:
             found.setdefault(s.memory.id, Neighbour(s.memory, s.score))
+    for s in read_from:  # whatever the similarity: decide() asks of these only whether they are a replay's
+        found.setdefault(s.memory.id, Neighbour(s.memory, s.score))
     for s in (s for found_over in over for s in found_over):  # judged by their words only (pipeline/resolve.py
         found.setdefault(s.memory.id, Neighbour(s.memory, 0.0))  # `_ends`), as the key's versions beyond the top k
     return sorted(found.values(), key=lambda n: n.similarity, reverse=True)

@@ -33,7 +33,7 @@ DENSE = "dense"
 SPARSE = "bm25"
 # Facets are answered in one call: past this many subjects, jobs that walk them need paging.
 MAX_SUBJECTS = 1_000_000
-INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key", "about")
+INDEXED_FIELDS = ("subject", "dir", "status", "tier", "mtype", "key", "about", "source_event_ids")
 SearchMode = Literal["dense", "sparse", "hybrid"]
 # An index of collection "memflow" made by one model is "memflow__<model>"; names of that form are memflow's.
 INDEX_SEPARATOR = "__"
@@ -54,6 +54,8 @@ class MemoryFilter:
     # Records indexed with any of these events' turns beside them (`Memory.context_event_ids`; not an indexed
     # field: the subject's points are read through, so only for what is rare, a supersession's retirements).
     context_events: Sequence[str] | None = None
+    # Memories read from any of these events (`Memory.source_event_ids`, indexed): what a replay of them repeats.
+    sources: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def match_terms(flt: MemoryFilter) -> dict[str, list[str]]:
     An empty list is kept: it matches nothing, on both engines.
     """
     wanted = {"dir": flt.dirs, "status": flt.statuses, "mtype": flt.mtypes, "key": flt.keys, "about": flt.abouts,
-              "context_event_ids": flt.context_events}
+              "context_event_ids": flt.context_events, "source_event_ids": flt.sources}
     return {name: [_plain(v) for v in values] for name, values in wanted.items() if values is not None}
 
 
@@ -187,7 +189,8 @@ def admits(flt: MemoryFilter, memory: Memory) -> bool:
     """Whether `flt` lets `memory` through, as both engines' filters do (`match_terms`, and `ids` by point id)."""
     fields: dict[str, Sequence[str | Enum]] = {
         "dir": [memory.dir], "status": [memory.status], "mtype": [memory.mtype], "key": [memory.key],
-        "about": [memory.about], "context_event_ids": memory.context_event_ids}
+        "about": [memory.about], "context_event_ids": memory.context_event_ids,
+        "source_event_ids": memory.source_event_ids}
     if memory.subject != flt.subject or (flt.ids is not None and memory.id not in flt.ids):
         return False
     return all(any(_plain(v) in allowed for v in fields[name]) for name, allowed in match_terms(flt).items())

@@ -125,31 +125,40 @@ def test_publishing_the_same_events_again_changes_nothing(system: System) -> Non
     assert len(changes(system.ctx)) == announced
 
 
-def test_a_turn_said_again_later_is_a_record_of_its_own_and_a_replay_writes_none(system: System) -> None:
-    """The same words in two sessions, each decided after the other was stored, then a correction that retires the
-    first turn's record. Each turn keeps its own record; published again, nothing changes. Before, the second turn's
-    record was merged into the first's (a near-duplicate), and once that one was retired, a replay wrote the second
-    turn's record anew: the write path's property found it under load, when batches split the turns so."""
-    said = [("s1", "Correction: I live in Lisbon now."), ("s2", "Correction: I live in Lisbon now."),
-            ("s3", "更正一下，我搬到上海了。")]
+def sessions_one_after_another(system: System, subject: str, said: Sequence[str]) -> list[ChatEvent]:
+    """Each text a session of its own, an hour apart, each stored before the next is published (so each is decided
+    on a store that holds the one before); the events, to publish again."""
     events = []
-    for i, (session, text) in enumerate(said):
-        events.append([ChatEvent(event_id=f"twice-{i}", subject="twice", session_id=session, kind=Kind.message,
-                                 role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
-                       ChatEvent(event_id=f"twice-{i}-end", subject="twice", session_id=session,
-                                 kind=Kind.session_end, ts=T0 + timedelta(hours=i, minutes=1))])
-    for pair in events:  # one at a time: each turn decided on a store that holds the one before
-        for e in pair:
+    for i, text in enumerate(said):
+        session = [ChatEvent(event_id=f"{subject}-{i}", subject=subject, session_id=f"s{i}", kind=Kind.message,
+                             role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
+                   ChatEvent(event_id=f"{subject}-{i}-end", subject=subject, session_id=f"s{i}",
+                             kind=Kind.session_end, ts=T0 + timedelta(hours=i, minutes=1))]
+        for e in session:
             system.client.publish(e)
         settle(system)
+        events += session
+    return events
+
+
+def published_again(system: System, events: Sequence[ChatEvent]) -> None:
+    for e in events:
+        system.client.publish(e)
+    settle(system)
+
+
+def test_a_turn_said_again_later_is_a_record_of_its_own_and_a_replay_writes_none(system: System) -> None:
+    """The same words in two sessions, then a correction that retires the first turn's record. Each turn keeps its
+    own record; published again, nothing changes. Before, the second turn's record was merged into the first's (a
+    near-duplicate), and once that one was retired, a replay wrote the second turn's record anew: the write path's
+    property found it under load, when batches split the turns so."""
+    events = sessions_one_after_another(system, "twice", ["Correction: I live in Lisbon now.",
+                                                          "Correction: I live in Lisbon now.", "更正一下，我搬到上海了。"])
     first = snapshot(system, "twice")
     records = {v[0]: v for v in first.values() if v[0].startswith("episode.")}
     assert set(records) == {"episode.twice-0", "episode.twice-1", "episode.twice-2"}
     assert records["episode.twice-1"][5] == ("twice-1",)
-    for pair in events:
-        for e in pair:
-            system.client.publish(e)
-    settle(system)
+    published_again(system, events)
     assert snapshot(system, "twice") == first
 
 
@@ -158,25 +167,13 @@ def test_a_replay_of_a_statement_merged_into_another_key_does_not_bring_it_back(
     words); "I don't drink oolong anymore" supersedes that one. Published again, the merged statement was found under
     neither its own key (nothing there) nor among the live neighbours, and came back active: a replay or a DLQ
     re-drive resurrected a habit the user had ended. Its events now find it."""
-    said = [("s1", "I drink oolong tea every morning."), ("s2", "Every morning I drink oolong tea."),
-            ("s3", "Honestly I don't drink oolong anymore.")]
-    events = []
-    for i, (session, text) in enumerate(said):
-        events.append([ChatEvent(event_id=f"tea-{i}", subject="tea", session_id=session, kind=Kind.message,
-                                 role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
-                       ChatEvent(event_id=f"tea-{i}-end", subject="tea", session_id=session,
-                                 kind=Kind.session_end, ts=T0 + timedelta(hours=i, minutes=1))])
-    for pair in events:  # one at a time: the second is decided on a store that holds the first
-        for e in pair:
-            system.client.publish(e)
-        settle(system)
+    events = sessions_one_after_another(system, "tea", ["I drink oolong tea every morning.",
+                                                        "Every morning I drink oolong tea.",
+                                                        "Honestly I don't drink oolong anymore."])
     first = snapshot(system, "tea")
     habits = [v for v in first.values() if v[0].startswith("preference.habit")]
     assert [(v[1], v[5]) for v in habits] == [("superseded", ("tea-0", "tea-1"))]  # merged, then ended
-    for pair in events:
-        for e in pair:
-            system.client.publish(e)
-    settle(system)
+    published_again(system, events)
     assert snapshot(system, "tea") == first
 
 

@@ -39,6 +39,7 @@ from memflow.shared.codec import decode
 from memflow.shared.errors import EmbedderRejected, StoreUnavailable
 from memflow.shared.inference.embedder import Embedder
 from memflow.shared.redisdb.keys import FIELD
+from memflow.shared.storage.edge_shards import shard_of
 from memflow.shared.storage.store import MemoryFilter, Store
 from memflow.shared.writer.uses import Uses
 from memflow.workers import ops, resolve, upsert
@@ -175,6 +176,27 @@ def test_a_replay_of_a_statement_merged_into_another_key_does_not_bring_it_back(
     assert [(v[1], v[5]) for v in habits] == [("superseded", ("tea-0", "tea-1"))]  # merged, then ended
     published_again(system, events)
     assert snapshot(system, "tea") == first
+
+
+def test_another_subjects_event_ids_are_no_replay_of_this_subjects(system: System) -> None:
+    """A second tenant who reuses this subject's event ids (any publisher can name an event as it likes): resolve asks
+    what those events were read into within the candidate's own subject only, so the other's statements are stored
+    as new, and this subject's memories are not touched. "tea-x" hashes to the same Edge shard as "tea-a": only the
+    subject filters keep them apart."""
+    shards = system.ctx.settings.store.edge_shards
+    assert shard_of("tea-x", shards) == shard_of("tea-a", shards)
+    sessions_one_after_another(system, "tea-a", ["I drink oolong tea every morning.", "Every morning I drink oolong tea."])
+    mine = snapshot(system, "tea-a")
+    for i, text in enumerate(["I drink oolong tea every morning.", "Every morning I drink oolong tea."]):
+        for e in (ChatEvent(event_id=f"tea-a-{i}", subject="tea-x", session_id=f"s{i}", kind=Kind.message,
+                            role=Role.user, text=text, ts=T0 + timedelta(hours=i)),
+                  ChatEvent(event_id=f"tea-a-{i}-end", subject="tea-x", session_id=f"s{i}", kind=Kind.session_end,
+                            ts=T0 + timedelta(hours=i, minutes=1))):
+            system.client.publish(e)
+        settle(system)
+    theirs = [m for m in system.ctx.store.get(MemoryFilter("tea-x")) if m.subject == "tea-x"]
+    assert sorted(m.key for m in theirs) == sorted(v[0] for v in mine.values())  # stored as new, not replays
+    assert snapshot(system, "tea-a") == mine
 
 
 # -- one applier: half-applied batches, revisions, uses, deletions ----------------------------------
